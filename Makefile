@@ -1,0 +1,14 @@
+# The two commands a newcomer needs (README): `make run` and `make test`. Both set up first.
+.PHONY: setup run test lab
+
+setup:
+	scripts/setup.sh
+
+run: setup
+	.venv/bin/workbench demo
+
+test: setup
+	OMP_NUM_THREADS=1 .venv/bin/python -m pytest
+
+lab: setup
+	.venv/bin/jupyter lab notebooks/

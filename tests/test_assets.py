@@ -1,0 +1,56 @@
+"""The offline tokenizer and the tiny model asset: real Qwen2.5 ids, reproducible bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import assets
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return assets.build_tokenizer()
+
+
+def test_known_qwen25_ids(tok):
+    assert tok("Hello world")["input_ids"] == [9707, 1879]
+    assert len(tok) == 151665
+    assert tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]) == [
+        151644, 151645, 151657, 151658]
+
+
+def test_matches_reference_encoder_on_mixed_text(tok):
+    corpus = assets.reference_corpus()
+    check = assets.check_tokenizer(tok, corpus)
+    assert check.tokens > 3000  # "a few thousand tokens of mixed text"
+    assert check.mismatched == []
+
+
+def test_reference_check_can_fail(tok):
+    # A tokenizer without the NFC normaliser splits decomposed accents differently: the check sees it.
+    from tokenizers import normalizers
+
+    broken = assets.build_tokenizer()
+    broken.backend_tokenizer.normalizer = normalizers.Sequence([])
+    assert not assets.check_tokenizer(broken, ["e\u0301 a\u0308 n\u0303 caf\u0065\u0301"]).ok
+
+
+def test_chat_template_renders_tools(tok):
+    tools = [{"type": "function", "function": {"name": "bash", "description": "run",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools, tokenize=False,
+                                   add_generation_prompt=True)
+    assert "<tools>" in text and '"name": "bash"' in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_tiny_asset_is_reproducible():
+    asset = assets.build("tiny")
+    hashes = assets.file_hashes("tiny")
+    assert hashes["model.safetensors"] == assets._EXPECTED["tiny"]["model.safetensors"]
+    assert hashes["tokenizer.json"] == assets._EXPECTED["tiny"]["tokenizer.json"]
+    assert (asset.path / "config.json").exists() and not (asset.path / "generation_config.json").exists()
+
+
+def test_unknown_asset_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown model asset 'gpt5'"):
+        assets.build("gpt5")

