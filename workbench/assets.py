@@ -244,7 +244,10 @@ _EXPECTED = {
         "model.safetensors": "2451e40dedfa8349c678fb2c2112a654c19b44898ef28b16f59802f54869c4b8",
         "tokenizer.json": "20477acff35f4f416a6718b7a5de6a3ee3dd5569fecf0110b8b838399cd0d74d",
     },
-    "smollm2": {},
+    "smollm2": {
+        "model.safetensors": "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
+        "tokenizer.json": "bf346d64f6f0fbcefb4c1b6928a98241467dff36c6fbae5fe1785c4ff90667f4",
+    },
 }
 
 

@@ -65,6 +65,61 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .tasks import load_task
+    from .verify import verify
+
+    result = verify(load_task(args.task), Path(args.workspace), sandbox=args.sandbox)
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.table())
+    return 0
+
+
+def _cmd_proxy(args: argparse.Namespace) -> int:
+    from .capture import CaptureProxy
+
+    proxy = CaptureProxy(args.upstream, args.model, host=args.host, port=args.port, admin_key=args.admin_key,
+                         upstream_api_key=args.upstream_key, max_output_tokens=args.max_output_tokens)
+    with proxy:
+        print(f"capture proxy at {proxy.url} -> {args.upstream} ({args.model}); Ctrl-C stops it", flush=True)
+        if not args.admin_key:
+            print(f"admin key (for /sessions*, /engine): {proxy.admin_key}", flush=True)
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    return 0
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .capture import ProxyClient
+    from .rollout import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig, local_stack, run_rollouts
+    from .tasks import load_task
+
+    task = load_task(args.task)
+    short = args.agent_prompt == "short"
+    config = RolloutConfig(harness=args.harness, temperature=args.temperature, max_output_tokens=args.max_output_tokens,
+                           max_model_calls=args.max_calls, timeout_s=args.timeout, isolation=args.isolation,
+                           few_shot=args.few_shot, system_prompt=SHORT_AGENT_PROMPT if short else None,
+                           tools=SHORT_AGENT_TOOLS if short else None)
+    out = Path(args.out)
+    jobs = [(task, out / f"r{i:03d}" if args.n > 1 else out) for i in range(args.n)]
+
+    def go(client: ProxyClient) -> int:
+        results = run_rollouts(jobs, client, config, parallel=args.parallel)
+        for r in results:
+            reward = "-" if r.reward is None else f"{r.reward:.2f}"
+            calls = r.summary.get("calls_by_purpose", {})
+            print(f"{r.out_dir}: status={r.status} reward={reward} calls={calls}"
+                  + (f" reason={r.reason}" if r.reason else ""))
+        return 0 if all(r.status != "setup_failed" for r in results) else 1
+
+    if args.proxy:
+        return go(ProxyClient(args.proxy, args.admin_key))
+    with local_stack(args.model, upstream=args.upstream, served_name=args.served_name) as (_, _, client):
+        return go(client)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +144,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default="Write a Python function that adds two numbers.")
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--temperature", type=float, default=0.7)
+
+    p = add("proxy", _cmd_proxy, "run the capture proxy standalone in front of an engine (OpenEnv HTTP contract)")
+    p.add_argument("--upstream", required=True, help="the engine's OpenAI-compatible URL (kept from the agent)")
+    p.add_argument("--model", required=True, help="served model name to send upstream")
+    p.add_argument("--host", default="127.0.0.1", help="non-loopback binds require --admin-key")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--admin-key", default=None, help="key for the control routes (random if omitted)")
+    p.add_argument("--upstream-key", default=None, help="credential for the engine (never shown to agents)")
+    p.add_argument("--max-output-tokens", type=int, default=4096)
+
+    p = add("rollout", _cmd_rollout, "run loop-owning rollouts of a task and write the artefact folder(s)")
+    p.add_argument("--task", required=True, help="e.g. humaneval/0, deepcoder-fixture/1, jsonl:PATH#ID")
+    p.add_argument("--model", default="tiny", help="model asset to serve (ignored with --upstream/--proxy)")
+    p.add_argument("--out", required=True, help="artefact folder (with --n > 1: one subfolder per rollout)")
+    p.add_argument("--n", type=int, default=1, help="rollouts of the task")
+    p.add_argument("--parallel", type=int, default=2)
+    p.add_argument("--harness", default="opencode")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-output-tokens", type=int, default=512)
+    p.add_argument("--max-calls", type=int, default=12, help="model-call budget per rollout")
+    p.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per rollout, s")
+    p.add_argument("--isolation", choices=["auto", "bwrap", "none"], default="auto")
+    p.add_argument("--few-shot", action="store_true", help="prefix two worked tool-call turns (small models)")
+    p.add_argument("--agent-prompt", choices=["default", "short"], default="default")
+    p.add_argument("--upstream", default=None, help="use this running engine instead of starting one")
+    p.add_argument("--served-name", default=None, help="its served model name (default: --model)")
+    p.add_argument("--proxy", default=None, help="use this running capture proxy (needs --admin-key)")
+    p.add_argument("--admin-key", default=None)
+
+    p = add("verify", _cmd_verify, "grade a workspace's solution.py on a task's held-out tests (fresh copy, sandboxed)")
+    p.add_argument("--task", required=True, help="humaneval/N, deepcoder-fixture/N, deepcoder/N or jsonl:PATH#N")
+    p.add_argument("--workspace", required=True, help="the folder holding solution.py")
+    p.add_argument("--json", action="store_true", help="print the result record as JSON")
+    p.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
+                   help="auto: bubblewrap when it works here (default); none: rlimits and uid only")
     return parser
 
 

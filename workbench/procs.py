@@ -34,16 +34,17 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def stop_group(proc: subprocess.Popen, *, grace_s: float = 10.0, gone_timeout_s: float = 10.0) -> bool:
-    """SIGTERM the group, SIGKILL after `grace_s`, then wait for every member to be reaped.
+    """SIGTERM the group, SIGKILL after `grace_s` (at once when 0), then wait for every member to be reaped.
 
     Returns True when the group is gone within `gone_timeout_s`.
     """
     pgid = proc.pid
-    kill_group(pgid, signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        pass
+    if grace_s > 0:
+        kill_group(pgid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
     kill_group(pgid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)

