@@ -48,7 +48,7 @@ from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
 from openenv.core.harness.capture.server import create_app
 from openenv.core.harness.capture.sessions import SessionRegistry, extract_api_key
 
-from .harness import CallInfo, get_harness
+from .harnesses import CallInfo, get_harness
 
 __all__ = ["CaptureProxy", "ProxyClient", "ProxyError", "CallRecord"]
 

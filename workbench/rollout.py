@@ -41,7 +41,7 @@ from openenv.core.harness import ResourceSession, ResourceSessionFactory, Traini
 
 from .capture import CaptureProxy, ProxyClient, ProxyError
 from .engine import Engine, EngineConfig
-from .harness import HarnessOptions, HarnessRun, get_harness
+from .harnesses import HarnessOptions, HarnessRun, get_harness
 from .paths import project_root
 from .sandbox import Sandbox, SandboxError, SandboxLimits
 from .tasks import Task, load_task
