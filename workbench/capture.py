@@ -222,6 +222,19 @@ class CaptureProxy:
                 return JSONResponse({"error": "unknown session"}, status_code=404)
             return {"session_id": session_id, "calls": self.trace(session_id)}
 
+        @app.put("/model")
+        async def set_model(request: Request) -> Any:
+            """Trainer-side: send later calls to another served name (e.g. a freshly loaded LoRA)."""
+            if not self._admin_ok(request):
+                return JSONResponse({"error": {"message": "this route requires the capture admin key"}}, status_code=401)
+            try:
+                name = (await request.json())["model"]
+                assert isinstance(name, str) and name
+            except (ValueError, KeyError, TypeError, AssertionError):
+                return JSONResponse({"error": {"message": 'body must be {"model": "<served name>"}'}}, status_code=400)
+            self.model = app.state.model = name
+            return {"model": name}
+
         @app.get("/engine")
         async def engine(request: Request) -> Any:
             """Trainer-side: which model, and is the engine behind the proxy answering?"""
@@ -419,6 +432,10 @@ class ProxyClient:
         if self._model is None:
             self._model = self._call("GET", "/engine")["model"]
         return self._model
+
+    def set_model(self, name: str) -> None:
+        """Point every later call at `name` (the policy version the next rollouts sample from)."""
+        self._model = self._call("PUT", "/model", json={"model": name})["model"]
 
     def check_engine(self) -> None:
         """Raise ProxyError("engine not reachable at URL") unless the engine answers through the proxy."""

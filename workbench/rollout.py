@@ -52,8 +52,7 @@ __all__ = ["SHORT_AGENT_PROMPT", "SHORT_AGENT_TOOLS", "local_stack", "RolloutCon
 
 # A short agent prompt (opencode's own is ~7.2k tokens; with this one a prompt is ~1.8k). The
 # harness is otherwise unchanged: same loop, same tools, same replay.
-SHORT_AGENT_PROMPT = ("You are a coding agent working in the current directory. Use the tools to complete "
-                      "the task: write files with the write tool, run commands with the bash tool.")
+SHORT_AGENT_PROMPT = "You are a coding agent. Use the tools to complete the task."
 SHORT_AGENT_TOOLS = ("bash", "write", "read", "edit")
 
 STATUSES = ("ok", "timeout", "crashed", "harness_error", "upstream_error", "interrupted", "setup_failed")
@@ -120,7 +119,7 @@ def few_shot_prompt(instruction: str) -> str:
             f"<|im_start|>assistant\n{write}<|im_end|>\n"
             "<|im_start|>user\nRun a quick check with the bash tool.<|im_end|>\n"
             f"<|im_start|>assistant\n{check}<|im_end|>\n"
-            f"<|im_start|>user\n{instruction}\nUse the write tool to create solution.py.")
+            f"<|im_start|>user\n{instruction}")
 
 
 def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:

