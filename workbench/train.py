@@ -186,6 +186,25 @@ class _LoraSync:
         run.step_stats["policy"] = name
 
 
+def _score_only_labelled_positions_on_cpu() -> None:
+    """TRL 1.16's fused LM head scores every position when the device has no Triton (to keep tile
+    shapes static for compilers such as Neuron's), and drops the unlabelled ones afterwards. On CPU
+    that is the whole ~7k-token opencode prompt x 152k vocabulary to score a few dozen sampled tokens:
+    135 s of a 140 s step (profiled). Eager CPU has nothing to recompile, so take TRL's own compact
+    path (score labelled positions only) there too. Same kernel, same numbers (tests/test_train.py)."""
+    global _CPU_COMPACT_PATCHED
+    import trl.trainer.utils as trl_utils
+
+    if _CPU_COMPACT_PATCHED:
+        return
+    original = trl_utils._use_triton
+    trl_utils._use_triton = lambda device: device.type == "cpu" or original(device)
+    _CPU_COMPACT_PATCHED = True
+
+
+_CPU_COMPACT_PATCHED = False
+
+
 class GRPORun:
     """One short GRPO run into a run folder. The engine and proxy are started unless given."""
 
@@ -275,6 +294,7 @@ class GRPORun:
         from trl import GRPOConfig, GRPOTrainer
 
         cfg = self.config
+        _score_only_labelled_positions_on_cpu()
         self.tokenizer = AutoTokenizer.from_pretrained(asset_path)
         model = AutoModelForCausalLM.from_pretrained(asset_path, torch_dtype=torch.float32)
         n = cfg.tasks_per_step * cfg.group_size
