@@ -15,7 +15,7 @@ from workbench.turns import (CAUSES, Turn, TraceError, build_rows, derive_turns,
                              load_trace, load_turns, rollout_report, write_turns)
 from workbench.views import render_drift, render_row, render_trace, render_turn
 
-FIXTURES = Path(__file__).parent / "fixtures" / "rollouts"
+FIXTURES = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"  # real captures, shipped as examples
 
 
 @pytest.fixture(scope="module")
