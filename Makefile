@@ -5,7 +5,7 @@ setup:
 	scripts/setup.sh
 
 run: setup
-	.venv/bin/workbench demo
+	OMP_NUM_THREADS=1 .venv/bin/workbench notebooks run --params default
 
 test: setup
 	OMP_NUM_THREADS=1 .venv/bin/python -m pytest

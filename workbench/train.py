@@ -296,7 +296,7 @@ class GRPORun:
         cfg = self.config
         _score_only_labelled_positions_on_cpu()
         self.tokenizer = AutoTokenizer.from_pretrained(asset_path)
-        model = AutoModelForCausalLM.from_pretrained(asset_path, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(asset_path, dtype=torch.float32)
         n = cfg.tasks_per_step * cfg.group_size
         args = GRPOConfig(
             output_dir=str(self.dir.path / "checkpoints"), per_device_train_batch_size=n,

@@ -1,0 +1,214 @@
+"""The walk-through notebooks: executed headless with papermill (the main job and the regression
+suite), and the small context object each notebook opens.
+
+    workbench notebooks run [--params small|default] [--only 03_turns]
+        -> runs/<timestamp>__notebooks/ : 01_sandbox.ipynb ... 05_grpo.ipynb (executed), config.json
+           (resolved parameters + git commit), metrics.jsonl, figures/*.html, rollouts/, grpo/
+
+One engine and one capture proxy serve all five notebooks: the runner starts them and passes their
+URLs (and the proxy's admin key) as parameters. Unknown parameter names are refused before anything
+runs (papermill itself only warns), and a failing cell fails the command naming the notebook and cell.
+
+Inside a notebook (after its parameters cell):
+
+    ctx = NotebookContext(name="02_capture", model=model, run_dir=run_dir, engine_url=engine_url, ...)
+    nb = ctx.open()            # engine + proxy client (shared ones, or started here), the run folder
+    nb.show(render_trace(calls), "trace")   # display, and save figures/trace.html
+    nb.log({"calls": 3})       # metrics.jsonl
+    nb.close()                 # stops what this notebook started (nothing, when shared)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .capture import CaptureProxy, ProxyClient
+from .engine import Engine, EngineConfig
+from .paths import project_root
+from .runs import RunDir
+
+__all__ = ["NOTEBOOKS", "PARAMS", "NotebookContext", "Notebook", "NotebookError", "run_notebooks", "check_parameters"]
+
+NOTEBOOKS = ("01_sandbox", "02_capture", "03_turns", "04_reward", "05_grpo")
+
+# Parameter sets. "small" is what CI executes; "default" is the main job (`make run`). Both use the
+# tiny model so one engine serves all five in minutes; 05_grpo also shows the measured SmolLM2 run.
+PARAMS: dict[str, dict[str, dict[str, Any]]] = {
+    "small": {
+        "01_sandbox": {"task": "easy/0", "latency_samples": 5},
+        "02_capture": {"task": "easy/0", "max_output_tokens": 32},
+        "03_turns": {},
+        "04_reward": {"task": "easy/3"},
+        "05_grpo": {"tasks": "easy[:2]", "steps": 1, "group_size": 2, "max_output_tokens": 24},
+    },
+    "default": {
+        "01_sandbox": {"task": "easy/0", "latency_samples": 20},
+        "02_capture": {"task": "humaneval/0", "max_output_tokens": 128},
+        "03_turns": {},
+        "04_reward": {"task": "easy/3"},
+        "05_grpo": {"tasks": "easy[:4]", "steps": 3, "group_size": 4, "max_output_tokens": 32},
+    },
+}
+
+
+class NotebookError(RuntimeError):
+    """A notebook could not run: unknown parameters, or a failing cell (named)."""
+
+
+@dataclass
+class NotebookContext:
+    """What every notebook needs besides its own knobs (all plain values, so papermill can pass them).
+
+    Attributes:
+        name: the notebook, for folder and figure names.
+        model: model asset served when this notebook starts its own engine.
+        run_dir: output folder; "" makes a new ``runs/<timestamp>__<name>``.
+        engine_url / served_name: a running engine to use (the trainer's private URL).
+        proxy_url / admin_key: a running capture proxy in front of it (the sandbox-facing URL).
+        interactive: widgets when True; the same views as static HTML when False (headless).
+    """
+
+    name: str
+    model: str = "tiny"
+    run_dir: str = ""
+    engine_url: str = ""
+    served_name: str = ""
+    proxy_url: str = ""
+    admin_key: str = ""
+    interactive: bool = True
+
+    def open(self) -> "Notebook":
+        return Notebook(self)
+
+
+class Notebook:
+    """The engine, the proxy client and the run folder of one notebook session."""
+
+    def __init__(self, ctx: NotebookContext) -> None:
+        self.ctx = ctx
+        self.run = RunDir.create(ctx.name, path=Path(ctx.run_dir) if ctx.run_dir else None)
+        self._engine: Engine | None = None
+        self._client: ProxyClient | None = None
+        self._owned: list[Any] = []  # what this notebook started (stopped by close())
+        if ctx.proxy_url and not (ctx.engine_url and ctx.admin_key):
+            raise ValueError("proxy_url needs engine_url, served_name and admin_key too")
+
+    def _connect(self) -> None:
+        """Engine + proxy on first use: the shared ones, or started here (notebooks 03/04 need neither)."""
+        ctx = self.ctx
+        if ctx.proxy_url:
+            self._engine = Engine.external(ctx.engine_url, ctx.served_name or ctx.model)
+            self._client = ProxyClient(ctx.proxy_url, ctx.admin_key)
+            return
+        engine = Engine(EngineConfig(model=ctx.model)).start()
+        self._owned.append(engine)
+        proxy = CaptureProxy(engine.url, engine.served_name).start()
+        self._owned.append(proxy)
+        self._engine, self._client = engine, proxy.client()
+
+    @property
+    def engine(self) -> Engine:
+        """The trainer's private engine URL lives here (never given to the sandbox)."""
+        if self._engine is None:
+            self._connect()
+        assert self._engine is not None
+        return self._engine
+
+    @property
+    def client(self) -> ProxyClient:
+        """The capture proxy's control plane (admin key); its `agent_base_url` is what sandboxes get."""
+        if self._client is None:
+            self._connect()
+        assert self._client is not None
+        return self._client
+
+    @property
+    def path(self) -> Path:
+        return self.run.path
+
+    def show(self, view: Any, name: str | None = None) -> None:
+        """Display an HTML string or a plotly figure; with `name`, also save figures/<name>.html."""
+        from IPython.display import HTML, display
+
+        is_html = isinstance(view, str)
+        display(HTML(view) if is_html else view)
+        if name:
+            out = self.path / "figures" / f"{name}.html"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(view if is_html else view.to_html(include_plotlyjs="cdn", full_html=True))
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.run.log_metrics({"notebook": self.ctx.name, **record})
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        for thing in reversed(self._owned):  # proxy first, then the engine behind it
+            thing.stop()
+        self._owned.clear()
+
+
+def _notebook_path(name: str) -> Path:
+    return project_root() / "notebooks" / f"{name}.ipynb"
+
+
+def check_parameters(name: str, params: dict[str, Any]) -> None:
+    """Refuse parameter names the notebook's `parameters` cell does not declare (papermill only warns)."""
+    import papermill
+
+    declared = papermill.inspect_notebook(str(_notebook_path(name)))
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise NotebookError(f"{name}: unknown parameter(s) {', '.join(unknown)}; it declares {', '.join(sorted(declared))}")
+
+
+def run_notebooks(params: str = "default", *, only: list[str] | None = None, run_dir: Path | None = None,
+                  model: str = "tiny", overrides: dict[str, dict[str, Any]] | None = None) -> RunDir:
+    """Execute the notebooks into one run folder, sharing one engine and proxy. Raises NotebookError."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    if params not in PARAMS:
+        raise NotebookError(f"unknown parameter set {params!r}; choose {', '.join(PARAMS)}")
+    names = list(only or NOTEBOOKS)
+    for n in names:
+        if n not in NOTEBOOKS:
+            raise NotebookError(f"unknown notebook {n!r}; choose from {', '.join(NOTEBOOKS)}")
+    resolved = {n: {**PARAMS[params][n], **(overrides or {}).get(n, {})} for n in names}
+    context_keys = {k for k in asdict(NotebookContext(name="")) if k != "name"}
+    for n in names:  # before anything is started
+        check_parameters(n, {**resolved[n], **dict.fromkeys(context_keys)})
+    run = RunDir.create("notebooks", path=run_dir)
+    timings: dict[str, float] = {}
+    with Engine(EngineConfig(model=model)) as engine, CaptureProxy(engine.url, engine.served_name) as proxy:
+        shared = {"model": model, "engine_url": engine.url, "served_name": engine.served_name,
+                  "proxy_url": proxy.url, "admin_key": proxy.admin_key, "interactive": False,
+                  "run_dir": str(run.path)}
+        public = {k: v for k, v in shared.items() if k != "admin_key"}  # never written to disk
+        run.write_config({"params": params, "notebooks": {n: {**resolved[n], **public} for n in names}})
+        for n in names:
+            t = time.monotonic()
+            try:
+                papermill.execute_notebook(
+                    str(_notebook_path(n)), str(run.path / f"{n}.ipynb"), parameters={**resolved[n], **shared},
+                    cwd=str(project_root() / "notebooks"), kernel_name="python3", progress_bar=False,
+                    log_output=False, request_save_on_cell_execute=True)
+            except PapermillExecutionError as exc:
+                raise NotebookError(f"{n}.ipynb failed in cell {exc.cell_index} (execution {exc.exec_count}): "
+                                    f"{exc.ename}: {exc.evalue}\n(executed copy: {run.path / f'{n}.ipynb'})") from None
+            timings[n] = round(time.monotonic() - t, 1)
+            run.log_metrics({"notebook": n, "event": "executed", "seconds": timings[n]})
+    _scrub_admin_key(run.path, shared["admin_key"])
+    run.write_json("notebooks.json", {"params": params, "seconds": timings})
+    return run
+
+
+def _scrub_admin_key(path: Path, key: str) -> None:
+    """papermill records injected parameters in the executed notebooks: the proxy's key must not stay."""
+    for nb in path.glob("*.ipynb"):
+        text = nb.read_text()
+        if key in text:
+            nb.write_text(text.replace(key, "<admin key>"))
