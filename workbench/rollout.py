@@ -29,11 +29,12 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -138,6 +139,13 @@ def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return entries
 
 
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return "unknown signal"
+
+
 def _atomic_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str))
@@ -174,29 +182,41 @@ class HarnessSession(ResourceSession):
         except SandboxError:
             self.client.close_session(self.key)
             raise
-        self.timings["setup_s"] = time.monotonic() - t0
-        prompt = few_shot_prompt(task.instruction) if config.few_shot else task.instruction
-        launch = self.harness.launch(
-            base_url=self.client.agent_base_url, api_key=self.key, model=self.client.model, prompt=prompt,
-            options=HarnessOptions(max_output_tokens=config.max_output_tokens, context_tokens=config.context_tokens,
-                                   system_prompt=config.system_prompt, tools=config.tools))
-        for rel, text in launch.files.items():
-            (self.sandbox.home / rel).parent.mkdir(parents=True, exist_ok=True)
-            (self.sandbox.home / rel).write_text(text)
-        self._logs = self.sandbox.root / "logs"
-        self._logs.mkdir()
-        self._started = time.monotonic()
-        self.proc = self.sandbox.spawn(launch.argv, stdin=launch.stdin, env=launch.env,
-                                       stdout=self._logs / "events.jsonl", stderr=self._logs / "stderr.txt")
+        try:
+            self.timings["setup_s"] = time.monotonic() - t0
+            prompt = few_shot_prompt(task.instruction) if config.few_shot else task.instruction
+            launch = self.harness.launch(
+                base_url=self.client.agent_base_url, api_key=self.key, model=self.client.model, prompt=prompt,
+                options=HarnessOptions(max_output_tokens=config.max_output_tokens, context_tokens=config.context_tokens,
+                                       system_prompt=config.system_prompt, tools=config.tools))
+            for rel, text in launch.files.items():
+                (self.sandbox.home / rel).parent.mkdir(parents=True, exist_ok=True)
+                (self.sandbox.home / rel).write_text(text)
+            self._logs = self.sandbox.root / "logs"
+            self._logs.mkdir()
+            self._started = time.monotonic()
+            self.proc = self.sandbox.spawn(launch.argv, stdin=launch.stdin, env=launch.env,
+                                           stdout=self._logs / "events.jsonl", stderr=self._logs / "stderr.txt")
+        except BaseException:
+            # The caller never gets this half-made session to close (e.g. ENOSPC writing the logs,
+            # a missing harness binary, Ctrl-C): close the sandbox and the proxy session here.
+            self.close()
+            raise
 
     # -- OpenEnv LoopOwningSession / TrainableSession ----------------------------------------------
 
-    def wait_for_completion(self, timeout_s: float | None = None) -> int:
-        """Wait for the agent to exit; TimeoutError at the wall-clock limit (the agent is killed)."""
+    def wait_for_completion(self, timeout_s: float | None = None, *, stop: threading.Event | None = None) -> int:
+        """Wait for the agent to exit; TimeoutError at the wall-clock limit (the agent is killed).
+
+        `stop` set (by `run_rollouts` on Ctrl-C: only the main thread receives KeyboardInterrupt)
+        ends the agent as ``interrupted`` and raises KeyboardInterrupt in this thread too.
+        """
         limit = self.config.timeout_s if timeout_s is None else timeout_s
         deadline = self._started + limit
         try:
             while True:
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt
                 code = self.proc.poll()
                 if code is not None:
                     self.exit_code = code
@@ -219,11 +239,23 @@ class HarnessSession(ResourceSession):
             self.timings["harness_s"] = time.monotonic() - self._started
         self.run_info = self.harness.parse_events(self._read_log("events.jsonl"))
         if self.status == "running":
-            if self.run_info.errors:
+            # The harness may give up on a failed engine call before the poll above sees the error
+            # (opencode exits on a 400 within a poll interval): still the engine's failure, which
+            # the trainer must not score (harness_error would be scored, upstream_error is not).
+            upstream_errors = 0
+            with contextlib.suppress(ProxyError):
+                upstream_errors = self.client.status(self.key).get("upstream_errors", 0)
+            if upstream_errors and (self.config.stop_on_upstream_error or self.run_info.errors or code != 0):
+                self.status = "upstream_error"
+                self.reason = "the engine failed a call (see trace.json); the harness then exited: " + \
+                    (self.run_info.errors[0][:300] if self.run_info.errors else f"exit code {code}")
+            elif self.run_info.errors:
                 self.status, self.reason = "harness_error", self.run_info.errors[0][:500]
             elif code != 0:
                 self.status = "crashed"
-                self.reason = (f"killed by signal {-code}" if code < 0 else f"exit code {code}") + \
+                # bwrap reports its child's death by a signal as 128 + the signal (as verify.py reads it)
+                sig = -code if code < 0 else code - 128 if self.sandbox.isolation == "bwrap" and code > 128 else 0
+                self.reason = (f"killed by signal {sig} ({_signal_name(sig)})" if sig else f"exit code {code}") + \
                     f": {self._read_log('stderr.txt')[-300:].strip()}"
             else:
                 self.status = "ok"
@@ -352,9 +384,8 @@ class HarnessSessionFactory(ResourceSessionFactory[HarnessSession]):
     def __init__(self, client: ProxyClient, config: RolloutConfig, *, out_root: Path | None = None,
                  sampling: dict[str, Any] | None = None) -> None:
         self.client, self.out_root = client, out_root
-        self.config = RolloutConfig(**{**asdict(config), "limits": config.limits})
-        if sampling and "temperature" in sampling:
-            self.config.temperature = float(sampling["temperature"])
+        # TRL passes its training policy; the proxy pins exactly this temperature for every call.
+        self.config = replace(config, temperature=float(sampling["temperature"])) if sampling else replace(config)
 
     def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> HarnessSession:
         task = task if isinstance(task, Task) else load_task(str(task))
@@ -382,8 +413,14 @@ def local_stack(model: str = "tiny", *, upstream: str | None = None, served_name
 
 
 def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir: Path,
-                *, rollout_id: str | None = None) -> RolloutResult:
-    """One rollout, start to artefact. Never raises for the rollout's own failures: they are recorded."""
+                *, rollout_id: str | None = None, stop: threading.Event | None = None) -> RolloutResult:
+    """One rollout, start to artefact. Never raises for the rollout's own failures: they are recorded.
+
+    KeyboardInterrupt (or `stop` set from another thread) ends it as ``interrupted``: the agent is
+    killed, the artefact written with the trace so far, the sandbox removed, and it is re-raised.
+    """
+    if stop is not None and stop.is_set():  # interrupted before it started: no folder at all
+        raise KeyboardInterrupt
     out_dir.mkdir(parents=True, exist_ok=True)
     rid = rollout_id or out_dir.name
     try:
@@ -395,13 +432,16 @@ def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir:
         return RolloutResult(rid, task.id, "setup_failed", str(exc), None, out_dir, summary)
     try:
         with contextlib.suppress(TimeoutError):
-            session.wait_for_completion()
+            session.wait_for_completion(stop=stop)
         session.calls()
         session.verify()
         summary = session.write_artefact(out_dir)
     except KeyboardInterrupt:
         if session.status == "running":
             session._end("interrupted", "interrupted by the user")
+        elif session.status != "interrupted" and session.verify_result is None:  # grading was cut short
+            session.status, session.reason = "interrupted", \
+                f"interrupted before verification (the agent had ended {session.status}: {session.reason})"
         session.write_artefact(out_dir)
         raise
     finally:
@@ -411,17 +451,23 @@ def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir:
 
 def run_rollouts(jobs: list[tuple[Task, Path]], client: ProxyClient, config: RolloutConfig, *,
                  parallel: int = 2, progress: bool = True) -> list[RolloutResult]:
-    """Run rollouts `parallel` at a time; every job gets a result (failures are recorded, not dropped)."""
+    """Run rollouts `parallel` at a time; every job gets a result (failures are recorded, not dropped).
+
+    On Ctrl-C (a notebook's interrupt), rollouts that finished keep their folders, the running ones
+    are ended as ``interrupted`` (summary.json says so, the trace so far is kept), queued ones never
+    start (no folder), no agent is left running, and KeyboardInterrupt is re-raised.
+    """
     from tqdm.auto import tqdm
 
     results: list[RolloutResult | None] = [None] * len(jobs)
     bar = tqdm(total=len(jobs), desc="rollouts", disable=not progress)
     lock = threading.Lock()
+    stop = threading.Event()
 
     def one(i: int) -> None:
         task, out = jobs[i]
         try:
-            results[i] = run_rollout(task, client, config, out)
+            results[i] = run_rollout(task, client, config, out, stop=stop)
         except Exception as exc:  # recorded: a rollout failing must not sink the group
             results[i] = RolloutResult(out.name, task.id, "crashed", f"{type(exc).__name__}: {exc}", None, out, {})
             _atomic_json(out / "summary.json", {"rollout_id": out.name, "task_id": task.id, "status": "crashed",
@@ -430,7 +476,16 @@ def run_rollouts(jobs: list[tuple[Task, Path]], client: ProxyClient, config: Rol
             bar.update(1)
             bar.set_postfix_str(f"last={results[i].status}")
 
-    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="rollout") as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="rollout")
+    try:
         list(pool.map(one, range(len(jobs))))
-    bar.close()
+    except BaseException:
+        # Only this thread sees KeyboardInterrupt; the workers would run every queued job to the end
+        # (the pool's exit waits for them). Tell them to stop, drop the queue, wait for the cleanup.
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+        bar.close()
     return [r for r in results if r is not None]
