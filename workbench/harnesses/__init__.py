@@ -18,6 +18,7 @@ look harnesses up by name. See README, "Adding a harness".
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -33,6 +34,9 @@ class CallInfo:
     purpose: str
     harness_session: str | None  # the harness's own conversation id (opencode: x-session-id)
     system_digest: str | None    # hash of the system prompt
+    # The call's last user message, set on the call being classified only: codex sends its
+    # compaction request with the agent's own system prompt, the request itself is the last message.
+    last_user: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,10 +99,41 @@ class Harness(ABC):
     def bin(self) -> str:
         return str(harness_bin(self.binary))
 
+    def example_calls(self) -> tuple[tuple[str, dict[str, str]], tuple[str, dict[str, str]]]:
+        """The two worked calls of a few-shot prompt as (tool, arguments), in this harness's own tool
+        names and schema: write solution.py with hello() returning "hello", then check it. A small
+        model copies them verbatim, so another harness's schema teaches it calls that fail. The
+        default is opencode's."""
+        return (("write", {"filePath": "solution.py", "content": 'def hello():\n    return "hello"\n'}),
+                ("bash", {"command": 'python -c "from solution import hello; print(hello())"'}))
+
+    def few_shot_prompt(self, instruction: str) -> str:
+        """The instruction preceded by two worked turns written in ChatML, with `example_calls`.
+
+        vLLM tokenises the literal ``<|im_start|>``/``<|im_end|>`` strings in the user message as the
+        special tokens, so the model sees a conversation in which it already wrote ``solution.py``
+        with the write tool and checked it, in the hermes format. Small models imitate it. Measured
+        with SmolLM2-135M, opencode, the short agent prompt, T=0.3: 5/5 rollouts wrote solution.py
+        via opencode's write tool; without the examples 0/6 made a tool call.
+        """
+        (write, write_args), (check, check_args) = self.example_calls()
+
+        def block(name: str, args: dict[str, str]) -> str:
+            # json.dumps' ", "/": " spacing is what the chat template's tojson re-renders
+            return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+
+        return (f'Create solution.py with a function hello() that returns "hello". Use the {write} tool.<|im_end|>\n'
+                f"<|im_start|>assistant\n{block(write, write_args)}<|im_end|>\n"
+                f"<|im_start|>user\nRun a quick check with the {check} tool.<|im_end|>\n"
+                f"<|im_start|>assistant\n{block(check, check_args)}<|im_end|>\n"
+                f"<|im_start|>user\n{instruction}")
+
 
 from .opencode import OpenCode  # noqa: E402  (the subclasses need the base above)
+from .pi import Pi  # noqa: E402
+from .codex import Codex  # noqa: E402
 
-HARNESSES: dict[str, Harness] = {"opencode": OpenCode()}
+HARNESSES: dict[str, Harness] = {"opencode": OpenCode(), "pi": Pi(), "codex": Codex()}
 
 
 def get_harness(name: str) -> Harness:

