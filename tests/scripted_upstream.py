@@ -5,8 +5,20 @@ It answers with random prompt ids, sampled ids and logprobs (shapes exactly as v
 
     up = ScriptedUpstream().start()
     up.script = ["text", "tool", "500", "hang:3", "reasoning"]   # one behaviour per request, then "text"
+    up.untooled = "text"    # requests without tools (opencode's title call) answer this, script untouched
     ... up.requests, up.answers ...
     up.stop()
+
+Faults beyond HTTP statuses: "close" (the connection drops halfway through the body), "notjson" (a 200
+whose body is an SSE line, not JSON), "bash:CMD" (a bash tool call running CMD).
+
+A request with ``stream: true`` is answered as vLLM streams (`_events`): a role chunk carrying
+``prompt_token_ids``, then one chunk per sampled token with its ``token_ids``, its logprob entry and its
+piece of the message (content, ``reasoning``, tool-call fragments by index), a usage chunk when
+``stream_options.include_usage`` asks, ``[DONE]``; ``up.answers`` holds the same answer as unstreamed.
+``up.hold = threading.Event()`` pauses every stream after its first sampled token until it is set. Faults
+stream as they answer unstreamed, plus "cut" (the stream stops half-way, no ``[DONE]``) and "garbled" (a
+line that is not JSON half-way through the stream).
 """
 
 from __future__ import annotations
@@ -24,6 +36,8 @@ class ScriptedUpstream:
         self.rng = random.Random(seed)
         self.n_out = n_out
         self.script: list[str] = []
+        self.untooled: str | None = None
+        self.hold: threading.Event | None = None
         self.requests: list[dict[str, Any]] = []
         self.answers: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -55,6 +69,11 @@ class ScriptedUpstream:
                 "id": f"chatcmpl-tool-{rng.randrange(10**9)}", "type": "function",
                 "function": {"name": "write", "arguments": json.dumps({"filePath": "solution.py", "content": "x = 1\n"})}}]}
             finish = "tool_calls"
+        elif mode.startswith("bash:"):
+            message = {"role": "assistant", "content": None, "tool_calls": [{
+                "id": f"chatcmpl-tool-{rng.randrange(10**9)}", "type": "function",
+                "function": {"name": "bash", "arguments": json.dumps({"command": mode[5:], "description": "run it"})}}]}
+            finish = "tool_calls"
         elif mode == "reasoning":
             message["reasoning_content"] = "thinking about it"
         return {
@@ -65,6 +84,45 @@ class ScriptedUpstream:
                                                    "top_logprobs": []} for t, lp in zip(out, lps)]}}],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out), "total_tokens": len(prompt) + len(out)},
         }
+
+    def _events(self, answer: dict[str, Any], body: dict[str, Any]) -> list[bytes]:
+        """`answer` as vLLM 0.32 streams it (``--return-tokens-as-token-ids``, logprobs on)."""
+        choice = answer["choices"][0]
+        message, ids, entries = choice["message"], choice["token_ids"], choice["logprobs"]["content"]
+        n = len(ids)
+        deltas: list[dict[str, Any]] = [{} for _ in ids]
+
+        def spread(slots: range, key: str, text: str) -> None:
+            for j, slot in enumerate(slots):
+                piece = text[len(text) * j // len(slots): len(text) * (j + 1) // len(slots)]
+                if piece:
+                    deltas[slot][key] = piece
+
+        reasoning = message.get("reasoning_content")
+        text_slots = range(n // 2, n) if reasoning else range(n)
+        if reasoning:
+            spread(range(n // 2), "reasoning", reasoning)  # vLLM 0.32's streamed name for it
+        if message.get("content"):
+            spread(text_slots, "content", message["content"])
+        calls = message.get("tool_calls") or []
+        for i, tc in enumerate(calls):  # each call: a header with its name, then its arguments in pieces
+            slots = range(n * i // len(calls), n * (i + 1) // len(calls))
+            deltas[slots[0]]["tool_calls"] = [{"index": i, "id": tc["id"], "type": "function",
+                                               "function": {"name": tc["function"]["name"], "arguments": ""}}]
+            args = tc["function"]["arguments"]
+            for j, slot in enumerate(slots[1:]):
+                piece = args[len(args) * j // (len(slots) - 1): len(args) * (j + 1) // (len(slots) - 1)]
+                deltas[slot].setdefault("tool_calls", []).append({"index": i, "function": {"arguments": piece}})
+        head = {"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"],
+                "model": answer["model"]}
+        chunks = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                        "finish_reason": None}], "prompt_token_ids": answer["prompt_token_ids"]}]
+        chunks += [{**head, "choices": [{"index": 0, "delta": deltas[j], "logprobs": {"content": [entries[j]]},
+                                         "finish_reason": choice["finish_reason"] if j == n - 1 else None,
+                                         "token_ids": [ids[j]]}]} for j in range(n)]
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({**head, "choices": [], "usage": answer["usage"]})
+        return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
 
     def _handler(self):
         up = self
@@ -91,16 +149,55 @@ class ScriptedUpstream:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with up._lock:
                     up.requests.append(body)
-                    mode = up.script.pop(0) if up.script else "text"
+                    if up.untooled is not None and not body.get("tools"):
+                        mode = up.untooled
+                    else:
+                        mode = up.script.pop(0) if up.script else "text"
                 if mode == "500":
                     return self._json(500, {"error": {"message": "scripted failure", "type": "internal"}})
                 if mode == "400":
                     return self._json(400, {"error": {"message": "scripted bad request", "type": "invalid"}})
+                if mode == "notjson":  # what a broken SSE relay would send to a non-streaming client
+                    raw = b"data: this is not json\n\n"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
+                if mode == "close":  # headers promise the whole answer; half of it comes, then EOF
+                    raw = json.dumps(up._answer(body, "text")).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw[: len(raw) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
                 if mode.startswith("hang:"):
                     time.sleep(float(mode.split(":")[1]))
-                answer = up._answer(body, mode)
+                answer = up._answer(body, "text" if mode == "cut" else mode)
                 with up._lock:
                     up.answers.append(answer)
-                self._json(200, answer)
+                if body.get("stream") is not True:
+                    return self._json(200, answer)
+                events = up._events(answer, body)
+                if mode == "cut":
+                    events = events[: len(events) // 2]
+                if mode == "garbled":  # a line that is not JSON half-way through the stream
+                    events.insert(len(events) // 2, b"data: {this is not json\n\n")
+                # No Content-Length: the stream ends when the connection closes (HTTP/1.0).
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                try:
+                    for i, event in enumerate(events):
+                        self.wfile.write(event)
+                        self.wfile.flush()
+                        if i == 1 and up.hold is not None:  # the role chunk and one token are out
+                            up.hold.wait(30)
+                except (BrokenPipeError, ConnectionResetError):  # the proxy went away mid-stream
+                    pass
 
         return Handler

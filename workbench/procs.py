@@ -5,6 +5,10 @@
 
 "Gone" means no member left, zombies included: a killed group's orphans are re-parented to pid 1,
 which reaps them a moment later, and until then `kill(-pgid, 0)` still finds them.
+
+A group must also die when *we* die without cleaning up (SIGKILL, a notebook kernel restart):
+
+    subprocess.Popen(die_with_us(cmd), start_new_session=True)   # group killed if this process dies
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 
-__all__ = ["group_alive", "kill_group", "stop_group"]
+__all__ = ["group_alive", "kill_group", "stop_group", "die_with_us"]
 
 
 def group_alive(pgid: int) -> bool:
@@ -55,3 +60,73 @@ def stop_group(proc: subprocess.Popen, *, grace_s: float = 10.0, gone_timeout_s:
         kill_group(pgid, signal.SIGKILL)
         time.sleep(0.05)
     return True
+
+
+# The watchdog `die_with_us` puts in front of a command. It polls getppid() rather than relying on
+# PR_SET_PDEATHSIG (`setpriv --pdeathsig`), because that fires when the *thread* that forked the
+# child exits (a rollout pool's worker thread, a notebook's executor thread), not when the process
+# does; and because it takes down the whole process group, plus every process carrying `marker` in
+# its environment (opencode starts its tool commands in new sessions: an agent's `nohup x &` leaves
+# the group), not just the command. With a grace period it first SIGTERMs the group and waits that
+# long for the command to exit (vLLM unlinks ~400 MB of /dev/shm segments on SIGTERM; SIGKILLed,
+# they stay until reboot). It ignores TERM/INT/HUP itself: a group signal reaches the command too,
+# and the watchdog stays to pass on the command's exit status (a signal death is re-raised on
+# itself, so the caller sees the same returncode as without it).
+_WATCHDOG = """
+import os, signal, subprocess, sys, time
+parent, marker, grace = int(sys.argv[1]), sys.argv[2].encode(), float(sys.argv[3])
+if os.getppid() != parent:  # gone before the command even started
+    os.killpg(0, signal.SIGKILL)
+child = subprocess.Popen(sys.argv[4:])
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # after the spawn: SIG_IGN survives exec
+    signal.signal(s, signal.SIG_IGN)
+def others():  # live members of our group but us (vLLM's engine core, its resource tracker...)
+    me, group, n = os.getpid(), os.getpgid(0), 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        n += int(pid) != me and int(fields[2]) == group and fields[0] not in "ZX"
+    return n
+def down():
+    if grace > 0:  # the whole group, not just the command: the tracker unlinks shm after it exits
+        os.killpg(0, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while (child.poll() is None or others()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    for _ in range(3 if marker else 0):  # a marked process may fork while we scan
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if int(pid) != os.getpid() and marker in f.read().split(b"\\0"):
+                        os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+    os.killpg(0, signal.SIGKILL)
+while True:
+    try:
+        code = child.wait(0.5)
+        break
+    except subprocess.TimeoutExpired:
+        if os.getppid() != parent:
+            down()
+if code < 0:
+    if code != -signal.SIGKILL:
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+def die_with_us(argv: list[str], *, marker: str | None = None, grace_s: float = 0.0) -> list[str]:
+    """`argv` behind a watchdog that SIGKILLs its own process group (start the command with
+    ``start_new_session=True``), and every process whose environment holds `marker` (``NAME=value``),
+    within 0.5 s of this process dying, however it dies; after SIGTERM and up to `grace_s` for the
+    command to exit, when `grace_s` > 0.
+
+    The command inherits stdin/stdout/stderr and the environment; the watchdog's exit status is the
+    command's. It costs one small Python process (~10 MB) per command.
+    """
+    return [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(os.getpid()), marker or "", str(grace_s), *argv]

@@ -7,12 +7,16 @@ the processes started in it. Two isolation modes:
 - ``bwrap`` (when bubblewrap is installed): the harness runs in new pid/ipc/uts namespaces with only
   the system dirs (read-only), the harness install (read-only) and the sandbox folder (writable)
   mounted. The project, the run folders and the held-out tests are not visible. When the
-  namespace's first process dies the kernel kills the rest.
+  namespace's first process dies the kernel kills the rest; bwrap dies with its parent.
 - ``none``: plain processes with the same env and limits. Separation, not isolation: the agent
   could read anything this user can. Processes are still tracked by their process group and by an
-  env marker, so `close()` leaves nothing behind even if one calls setsid().
+  env marker, so `close()` leaves nothing behind even if one calls setsid(). A watchdog
+  (`procs.die_with_us`) kills the group and the marked processes within 0.5 s if this process dies
+  without closing (SIGKILL, a notebook kernel restart); only a process that left the group and
+  cleared its environment survives that.
 
-The network is shared in both modes: the harness must reach the capture proxy on loopback.
+The network is shared in both modes: the harness must reach the capture proxy on loopback. Folders
+left by a runner that died without `close()` are removed by the next `Sandbox.create` in that dir.
 
     sb = Sandbox.create({"README.md": "..."}, limits=SandboxLimits(wall_s=300))
     proc = sb.spawn(["opencode", "run"], stdin=b"prompt", env={"OPENCODE_CONFIG_CONTENT": "..."})
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .procs import group_alive, kill_group, stop_group
+from .procs import die_with_us, group_alive, kill_group, stop_group
 
 __all__ = ["SandboxLimits", "Sandbox", "SandboxProcess", "SandboxError", "bwrap_available", "MARKER_ENV"]
 
@@ -72,6 +76,30 @@ class SandboxLimits:
     nproc: int = 1024
     open_files: int = 4096
     wall_s: float = 600.0
+
+
+def _process_key(pid: int) -> str | None:
+    """``pid-starttime`` of a live process (start time in clock ticks after boot, /proc/PID/stat field
+    22), None when it is gone: a reused pid has another start time."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else f"{pid}-{fields[19]}"
+
+
+def _remove_stale(base: Path) -> None:
+    """Remove the sandbox folders in `base` whose creator process is gone (see `Sandbox.create`).
+    Folders named before creators were recorded (``wb-sbx-XXXXXXXX``) are left alone."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        parts = entry.name.split("-")  # wb, sbx, pid, starttime, random
+        if len(parts) == 5 and entry.name.startswith("wb-sbx-") and parts[2].isdigit() and parts[3].isdigit():
+            if _process_key(int(parts[2])) != f"{parts[2]}-{parts[3]}":
+                shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _limit_args(limits: SandboxLimits) -> list[str]:
@@ -145,15 +173,23 @@ class Sandbox:
             raise SandboxError("isolation='bwrap' but bwrap is not installed (Debian: apt-get install bubblewrap)")
         if isolation not in ("bwrap", "none"):
             raise SandboxError(f"unknown isolation {isolation!r}: use auto, bwrap or none")
-        for rel in files:
+        for rel, text in files.items():
+            # Checked up front (NUL, non-str), so that bad task files are a SandboxError, not a TypeError
+            # or ValueError from deep inside the copy.
+            if not isinstance(rel, str) or not isinstance(text, str):
+                raise SandboxError(f"task file {rel!r}: path and content must be text")
             p = Path(rel)
-            if p.is_absolute() or ".." in p.parts or not rel.strip():
+            if p.is_absolute() or ".." in p.parts or not rel.strip() or "\0" in rel:
                 raise SandboxError(f"task file path {rel!r} must be relative and stay inside the workspace")
         interpreter = python or shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
         if interpreter is None:
             raise SandboxError("no python3 found for the sandbox")
+        # The folder's name carries its creator (pid and start time), so that a later create() can
+        # tell the folders of a runner that died without close() (SIGKILL, a kernel restart) and
+        # remove them; their processes died with that runner.
+        _remove_stale(Path(base_dir or tempfile.gettempdir()))
         try:
-            root = Path(tempfile.mkdtemp(prefix="wb-sbx-", dir=base_dir))
+            root = Path(tempfile.mkdtemp(prefix=f"wb-sbx-{_process_key(os.getpid())}-", dir=base_dir))
         except OSError as exc:
             raise SandboxError(f"could not create a sandbox folder in {base_dir or tempfile.gettempdir()}: {exc}") from exc
         sb = cls(root, isolation, limits or SandboxLimits(), list(ro_paths or []))
@@ -169,9 +205,14 @@ class Sandbox:
             if git_init:
                 subprocess.run(["git", "init", "-q", str(sb.workspace)], check=True, capture_output=True,
                                timeout=30, env={"PATH": "/usr/bin:/bin", "HOME": str(sb.home)})
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            # ValueError: content that cannot be encoded (a lone surrogate); OSError: ENOSPC, a path
+            # that is both a file and a folder ("a" and "a/b"), a name too long...
             shutil.rmtree(root, ignore_errors=True)
             raise SandboxError(f"could not materialise the sandbox: {exc}") from exc
+        except BaseException:  # Ctrl-C mid-creation: still nothing left behind
+            shutil.rmtree(root, ignore_errors=True)
+            raise
         return sb
 
     # -- processes -------------------------------------------------------------------------------
@@ -193,7 +234,8 @@ class Sandbox:
         """`argv` wrapped for this sandbox's isolation mode and limits."""
         argv = _limit_args(self.limits) + list(argv)
         if self.isolation == "none":
-            return argv
+            # bwrap's --die-with-parent and pid namespace do this below
+            return die_with_us(argv, marker=f"{MARKER_ENV}={self.id}")
         cmd = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         for d in ("/usr", "/etc", "/opt"):
