@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ..paths import harness_bin
 
-__all__ = ["CallInfo", "HarnessOptions", "Launch", "HarnessRun", "Harness", "HARNESSES", "get_harness"]
+__all__ = ["CallInfo", "HarnessOptions", "Launch", "HarnessRun", "Harness", "HARNESSES", "get_harness", "json_events"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,22 @@ class HarnessRun:
     errors: list[str]
     text: str
     events: int
+
+
+def json_events(stdout: str) -> list[dict]:
+    """The JSON objects a harness printed one per line; other lines (banners, warnings) are skipped."""
+    events = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
 
 
 class Harness(ABC):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import CallInfo, Harness, HarnessOptions, HarnessRun, Launch
+from . import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
 
 __all__ = ["Codex"]
 
@@ -71,16 +71,9 @@ class Codex(Harness):
                 ("exec_command", {"cmd": 'python -c "from solution import hello; print(hello())"'}))
 
     def parse_events(self, stdout: str) -> HarnessRun:
-        steps, tools, failures, errors, texts, n = 0, {}, {}, [], [], 0
-        for line in stdout.splitlines():
-            line = line.strip()
-            if not line.startswith("{"):
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            n += 1
+        steps, tools, failures, errors, texts = 0, {}, {}, [], []
+        events = json_events(stdout)
+        for event in events:
             kind = event.get("type")
             item = event.get("item") or {}
             if kind == "item.completed":
@@ -100,7 +93,7 @@ class Codex(Harness):
             elif kind == "error":
                 errors.append(f"error: {event.get('message')}"[:500])
         return HarnessRun(steps=steps, tool_calls=tools, tool_failures=failures, errors=errors,
-                          text="\n".join(texts), events=n)
+                          text="\n".join(texts), events=len(events))
 
     def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: list[CallInfo]) -> str:
         # compaction keeps the agent's system prompt and drops the tools; the request is the last message

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import CallInfo, Harness, HarnessOptions, HarnessRun, Launch
+from . import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
 
 __all__ = ["OpenCode"]
 
@@ -62,16 +62,9 @@ class OpenCode(Harness):
         return Launch(argv=argv, env=env, stdin=prompt.encode())
 
     def parse_events(self, stdout: str) -> HarnessRun:
-        steps, tools, failures, errors, texts, n = 0, {}, {}, [], [], 0
-        for line in stdout.splitlines():
-            line = line.strip()
-            if not line.startswith("{"):
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            n += 1
+        steps, tools, failures, errors, texts = 0, {}, {}, [], []
+        events = json_events(stdout)
+        for event in events:
             kind = event.get("type")
             part = event.get("part") or {}
             if kind == "step_finish":
@@ -88,7 +81,7 @@ class OpenCode(Harness):
                 data = err.get("data") or {}
                 errors.append(f"{err.get('name', 'error')}: {data.get('message') or json.dumps(data)[:300]}")
         return HarnessRun(steps=steps, tool_calls=tools, tool_failures=failures, errors=errors,
-                          text="\n".join(texts), events=n)
+                          text="\n".join(texts), events=len(events))
 
     def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: list[CallInfo]) -> str:
         if system.startswith("You are a title generator"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from . import CallInfo, Harness, HarnessOptions, HarnessRun, Launch
+from . import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
 
 __all__ = ["Pi"]
 
@@ -59,16 +59,9 @@ class Pi(Harness):
                 ("bash", {"command": 'python -c "from solution import hello; print(hello())"'}))
 
     def parse_events(self, stdout: str) -> HarnessRun:
-        steps, tools, failures, errors, texts, n = 0, {}, {}, [], [], 0
-        for line in stdout.splitlines():
-            line = line.strip()
-            if not line.startswith("{"):
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            n += 1
+        steps, tools, failures, errors, texts = 0, {}, {}, [], []
+        events = json_events(stdout)
+        for event in events:
             kind = event.get("type")
             if kind == "message_end":
                 message = event.get("message") or {}
@@ -87,7 +80,7 @@ class Pi(Harness):
             elif kind == "compaction_end" and event.get("errorMessage"):
                 errors.append(f"compaction: {event['errorMessage']}"[:500])
         return HarnessRun(steps=steps, tool_calls=tools, tool_failures=failures, errors=errors,
-                          text="\n".join(texts), events=n)
+                          text="\n".join(texts), events=len(events))
 
     def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: list[CallInfo]) -> str:
         if system.startswith("You are a context summarization assistant"):
