@@ -372,7 +372,8 @@ class CaptureProxy:
             calls.append(call)
         errors_before, stops_before = session.upstream_errors, session.budget_stop_count
         error_body = bytearray()
-        disconnected = body_done = False
+        disconnected = body_done = finished = False
+        openenv_path = True
 
         async def receive_recorded() -> dict:
             nonlocal disconnected
@@ -384,7 +385,7 @@ class CaptureProxy:
             return message
 
         async def send_recorded(message: dict) -> None:
-            nonlocal body_done
+            nonlocal body_done, finished
             if message["type"] == "http.response.start":
                 call.http_status = message["status"]
             elif message["type"] == "http.response.body":
@@ -394,6 +395,13 @@ class CaptureProxy:
                 if call.http_status and call.http_status >= 400 or body.startswith(b'data: {"error"'):
                     error_body.extend(body[:4000])
                 body_done = not message.get("more_body", False)
+                if body_done and openenv_path:
+                    # OpenEnv has ingested (or refused) before it replies, so the outcome is known:
+                    # record it before the last byte leaves. Starlette awaits after its last send,
+                    # and a harness (or test) reading the trace at once could find the call pending.
+                    call.t_end = time.time()
+                    self._finish(call, session, errors_before, stops_before, bytes(error_body), disconnected)
+                    finished = True
             await send(message)
 
         token = _current_call.set(call)
@@ -401,7 +409,9 @@ class CaptureProxy:
             # The streaming fast path takes a streamed chat completion it can serve exactly as OpenEnv
             # would (workbench.capture_stream); every other call, and every refusal, is OpenEnv's.
             prepared = self._streaming.prepare(scope, session, messages) if self._streaming else None
+            openenv_path = prepared is None
             if prepared is not None:
+                # It records the turn right after the last byte, with no await before we finish below.
                 await self._streaming.serve(prepared, session, receive_recorded, send_recorded)
             else:
                 await self.inner(scope, receive_recorded, send_recorded)
@@ -410,8 +420,9 @@ class CaptureProxy:
             raise
         finally:
             _current_call.reset(token)
-            call.t_end = time.time()
-            self._finish(call, session, errors_before, stops_before, bytes(error_body), disconnected)
+            if not finished:
+                call.t_end = time.time()
+                self._finish(call, session, errors_before, stops_before, bytes(error_body), disconnected)
 
     async def _read_body(self, scope: dict, receive: Any) -> list[dict] | None:
         """The request's body messages, or None when the body is over `max_body_bytes`. Past the cap

@@ -223,7 +223,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     print(f"executed notebooks in {run.path}:")
     for nb in sorted(run.path.glob("*.ipynb")):
         print(f"  {nb}")
-    print(f"open them with: .venv/bin/jupyter lab {run.path}")
+    print(f"open them with: .venv/bin/python -m jupyter lab {run.path}")
     return 0
 
 
