@@ -24,13 +24,23 @@ __all__ = ["group_alive", "kill_group", "stop_group", "die_with_us"]
 
 
 def group_alive(pgid: int) -> bool:
+    """True while a process of the group is running. Zombies do not count: a killed member that had
+    been orphaned (an agent's `cmd &`) waits for init to reap it, which here takes up to ~2 s."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # the id was reused by someone else's group: not ours any more
         return False
-    return True
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in "ZX":
+            return True
+    return False
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
