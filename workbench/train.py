@@ -68,6 +68,8 @@ class TrainConfig:
         train_turns: ``tool_calls`` (the seed's `has_tool_call`) or ``all``.
         parallel_rollouts: rollouts run concurrently (2 cores: 2).
         isolation: sandbox mode for the harness (``auto`` = bwrap when installed).
+        train_threads: torch threads for the optimizer step (0 = every core). Rollouts and the
+            trainer take turns, so the step may use the cores the engine and harness use otherwise.
         seed: seeds TRL/torch and the task order.
         report_to: TRL/transformers reporting (``none``; ``trackio`` if installed).
     """
@@ -92,6 +94,7 @@ class TrainConfig:
     train_turns: str = "tool_calls"
     parallel_rollouts: int = 2
     isolation: str = "auto"
+    train_threads: int = 0
     seed: int = 0
     report_to: str = "none"
 
@@ -295,6 +298,7 @@ class GRPORun:
 
         cfg = self.config
         _score_only_labelled_positions_on_cpu()
+        torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
         self.tokenizer = AutoTokenizer.from_pretrained(asset_path)
         model = AutoModelForCausalLM.from_pretrained(asset_path, dtype=torch.float32)
         n = cfg.tasks_per_step * cfg.group_size
