@@ -34,6 +34,7 @@ all seven knobs and overrides the harness), and a call budget ends runaway loops
 from __future__ import annotations
 
 import contextvars
+import gc
 import hashlib
 import json
 import logging
@@ -526,6 +527,12 @@ class CaptureProxy:
 
         if self.port == 0:
             self.port = free_port(self.host)
+        # Importing OpenEnv's capture server brings ~400k objects (gradio, pandas, ...) and every full
+        # collection walked them all: 190-230 ms stalls of the serving loop, the whole p99 at 64
+        # streams (benchmarks/README.md). They live as long as the process: collect once, then leave
+        # what exists now to reference counting (gc.freeze); newer objects are collected as usual.
+        gc.collect()
+        gc.freeze()
         config = uvicorn.Config(self, host=self.host, port=self.port, log_level="warning",
                                 timeout_keep_alive=75, lifespan="off")
         self._server = uvicorn.Server(config)
