@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 
 import httpx
 import pytest
 
 from workbench.engine import Engine, EngineConfig, EngineError
+from workbench.procs import group_alive
 
 pytestmark = pytest.mark.engine
 
@@ -77,8 +77,8 @@ def test_engine_stops_its_whole_process_group():
     pgid = eng.pgid
     assert eng.healthy()
     eng.stop()
-    with pytest.raises(ProcessLookupError):
-        os.killpg(pgid, 0)
+    # No member is running (orphaned members may linger as zombies until init reaps them).
+    assert not group_alive(pgid)
 
 
 def test_failed_start_reports_the_server_log():
