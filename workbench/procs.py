@@ -81,7 +81,8 @@ def stop_group(proc: subprocess.Popen, *, grace_s: float = 10.0, gone_timeout_s:
 # long for the command to exit (vLLM unlinks ~400 MB of /dev/shm segments on SIGTERM; SIGKILLed,
 # they stay until reboot). It ignores TERM/INT/HUP itself: a group signal reaches the command too,
 # and the watchdog stays to pass on the command's exit status (a signal death is re-raised on
-# itself, so the caller sees the same returncode as without it).
+# itself, so the caller sees the same returncode as without it). It is self-contained (run with
+# `python -I -S`: no site, no imports of ours, ~50 ms), hence its own copy of `group_alive`'s scan.
 _WATCHDOG = """
 import os, signal, subprocess, sys, time
 parent, marker, grace = int(sys.argv[1]), sys.argv[2].encode(), float(sys.argv[3])
