@@ -3,8 +3,8 @@
     proc = subprocess.Popen(cmd, start_new_session=True)   # pgid == proc.pid
     stop_group(proc)                                       # TERM, then KILL, then wait until gone
 
-"Gone" means no member left, zombies included: a killed group's orphans are re-parented to pid 1,
-which reaps them a moment later, and until then `kill(-pgid, 0)` still finds them.
+"Gone" means no member left running. Zombies do not count: a killed group's orphans are re-parented
+to pid 1, which here reaps them only every ~2 s, and until then `kill(-pgid, 0)` still finds them.
 
 A group must also die when *we* die without cleaning up (SIGKILL, a notebook kernel restart):
 
@@ -20,7 +20,18 @@ import subprocess
 import sys
 import time
 
-__all__ = ["group_alive", "kill_group", "stop_group", "die_with_us"]
+__all__ = ["proc_stat", "group_alive", "kill_group", "stop_group", "die_with_us", "exit_signal", "signal_name"]
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first, so `fields[2]` is the process
+    group and `fields[19]` the start time), or None when the process is gone or is a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields
 
 
 def group_alive(pgid: int) -> bool:
@@ -32,15 +43,21 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:  # the id was reused by someone else's group: not ours any more
         return False
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in "ZX":
-            return True
-    return False
+    return any((fields := proc_stat(int(pid))) is not None and int(fields[2]) == pgid
+               for pid in os.listdir("/proc") if pid.isdigit())
+
+
+def exit_signal(returncode: int, *, bwrap: bool) -> int:
+    """The signal that ended a process, 0 when it exited: Popen reports -N, and bwrap, whose child
+    it was, exits with 128 + N (the exec chain without bwrap passes the signal through)."""
+    return -returncode if returncode < 0 else returncode - 128 if bwrap and returncode > 128 else 0
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -49,7 +66,7 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def stop_group(proc: subprocess.Popen, *, grace_s: float = 10.0, gone_timeout_s: float = 10.0) -> bool:
-    """SIGTERM the group, SIGKILL after `grace_s` (at once when 0), then wait for every member to be reaped.
+    """SIGTERM the group, SIGKILL after `grace_s` (at once when 0), then wait until no member runs.
 
     Returns True when the group is gone within `gone_timeout_s`.
     """
@@ -82,7 +99,8 @@ def stop_group(proc: subprocess.Popen, *, grace_s: float = 10.0, gone_timeout_s:
 # they stay until reboot). It ignores TERM/INT/HUP itself: a group signal reaches the command too,
 # and the watchdog stays to pass on the command's exit status (a signal death is re-raised on
 # itself, so the caller sees the same returncode as without it). It is self-contained (run with
-# `python -I -S`: no site, no imports of ours, ~50 ms), hence its own copy of `group_alive`'s scan.
+# `python -I -S`: no site, no imports of ours, ~50 ms), hence its own copy of the
+# group scan.
 _WATCHDOG = """
 import os, signal, subprocess, sys, time
 parent, marker, grace = int(sys.argv[1]), sys.argv[2].encode(), float(sys.argv[3])

@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import threading
 import time
 import uuid
@@ -44,6 +43,7 @@ from .capture import CaptureProxy, ProxyClient, ProxyError
 from .engine import Engine, EngineConfig
 from .harnesses import HarnessOptions, HarnessRun, get_harness
 from .paths import project_root
+from .procs import exit_signal, signal_name
 from .sandbox import Sandbox, SandboxError, SandboxLimits
 from .tasks import Task, load_task
 from .verify import verify as verify_workspace
@@ -117,13 +117,6 @@ def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "metadata": {"node_id": c["node_id"], "turn": c["turn"], "sampling_params": c["sampling_params"]},
         })
     return entries
-
-
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return "unknown signal"
 
 
 def _atomic_json(path: Path, data: Any) -> None:
@@ -233,9 +226,8 @@ class HarnessSession(ResourceSession):
                 self.status, self.reason = "harness_error", self.run_info.errors[0][:500]
             elif code != 0:
                 self.status = "crashed"
-                # bwrap reports its child's death by a signal as 128 + the signal (as verify.py reads it)
-                sig = -code if code < 0 else code - 128 if self.sandbox.isolation == "bwrap" and code > 128 else 0
-                self.reason = (f"killed by signal {sig} ({_signal_name(sig)})" if sig else f"exit code {code}") + \
+                sig = exit_signal(code, bwrap=self.sandbox.isolation == "bwrap")
+                self.reason = (f"killed by signal {sig} ({signal_name(sig)})" if sig else f"exit code {code}") + \
                     f": {self._read_log('stderr.txt')[-300:].strip()}"
             else:
                 self.status = "ok"

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .procs import die_with_us, group_alive, kill_group, stop_group
+from .procs import die_with_us, group_alive, kill_group, proc_stat, stop_group
 
 __all__ = ["SandboxLimits", "Sandbox", "SandboxProcess", "SandboxError", "bwrap_available", "MARKER_ENV"]
 
@@ -81,11 +81,8 @@ class SandboxLimits:
 def _process_key(pid: int) -> str | None:
     """``pid-starttime`` of a live process (start time in clock ticks after boot, /proc/PID/stat field
     22), None when it is gone: a reused pid has another start time."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] in ("Z", "X") else f"{pid}-{fields[19]}"
+    fields = proc_stat(pid)
+    return None if fields is None else f"{pid}-{fields[19]}"
 
 
 def _remove_stale(base: Path) -> None:

@@ -82,6 +82,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from .procs import exit_signal, signal_name
 from .tasks import Limits, Task, humaneval_path
 
 __all__ = ["OUTCOMES", "SANDBOXES", "TestOutcome", "VerifyResult", "Shaping", "verify", "verify_many",
@@ -716,13 +717,9 @@ class _Child:
         rc = self.proc.returncode
         lines = [ln.strip() for ln in self.err.decode("utf-8", errors="replace").splitlines() if ln.strip()]
         last = lines[-1] if lines else ""
-        # bwrap reports a signal as 128 + its number; the exec chain without bwrap passes it through.
-        sig = -rc if rc < 0 else rc - 128 if self.box.bwrap and rc > 128 else 0
+        sig = exit_signal(rc, bwrap=self.box.bwrap)
         if sig:
-            try:
-                name = signal.Signals(sig).name
-            except ValueError:
-                name = f"signal {sig}"
+            name = signal_name(sig)
             return _clip(f"killed by {name}{_SIGNAL_HINTS.get(name, '')}" + (f": {last}" if last else ""))
         return _clip(last or f"exit code {rc}")
 
