@@ -19,18 +19,16 @@ In a notebook: ``HTML(render_matrix(load_matrix(run_dir)))``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from .capture import CaptureProxy, ProxyClient
-from .engine import Engine, EngineConfig, EngineError
+from .engine import Engine, EngineError
 from .harnesses import get_harness
-from .rollout import RolloutConfig, RolloutResult, run_rollouts
+from .rollout import RolloutConfig, RolloutResult, local_stack, run_rollouts
 from .runs import RunDir
 from .tasks import load_tasks
 from .turns import TraceError, analyse, load_trace
@@ -175,22 +173,6 @@ def load_matrix(run_dir: Path | str) -> list[dict[str, Any]]:
     return json.loads((Path(run_dir) / "matrix.json").read_text())["cells"]
 
 
-@contextlib.contextmanager
-def _serving(model: str, engines: dict[str, Engine]) -> Iterator[tuple[Engine, ProxyClient]]:
-    """The model's engine (given, or started and stopped here) and a proxy in front of it."""
-    engine = engines.get(model) or Engine(EngineConfig(model=model)).start()
-    try:
-        with CaptureProxy(engine.url, engine.served_name) as proxy:
-            client = proxy.client()
-            try:
-                yield engine, client
-            finally:
-                client.close()
-    finally:
-        if model not in engines:
-            engine.stop()
-
-
 def run_matrix(config: MatrixConfig, *, run_dir: Path | None = None, engines: dict[str, Engine] | None = None,
                progress: bool = True) -> MatrixResult:
     """Run every cell, write matrix.json / matrix.md / matrix.html into the run folder."""
@@ -210,7 +192,7 @@ def run_matrix(config: MatrixConfig, *, run_dir: Path | None = None, engines: di
     rows: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     for model in config.models:
-        with _serving(model, engines) as (engine, client):
+        with local_stack(model, engine=engines.get(model)) as (engine, _, client):
             tokenizer = AutoTokenizer.from_pretrained(str(engine.asset.path))
             for harness in config.harnesses:
                 cell = run.path / model / harness

