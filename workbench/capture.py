@@ -52,8 +52,7 @@ from openenv.core.harness.capture.dialects.openai_responses import OpenAIRespons
 from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
 from openenv.core.harness.capture.server import UpstreamPool, create_app
 from openenv.core.harness.capture.sessions import SessionRegistry, extract_api_key
-from openenv.core.harness.capture.upstream import UpstreamRequestError
-from openenv.core.harness.capture.upstream import InferenceClient, UpstreamTransportError
+from openenv.core.harness.capture.upstream import InferenceClient, UpstreamRequestError, UpstreamTransportError
 
 from .capture_stream import StreamingPath
 from .harnesses import CallInfo, get_harness
@@ -360,17 +359,10 @@ class CaptureProxy:
             receive = _replay(messages, receive)
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].startswith("/sessions"):
             return await self.inner(scope, receive, send)
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        key = extract_api_key(headers)
-        session = self.inner.state.registry.get(key)
+        session = self._session_of(scope)
         if session is None:  # OpenEnv answers 401 and forwards nothing; nothing to record
             return await self.inner(scope, receive, send)
-        lower = {k.lower(): v for k, v in headers.items()}
-        with self._lock:
-            calls = self._calls[session.session_id]
-            call = CallRecord(index=len(calls), session_id=session.session_id, t_start=time.time(),
-                              harness_session=lower.get("x-session-id"))
-            calls.append(call)
+        call = self._new_call(session, scope)
         errors_before, stops_before = session.upstream_errors, session.budget_stop_count
         error_body = bytearray()
         disconnected = body_done = finished = False
@@ -425,6 +417,22 @@ class CaptureProxy:
                 call.t_end = time.time()
                 self._finish(call, session, errors_before, stops_before, bytes(error_body), disconnected)
 
+    def _session_of(self, scope: dict) -> Any:
+        """The capture session whose key the request carries (OpenEnv's key extraction), or None."""
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        return self.inner.state.registry.get(extract_api_key(headers))
+
+    def _new_call(self, session: Any, scope: dict, **fields: Any) -> CallRecord:
+        """A new record at the end of the session's call log (ASGI header names are lower-case)."""
+        harness_session = dict(scope["headers"]).get(b"x-session-id")
+        with self._lock:
+            calls = self._calls[session.session_id]
+            call = CallRecord(index=len(calls), session_id=session.session_id, t_start=time.time(),
+                              harness_session=harness_session.decode("latin-1") if harness_session else None,
+                              **fields)
+            calls.append(call)
+        return call
+
     async def _read_body(self, scope: dict, receive: Any) -> list[dict] | None:
         """The request's body messages, or None when the body is over `max_body_bytes`. Past the cap
         nothing is kept; the rest is drained (up to as much again) so that the client reads the 413
@@ -440,24 +448,20 @@ class CaptureProxy:
                 break
             size += len(message.get("body", b""))
             over = over or size > self.max_body_bytes
-            messages = [] if over else messages + [message]
+            if over:
+                messages.clear()
+            else:
+                messages.append(message)
             if not message.get("more_body", False) or size > 2 * self.max_body_bytes:
                 break
         return None if over else messages
 
     async def _refuse_too_large(self, scope: dict, send: Any) -> None:
         text = f"request body larger than the capture proxy's limit of {self.max_body_bytes} bytes"
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        session = self.inner.state.registry.get(extract_api_key(headers))
+        session = self._session_of(scope)
         if session is not None and scope["method"] == "POST" and not scope["path"].startswith("/sessions"):
             # A model call of a known session: recorded like every other refused call, never forwarded.
-            lower = {k.lower(): v for k, v in headers.items()}
-            with self._lock:
-                calls = self._calls[session.session_id]
-                call = CallRecord(index=len(calls), session_id=session.session_id, t_start=time.time(),
-                                  harness_session=lower.get("x-session-id"), http_status=413, error=text,
-                                  status="rejected")
-                calls.append(call)
+            call = self._new_call(session, scope, http_status=413, error=text, status="rejected")
             call.t_end = call.t_start
             self._classify_raw(call)
         logger.warning("refused a %s %s: %s", scope["method"], scope["path"], text)

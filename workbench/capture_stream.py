@@ -567,8 +567,9 @@ class StreamingPath:
 
 def _ingest(session: Session, chat_request: dict[str, Any], response: dict[str, Any],
             requested_sampling: dict[str, Any]) -> None:
-    """OpenEnv's ``_ingest`` (server.py, the ``tokens`` level) for one accumulated response. Never
-    raises: a capture problem degrades one turn, not the rollout or the server."""
+    """OpenEnv's ``_ingest`` (server.py, the ``tokens`` level) for one accumulated response: a copy,
+    since OpenEnv's is a closure inside `create_app` that nothing outside can call. Never raises: a
+    capture problem degrades one turn, not the rollout or the server."""
     try:
         choices = response.get("choices") or []
         if not choices:  # a 200 with no choices is not a turn
