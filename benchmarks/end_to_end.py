@@ -92,8 +92,8 @@ def grpo_part(engine: Any, client: Any, out: Path) -> dict[str, Any]:
 
 def main() -> None:
     from workbench.assets import build
-    from workbench.capture import CaptureProxy
     from workbench.engine import Engine, EngineConfig
+    from workbench.rollout import local_stack
 
     started = dt.datetime.now(dt.timezone.utc)
     load0 = os.getloadavg()[0]
@@ -103,13 +103,9 @@ def main() -> None:
         t = time.perf_counter()
         with Engine(EngineConfig(model="tiny")) as engine:
             engine_start = time.perf_counter() - t
-            with CaptureProxy(engine.url, engine.served_name) as proxy:
-                client = proxy.client()
-                try:
-                    rollout = rollout_part(client, tmp / "rollout")
-                    grpo = grpo_part(engine, client, tmp / "grpo")
-                finally:
-                    client.close()
+            with local_stack(engine=engine) as (_, _, client):
+                rollout = rollout_part(client, tmp / "rollout")
+                grpo = grpo_part(engine, client, tmp / "grpo")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -7,9 +7,7 @@ import json
 import pytest
 
 from workbench.assets import build
-from workbench.capture import CaptureProxy
-from workbench.engine import Engine, EngineConfig
-from workbench.rollout import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig, run_rollout
+from workbench.rollout import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig, local_stack, run_rollout
 from workbench.tasks import load_task
 
 pytestmark = [pytest.mark.engine, pytest.mark.opencode, pytest.mark.slow]
@@ -17,14 +15,15 @@ pytestmark = [pytest.mark.engine, pytest.mark.opencode, pytest.mark.slow]
 
 def test_smollm2_writes_solution_with_opencodes_write_tool(tmp_path):
     """Up to 5 rollouts of easy/0 at T=0.3 (few-shot, short agent prompt); at least one must have
-    opencode's `write` tool create solution.py, and that rollout's calls chain exactly."""
+    opencode's `write` tool create solution.py: in opencode's own events, in the workspace, and as a
+    tool call in the engine's captured answer."""
     build("smollm2")
     config = RolloutConfig(temperature=0.3, max_output_tokens=256, max_model_calls=6, timeout_s=300, few_shot=True,
                            system_prompt=SHORT_AGENT_PROMPT, tools=SHORT_AGENT_TOOLS)
     outcomes = []
-    with Engine(EngineConfig(model="smollm2")) as engine, CaptureProxy(engine.url, engine.served_name) as proxy:
+    with local_stack("smollm2") as (_, _, client):
         for i in range(5):
-            result = run_rollout(load_task("easy/0"), proxy.client(), config, tmp_path / f"r{i}")
+            result = run_rollout(load_task("easy/0"), client, config, tmp_path / f"r{i}")
             outcomes.append(result.summary)
             if result.summary.get("solution_written"):
                 break
