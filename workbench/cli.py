@@ -111,15 +111,13 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .capture import ProxyClient
-    from .rollout import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig, local_stack, run_rollouts
+    from .rollout import RolloutConfig, agent_prompt, local_stack, run_rollouts
     from .tasks import load_task
 
     task = load_task(args.task)
-    short = args.agent_prompt == "short"
     config = RolloutConfig(harness=args.harness, temperature=args.temperature, max_output_tokens=args.max_output_tokens,
                            max_model_calls=args.max_calls, timeout_s=args.timeout, isolation=args.isolation,
-                           few_shot=args.few_shot, system_prompt=SHORT_AGENT_PROMPT if short else None,
-                           tools=SHORT_AGENT_TOOLS if short else None)
+                           few_shot=args.few_shot, **agent_prompt(args.agent_prompt))
     out = Path(args.out)
     jobs = [(task, out / f"r{i:03d}" if args.n > 1 else out) for i in range(args.n)]
 
@@ -172,13 +170,11 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .matrix import MatrixConfig, markdown_table, run_matrix
-    from .rollout import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig
+    from .rollout import RolloutConfig, agent_prompt
 
-    short = args.agent_prompt == "short"
     rollout = RolloutConfig(temperature=args.temperature, max_output_tokens=args.max_output_tokens,
                             max_model_calls=args.max_calls, timeout_s=args.timeout, few_shot=args.few_shot,
-                            system_prompt=SHORT_AGENT_PROMPT if short else None,
-                            tools=SHORT_AGENT_TOOLS if short else None)
+                            **agent_prompt(args.agent_prompt))
     config = MatrixConfig(harnesses=tuple(args.harnesses.split(",")), models=tuple(args.models.split(",")),
                           tasks=args.tasks, n=args.n, rollout=rollout, parallel=args.parallel)
     result = run_matrix(config, run_dir=Path(args.out) if args.out else None)

@@ -48,13 +48,23 @@ from .sandbox import Sandbox, SandboxError, SandboxLimits
 from .tasks import Task, load_task
 from .verify import verify as verify_workspace
 
-__all__ = ["SHORT_AGENT_PROMPT", "SHORT_AGENT_TOOLS", "local_stack", "RolloutConfig", "RolloutResult", "HarnessSession", "HarnessSessionFactory", "run_rollout",
+__all__ = ["SHORT_AGENT_PROMPT", "SHORT_AGENT_TOOLS", "agent_prompt", "local_stack", "RolloutConfig", "RolloutResult", "HarnessSession", "HarnessSessionFactory", "run_rollout",
            "run_rollouts", "agent_entries"]
 
 # A short agent prompt (opencode's own is ~7.2k tokens; with this one a prompt is ~1.8k). The
 # harness is otherwise unchanged: same loop, same tools, same replay.
 SHORT_AGENT_PROMPT = "You are a coding agent. Use the tools to complete the task."
 SHORT_AGENT_TOOLS = ("bash", "write", "read", "edit")
+
+
+def agent_prompt(name: str) -> dict[str, Any]:
+    """`RolloutConfig` fields for an agent prompt by name: ``default`` (the harness as shipped) or
+    ``short`` (`SHORT_AGENT_PROMPT` with `SHORT_AGENT_TOOLS`)."""
+    if name == "default":
+        return {"system_prompt": None, "tools": None}
+    if name == "short":
+        return {"system_prompt": SHORT_AGENT_PROMPT, "tools": SHORT_AGENT_TOOLS}
+    raise ValueError(f"agent_prompt must be 'default' or 'short', got {name!r}")
 
 STATUSES = ("ok", "timeout", "crashed", "harness_error", "upstream_error", "interrupted", "setup_failed")
 

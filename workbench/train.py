@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from .capture import ProxyClient
 from .engine import Engine
-from .rollout import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig, RolloutResult, run_rollouts
+from .rollout import RolloutConfig, RolloutResult, agent_prompt, run_rollouts
 from .runs import RunDir
 from .tasks import Task, load_task, load_tasks
 from .turns import analyse, has_tool_call, load_trace
@@ -102,8 +102,7 @@ class TrainConfig:
         if self.top_p != 1.0:
             raise ValueError("top_p must be 1.0: processed logprobs under top_p < 1 are renormalised and the "
                              "trainer's ratios would be biased")
-        if self.agent_prompt not in ("default", "short"):
-            raise ValueError(f"agent_prompt must be 'default' or 'short', got {self.agent_prompt!r}")
+        agent_prompt(self.agent_prompt)  # ValueError for an unknown name
         if self.train_turns not in ("tool_calls", "all"):
             raise ValueError(f"train_turns must be 'tool_calls' or 'all', got {self.train_turns!r}")
         if self.group_size < 2:
@@ -112,12 +111,9 @@ class TrainConfig:
             raise ValueError("temperature must be > 0")
 
     def rollout_config(self) -> RolloutConfig:
-        short = self.agent_prompt == "short"
         return RolloutConfig(temperature=self.temperature, max_output_tokens=self.max_output_tokens,
                              max_model_calls=self.max_model_calls, timeout_s=self.rollout_timeout_s,
-                             isolation=self.isolation, few_shot=self.few_shot,
-                             system_prompt=SHORT_AGENT_PROMPT if short else None,
-                             tools=SHORT_AGENT_TOOLS if short else None)
+                             isolation=self.isolation, few_shot=self.few_shot, **agent_prompt(self.agent_prompt))
 
 
 @dataclass
