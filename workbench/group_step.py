@@ -1,0 +1,411 @@
+"""A faster, exact GRPO optimizer step for TRL 1.16's `GRPOTrainer` on CPU (issue 14, levers 1, 2, 3, 5).
+
+The rows of a GRPO group share a long common prefix (system prompt, tools, few-shot turns, task message:
+~3.05k of ~3.1k tokens per SmolLM2 row). TRL forwards every row in full, twice (a no-grad pass for the
+importance-sampling ratio, then the loss pass), and replays the forward again for activation checkpointing.
+`install(trainer)` changes only how the per-token logprobs are computed; TRL still does everything else
+(advantages, clipping, IS correction, loss normalisation, logging):
+
+1. **Shared prefix once** (`shared_prefix`): the batch's rows are clustered by common prefix (same left padding,
+   longest common prefix of prompt+completion, which may run into sampled tokens) and each cluster becomes ONE
+   packed sequence: the shared tokens once, then every row's own segment, with TRL's position ids. Each
+   segment starts with the cluster's last shared token (one duplicated token per row) so every hidden state
+   predicts exactly one next token: the first completion token of every row is predicted from its own copy
+   of the last prefix position. A segment attends to the shared tokens and causally to itself (a "tree"
+   mask), computed blockwise: causal SDPA over the shared block, masked SDPA of the segments against all
+   keys (2x cheaper than one SDPA with the dense 4D mask here, 17 s vs 32 s per SmolLM2 step at 3.9k packed
+   tokens). The gradient is exact: a shared position's logprob is one tensor element gathered into every
+   row that scores it, so autograd sums every row's advantage-weighted gradient into the shared activations.
+   Works with TRL's fused LM head (`shift_labels`) and with activation checkpointing (the layout travels as
+   a forward kwarg, so the checkpoint replay sees it).
+2. **bf16 autocast** (`bf16`): the step under `torch.autocast("cpu", bfloat16)` (AMX). fp32 is the exact mode.
+3. **No redundant forward** (`reuse_logps`): with num_iterations=1 and no gradient accumulation across
+   generations the weights do not change between TRL's no-grad pass and the loss pass, so the vLLM IS
+   ratio is computed from the loss pass's detached logprobs (TRL's own formulas, same metrics). Activation
+   checkpointing is the other redundant forward: turn it off (`GRPOConfig(gradient_checkpointing=False)`)
+   when the packed group fits in memory (benchmarks/trainer_step.md has the peak RSS).
+5. **Every row trained**: `every_row_fields` gives a forked rollout all its rows, in fixed per-group slots.
+   How TRL 1.16 then normalises: with `loss_type="dapo"` (the default, and train.py's) the loss is
+   sum(per-token loss * mask) / num_items_in_batch over the whole generation batch, so a rollout given as
+   several rows with the same advantage and disjoint trained tokens (every turn's output is trained in
+   exactly one row) contributes exactly what one row holding all its trained turns would. The advantage
+   must be the rollout's, not the row's: TRL computes advantages over `num_generations` consecutive rows, so
+   only a rollout's lead row carries its reward; its other rows and the padding slots carry None (NaN: left
+   out of the group mean and std, advantage 0), and `install` copies the lead row's advantage onto its
+   other rows (`OWNER_FIELD`) before the loss. Not with "grpo"/"sapo"/"luspo"/"dr_grpo": they average per
+   row, so a rollout's weight would grow with its row count and the padding slots would dilute the mean.
+   The sequence-level IS modes then weigh each row separately, not each rollout.
+
+    from workbench.group_step import install
+    trainer = GRPOTrainer(...)                # as workbench/train.py builds it
+    step = install(trainer, bf16=False)       # every lever on; step.remove() restores TRL's own path
+    trainer.train()                           # step.last: rows, packs, row vs forwarded tokens of the last pass
+
+Exactness (fp32, tests/test_group_step.py): per-row logprobs, entropies, the loss and every LoRA gradient equal
+TRL's own path to <= 1e-5 on the shipped real rows. Requires sdpa attention and TRL's compact fused LM head on
+CPU (workbench.train applies it; `install` checks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import trl
+from torch import Tensor
+from transformers import PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from trl import GRPOTrainer
+
+from .turns import Row
+
+__all__ = ["ATTENTION", "OWNER_FIELD", "GroupStep", "Pack", "Plan", "install", "plan", "every_row_fields"]
+
+assert trl.__version__ == "1.16.0", f"workbench.group_step is written against trl 1.16.0, not {trl.__version__}"
+# -- every private TRL 1.16.0 name used here (to move into workbench/_compat.py) ---------------------------------
+_GET_LOGPS = "_get_per_token_logps_and_entropies"  # replaced: (model, input_ids, attention_mask, logits_to_keep,
+#     batch_size, compute_entropy, compute_aux_loss, **multimodal) -> (logps, entropies, aux_loss), (B, K) each
+_GENERATE = "_generate_and_score_completions"  # wrapped: the IS flag below is off while it runs
+_COMPUTE_LOSS = "_compute_loss"  # wrapped: its `inputs` dict receives "importance_sampling_ratio" from the loss pass
+_IS_FLAG = "vllm_importance_sampling_correction"  # read by both methods above; its siblings below, read only
+_IS_MODE, _IS_MIN, _IS_MAX = ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
+                              "vllm_importance_sampling_clip_max")
+_METRICS = "_metrics"  # {"train"|"eval": {name: [values]}}, averaged by GRPOTrainer.log
+# Also: `model(..., shift_labels=, fused_lm_head=True)` (trl.trainer.utils.add_fused_lm_head's patched forward,
+# returning .log_probs/.entropy), and `trl.trainer.utils._use_triton` (compact scoring, patched by workbench.train).
+
+ATTENTION = "wb_group_sdpa"  # sdpa, plus the blockwise tree attention when the forward carries `wb_shared`
+OWNER_FIELD = "wb_owner"  # rollout_func field: per row, the batch index of its rollout's lead row (-1: padding)
+
+
+def _group_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                     attention_mask: Tensor | None, wb_shared: int | None = None,
+                     **kwargs: object) -> tuple[Tensor, None]:
+    if wb_shared is None:  # every other forward (TRL's own, generation): plain sdpa, same mask function
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    n = wb_shared
+    assert attention_mask is not None and query.shape[0] == 1
+    tail, _ = sdpa_attention_forward(module, query[:, :, n:], key, value, attention_mask[:, :, n:], **kwargs)
+    if n == 0:
+        return tail, None
+    head, _ = sdpa_attention_forward(module, query[:, :, :n], key[:, :, :n], value[:, :, :n], None, **kwargs)
+    return torch.cat([head, tail], dim=1), None
+
+
+ALL_ATTENTION_FUNCTIONS.register(ATTENTION, _group_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+
+
+@dataclass
+class Pack:
+    """One cluster as one sequence: `n_shared` shared tokens, then each row's segment (its tokens from n_shared)."""
+
+    rows: list[int]
+    ids: Tensor        # (L,)
+    positions: Tensor  # (L,) TRL's: the padded index (prompts are left-padded)
+    labels: Tensor     # (L,) the token each position's hidden state predicts, -100 where nothing is scored
+    segment: Tensor    # (L,) -1 on the shared tokens, else the segment's number
+    n_shared: int
+
+    def mask(self) -> Tensor:
+        """(1, 1, L, L) bool tree mask: causal, and a segment sees only the shared tokens and itself."""
+        i = torch.arange(len(self.ids))
+        s = self.segment
+        return ((i[None, :] <= i[:, None]) & ((s[None, :] == -1) | (s[None, :] == s[:, None])))[None, None]
+
+
+@dataclass
+class Plan:
+    """How a TRL batch (B, P+K) is computed as packs, and where each row's K logprobs come from."""
+
+    packs: list[Pack]
+    index: Tensor      # (B, K) into the packs' concatenated positions; the extra last slot is a 0
+    row_tokens: int    # real tokens of the rows (what TRL forwards, without its padding)
+    padded_tokens: int  # B x (P+K): what TRL's own path forwards per pass
+
+    @property
+    def forwarded_tokens(self) -> int:
+        return sum(len(p.ids) for p in self.packs)
+
+
+def _lcp(a: Tensor, b: Tensor) -> int:
+    m = min(len(a), len(b))
+    diff = (a[:m] != b[:m]).nonzero()
+    return int(diff[0]) if len(diff) else m
+
+
+def plan(input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int) -> Plan:
+    """Cluster the rows by shared prefix and lay them out as packs.
+
+    Rows can share a position only with the same left padding (TRL's position ids are padded indices).
+    Sorted lexicographically, rows with long common prefixes are adjacent; the clusters are the contiguous
+    runs of that order maximising the tokens saved, (rows - 1) x (shared length), by a small dynamic program.
+    """
+    B, T = input_ids.shape
+    P = T - logits_to_keep
+    am = attention_mask.bool().cpu()
+    ids_cpu = input_ids.cpu()
+    start = am.int().argmax(1).tolist()
+    length = am.sum(1).tolist()
+    rows = [ids_cpu[b, start[b]:start[b] + length[b]] for b in range(B)]
+    for b in range(B):
+        if not am[b, start[b]:start[b] + length[b]].all():
+            raise ValueError(f"row {b}: its attention mask is not one contiguous run")
+    order = sorted(range(B), key=lambda b: (start[b], rows[b].tolist()))
+    adj = [_lcp(rows[a], rows[b]) if start[a] == start[b] else 0 for a, b in zip(order, order[1:])]
+    # best[j]: most tokens saved by the first j rows of `order`; cut[j]: where the last run begins
+    best, cut = [0] + [-1] * B, [0] * (B + 1)
+    for j in range(1, B + 1):
+        shared = math.inf
+        for i in range(j - 1, -1, -1):  # run order[i:j]
+            if i < j - 1:
+                shared = min(shared, adj[i])
+            gain = best[i] + ((j - i - 1) * (shared - 1) if i < j - 1 else 0)
+            if i < j - 1 and shared < 2:
+                break
+            if gain > best[j]:
+                best[j], cut[j] = gain, i
+    runs, j = [], B
+    while j > 0:
+        runs.append(order[cut[j]:j])
+        j = cut[j]
+    packs, index, offset = [], torch.empty(B, logits_to_keep, dtype=torch.long), 0
+    total = sum(length) + B  # upper bound on the packed length, so the zero slot is known up front
+    for run in reversed(runs):
+        s = start[run[0]]
+        c = min((_lcp(rows[run[0]], rows[b]) for b in run[1:]), default=length[run[0]])
+        n = c - 1  # the last common token opens every segment
+        ids, pos, lab, seg, seg_start = [rows[run[0]][:n]], [s + torch.arange(n)], [], [torch.full((n,), -1)], {}
+        nxt = rows[run[0]][1:n + 1].clone()
+        nxt[s + torch.arange(n) + 1 < P] = -100  # only completion tokens (padded index >= P) are scored
+        lab.append(nxt)
+        at = n
+        for k, b in enumerate(run):
+            x, m = rows[b], length[b] - n
+            seg_start[b] = at
+            ids.append(x[n:])
+            pos.append(s + n + torch.arange(m))
+            target = torch.cat([x[n + 1:], torch.tensor([-100])])
+            target[s + n + torch.arange(m) + 1 < P] = -100
+            lab.append(target)
+            seg.append(torch.full((m,), k))
+            at += m
+        packs.append(Pack(list(run), torch.cat(ids), torch.cat(pos), torch.cat(lab), torch.cat(seg), n))
+        for b in run:
+            real = P - s + torch.arange(logits_to_keep)  # real index of each completion slot's token
+            src = real - 1  # ... predicted from the previous position
+            local = torch.where(src < n, src, seg_start[b] + src - n)
+            index[b] = torch.where(real < length[b], offset + local, total)
+        offset += at
+    index[index == total] = offset  # the zero slot sits right after the last pack
+    return Plan(packs, index.to(input_ids.device), sum(length), B * T)
+
+
+@dataclass
+class GroupStep:
+    """The levers installed on one trainer; `remove()` puts TRL's own methods back."""
+
+    trainer: GRPOTrainer
+    shared_prefix: bool = True
+    reuse_logps: bool = True
+    bf16: bool = False
+    attention: str = "blockwise"  # or "dense": stock SDPA with the 4D tree mask (2x the attention FLOPs here)
+    last: dict[str, int] = field(default_factory=dict)
+    _loss_inputs: dict[str, object] | None = None
+    _owners: list[int] | None = None
+    _rollout_func: Callable[..., dict[str, list[object]]] | None = None
+
+    def _original(self, name: str) -> Callable[..., object]:
+        return getattr(type(self.trainer), name).__get__(self.trainer)
+
+    def _reusing(self) -> bool:
+        t = self.trainer
+        weights_fixed = t.args.gradient_accumulation_steps % (t.args.steps_per_generation * t.num_iterations) == 0
+        return self.reuse_logps and t.use_vllm and getattr(t, _IS_FLAG) and weights_fixed
+
+    @contextlib.contextmanager
+    def _precision(self) -> Iterator[None]:
+        with torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext():
+            yield
+
+    def get_logps(self, model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int,
+                  batch_size: int | None = None, compute_entropy: bool = False, compute_aux_loss: bool = False,
+                  **multimodal: object) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        inputs, self._loss_inputs = self._loss_inputs, None  # set only for the loss pass's call
+        ours = (self.shared_prefix and not compute_aux_loss and all(v is None for v in multimodal.values())
+                and getattr(model, "config", None) is not None and model.config._attn_implementation == ATTENTION)
+        with self._precision():
+            if not ours:
+                logps, entropies, aux = self._original(_GET_LOGPS)(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
+                self.last = {"rows": len(input_ids), "row_tokens": int(attention_mask.sum()),
+                             "forwarded_tokens": input_ids.numel(), "packs": 0}
+            else:
+                logps, entropies = self._packed(model, input_ids, attention_mask, logits_to_keep)
+                aux = None
+        if inputs is not None and "importance_sampling_ratio" not in inputs:
+            self._importance_ratio(inputs, logps.detach())
+        return logps, entropies if compute_entropy else None, aux
+
+    def _packed(self, model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor,
+                logits_to_keep: int) -> tuple[Tensor, Tensor]:
+        p = plan(input_ids, attention_mask, logits_to_keep)
+        logps, entropies = [], []
+        dev = input_ids.device
+        with self.trainer.accelerator.autocast():
+            for pack in p.packs:
+                extra = {"wb_shared": pack.n_shared} if self.attention == "blockwise" else {}
+                out = model(input_ids=pack.ids[None].to(dev), attention_mask=pack.mask().to(dev),
+                            position_ids=pack.positions[None].to(dev), shift_labels=pack.labels[None].to(dev),
+                            fused_lm_head=True, **extra)
+                logps.append(out.log_probs[0])
+                entropies.append(out.entropy[0])
+        zero = logps[0].new_zeros(1)
+        self.last = {"rows": len(input_ids), "row_tokens": p.row_tokens, "forwarded_tokens": p.forwarded_tokens,
+                     "packs": len(p.packs), "trl_padded_tokens": p.padded_tokens,
+                     "shared_tokens": sum(pk.n_shared for pk in p.packs)}
+        return torch.cat([*logps, zero])[p.index], torch.cat([*entropies, zero.detach()])[p.index]
+
+    def _importance_ratio(self, inputs: dict[str, object], old: Tensor) -> None:
+        """TRL 1.16's vLLM IS ratio and its metrics (grpo_trainer.py ~2660-2895), from the loss pass's logprobs."""
+        t = self.trainer
+        sampling = inputs["sampling_per_token_logps"]
+        mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+        diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+        mode = getattr(t, _IS_MODE)
+        sequence = mode in ("sequence_mask", "sequence_truncate")
+        ratio = torch.exp(diff.sum(-1, keepdim=True) if sequence else diff)
+        lo, hi = getattr(t, _IS_MIN), getattr(t, _IS_MAX)
+        if mode.endswith("_truncate"):
+            ratio = torch.clamp(ratio, min=lo, max=hi)
+        else:
+            lo, hi = -math.inf if lo is None else lo, math.inf if hi is None else hi
+            ratio = ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+        inputs["importance_sampling_ratio"] = ratio
+        metrics = getattr(t, _METRICS)["train" if t.model.training else "eval"]
+        delta = torch.abs(old - sampling)
+        delta = delta[mask.bool() & ~torch.isnan(delta)]
+        flat = ratio.flatten() if sequence else ratio[mask.bool()]
+        zero = old.new_zeros(())
+        gather = t.accelerator.gather
+        metrics["sampling/sampling_logp_difference/mean"].append(
+            gather(delta.mean() if delta.numel() else zero).mean().item())
+        metrics["sampling/sampling_logp_difference/max"].append(gather(delta.max() if delta.numel() else zero).max().item())
+        for stat, reduce in (("min", torch.min), ("mean", torch.mean), ("max", torch.max)):
+            value = gather(reduce(flat) if flat.numel() else zero)
+            metrics[f"sampling/importance_sampling_ratio/{stat}"].append(
+                (value.nanmean() if stat == "mean" else reduce(value[~value.isnan()])).item())
+
+    def generate_and_score(self, inputs: list[dict[str, object]]) -> dict[str, object]:
+        reusing = self._reusing()
+        if reusing:  # TRL then skips its no-grad forward and the IS ratio; the loss pass supplies both
+            setattr(self.trainer, _IS_FLAG, False)
+        try:
+            out = self._original(_GENERATE)(inputs)
+        finally:
+            if reusing:
+                setattr(self.trainer, _IS_FLAG, True)
+        owners, self._owners = self._owners, None
+        if owners is not None:  # lever 5: a rollout's other rows take its lead row's advantage
+            adv = out["advantages"]
+            lead = torch.tensor([o if o >= 0 else i for i, o in enumerate(owners)], device=adv.device)
+            out["advantages"] = adv[lead]
+        return out
+
+    def compute_loss(self, model: PreTrainedModel, inputs: dict[str, object]) -> Tensor:
+        self._loss_inputs = inputs if self._reusing() and "importance_sampling_ratio" not in inputs else None
+        try:
+            loss = self._original(_COMPUTE_LOSS)(model, inputs)
+        finally:
+            self._loss_inputs = None
+        metrics = getattr(self.trainer, _METRICS)["train" if self.trainer.model.training else "eval"]
+        for k in ("row_tokens", "forwarded_tokens"):  # of the loss pass: what lever 1 saves
+            metrics[f"group/{k}"].append(float(self.last.get(k, 0)))
+        return loss
+
+    def remove(self) -> None:
+        t = self.trainer
+        for name in (_GET_LOGPS, _GENERATE, _COMPUTE_LOSS):
+            t.__dict__.pop(name, None)
+        if self._rollout_func is not None:
+            t.rollout_func = self._rollout_func
+        base = t.model.get_base_model() if hasattr(t.model, "get_base_model") else t.model
+        if base.config._attn_implementation == ATTENTION:
+            base.config._attn_implementation = "sdpa"
+        t.__dict__.pop("group_step", None)
+
+
+def install(trainer: GRPOTrainer, *, shared_prefix: bool = True, reuse_logps: bool = True, bf16: bool = False,
+            attention: str = "blockwise") -> GroupStep:
+    """Install the levers on `trainer` (a built GRPOTrainer with a fused LM head, sdpa attention)."""
+    import trl.trainer.utils as trl_utils
+
+    if not trl_utils._use_triton(torch.device("cpu")):
+        raise RuntimeError("TRL's fused LM head scores every position on CPU: apply "
+                           "workbench.train._score_only_labelled_positions_on_cpu() first")
+    if attention not in ("blockwise", "dense"):
+        raise ValueError(f"attention must be 'blockwise' or 'dense', got {attention!r}")
+    step = GroupStep(trainer, shared_prefix, reuse_logps, bf16, attention)
+    base = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+    if shared_prefix:
+        if base.config._attn_implementation not in ("sdpa", ATTENTION):
+            raise ValueError(f"shared_prefix needs sdpa attention, not {base.config._attn_implementation!r}")
+        base.config._attn_implementation = ATTENTION
+    setattr(trainer, _GET_LOGPS, step.get_logps)
+    setattr(trainer, _GENERATE, step.generate_and_score)
+    setattr(trainer, _COMPUTE_LOSS, step.compute_loss)
+    if trainer.rollout_func is not None:
+        step._rollout_func = rollout = trainer.rollout_func
+
+        def rollout_func(prompts: list[object], trainer_: GRPOTrainer) -> dict[str, list[object]]:
+            out = rollout(prompts, trainer_)
+            step._owners = out.get(OWNER_FIELD)
+            return out
+
+        trainer.rollout_func = rollout_func
+    trainer.group_step = step
+    return step
+
+
+def every_row_fields(groups: Sequence[Sequence[Sequence[Row]]], rewards: Sequence[Sequence[float | None]],
+                     slots: int, pad_id: int) -> tuple[dict[str, list[object]], int]:
+    """rollout_func fields (lever 5) for groups of rollouts, each rollout given as all its rows.
+
+    `groups[g][r]` holds rollout r's rows (workbench.turns.analyse(...).rows, budget-filtered), `rewards[g][r]`
+    its reward. Each group fills exactly `slots` rows (GRPOConfig.num_generations = slots): first every rollout's
+    lead row (most trained tokens: it carries the reward), then the other rows by trained tokens, then padding
+    rows (one pad token, nothing trained). Rows past `slots` are dropped; returns (fields, rows dropped). Every
+    row of a group is split into prompt/completion at the same index (the shortest first-output start), so
+    the group's rows get the same left padding in TRL and can share their prefix.
+    """
+    out: dict[str, list[object]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
+                                    "wb_reward": [], OWNER_FIELD: []}
+    dropped = 0
+    for rollouts, group_rewards in zip(groups, rewards, strict=True):
+        base = len(out["prompt_ids"])
+        ranked = [sorted(rows, key=lambda r: (r.n_trained, len(r.input_ids)), reverse=True) for rows in rollouts]
+        leads = [(i, rows[0]) for i, rows in enumerate(ranked) if rows]
+        rest = sorted(((i, r) for i, rows in enumerate(ranked) for r in rows[1:]), key=lambda x: -x[1].n_trained)
+        chosen = (leads + rest)[:slots]
+        dropped += len(leads) + len(rest) - len(chosen)
+        lead_slot = {i: base + k for k, (i, _) in enumerate(leads)}
+        split = min((r.spans[0][1] for _, r in chosen), default=1)
+        for k, (i, row) in enumerate(chosen):
+            out["prompt_ids"].append(row.input_ids[:split])
+            out["completion_ids"].append(row.input_ids[split:])
+            out["logprobs"].append(row.logprobs[split:])
+            out["env_mask"].append(row.mask[split:])
+            is_lead = k < len(leads)
+            out["wb_reward"].append(group_rewards[i] if is_lead else None)
+            out[OWNER_FIELD].append(base + k if is_lead else lead_slot[i])
+        for _ in range(slots - len(chosen)):
+            for key, value in (("prompt_ids", [pad_id]), ("completion_ids", [pad_id]), ("logprobs", [0.0]),
+                               ("env_mask", [0]), ("wb_reward", None), (OWNER_FIELD, -1)):
+                out[key].append(value)
+    return out, dropped
