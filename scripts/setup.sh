@@ -43,6 +43,33 @@ command -v "$python" >/dev/null || die "$python not found: install Python 3.11 (
 "$python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null \
   || die "$python is not Python 3.11 (the torch CPU wheel and the pins are for 3.11)"
 
+# --- bubblewrap: the sandbox of every rollout and every grading -------------------------------------
+# The agent and the graded code run in user, pid, net, ipc and uts namespaces of their own, as an
+# unprivileged uid with no capabilities. bubblewrap makes them; set-up installs it where it can
+# (Debian/Ubuntu as root) and checks that this kernel lets an unprivileged uid create them.
+if ! command -v bwrap >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    say "bubblewrap: apt-get install bubblewrap ..."
+    run_logged bwrap-install bash -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap'
+  else
+    die "bubblewrap (bwrap) is missing: install the package 'bubblewrap' (Debian/Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo dnf install bubblewrap), then run this again"
+  fi
+fi
+for tool in prlimit setpriv; do
+  command -v $tool >/dev/null || die "$tool is missing: install the package 'util-linux'"
+done
+# The namespaces we use, made by an unprivileged uid (a fresh one when we are root, as rollouts do).
+userns_probe=(bwrap --unshare-user --unshare-pid --unshare-net --unshare-ipc --unshare-uts --disable-userns
+              --die-with-parent --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64
+              --symlink usr/bin /bin --proc /proc --dev /dev -- /usr/bin/true)
+if [[ $(id -u) == 0 ]]; then
+  userns_probe=(setpriv --reuid=65533 --regid=65533 --clear-groups --inh-caps=-all --bounding-set=-all -- "${userns_probe[@]}")
+fi
+if ! "${userns_probe[@]}" >"$logs/bwrap-probe.log" 2>&1; then
+  die "bubblewrap cannot create user namespaces here ($(head -c 200 "$logs/bwrap-probe.log")): allow them (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 also kernel.apparmor_restrict_unprivileged_userns=0), then run this again"
+fi
+say "bubblewrap: $(bwrap --version) (user namespaces: ok)"
+
 # --- main venv -----------------------------------------------------------------------------------
 # The editable install records this folder's absolute path (and pip's scripts their interpreter's),
 # so a venv carried to another path (a CI copy of the tree) must be re-pointed: the path is stamped too.
@@ -89,6 +116,11 @@ else
   say "harnesses (tools/): up to date"
 fi
 tools/node_modules/.bin/opencode --version >/dev/null 2>&1 || die "opencode binary does not run (tools/node_modules/.bin/opencode --version)"
+
+# --- answers out of other users' reach ------------------------------------------------------------
+# Task data, HumanEval's canonical solutions, run folders and caches: 0700, so that an agent or a
+# graded solution running as another uid (plain mode) cannot read them (workbench.paths.private_paths).
+run_logged private .venv/bin/python -c 'from workbench.paths import make_private; make_private()'
 
 # --- model assets ----------------------------------------------------------------------------------
 assets=("$@")

@@ -459,26 +459,37 @@ def test_hostile_solution_is_contained_and_reported_per_test(tmp_path, tmp_base,
 
 # ----------------------------------------------------------------------------------- interrupted runs
 
-def _runner(out: Path, up: ScriptedUpstream, base: Path, log: Path, *, n: int, isolation: str) -> subprocess.Popen:
+# Starts the command with SIGINT ignored, as a background job of a non-interactive shell (`make test &`,
+# nohup, CI launchers) starts it: Python then keeps SIGINT ignored unless the command says otherwise.
+_SIGINT_IGNORED = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
+
+
+def _runner(out: Path, up: ScriptedUpstream, base: Path, log: Path, *, n: int, isolation: str,
+            sigint_ignored: bool = False) -> subprocess.Popen:
     """`workbench rollout` in its own process (as a terminal or a notebook kernel would run it)."""
     cmd = [sys.executable, "-m", "workbench", "rollout", "--task", "humaneval/0", "--n", str(n), "--parallel", "2",
            "--upstream", up.url, "--served-name", "scripted", "--out", str(out), "--timeout", "240",
            "--max-output-tokens", "16", "--isolation", isolation]
+    if sigint_ignored:
+        cmd = [sys.executable, "-c", _SIGINT_IGNORED, *cmd]
     env = {**os.environ, "TMPDIR": str(base), "OMP_NUM_THREADS": "1"}
     with open(log, "wb") as f:
         return subprocess.Popen(cmd, cwd=project_root(), env=env, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
 
-def test_sigint_to_the_runner_leaves_a_consistent_run_folder(tmp_path, tmp_base, upstream):
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_sigint_to_the_runner_leaves_a_consistent_run_folder(tmp_path, tmp_base, upstream, isolation):
     """SIGINT to `workbench rollout --n 5 --parallel 2` once two rollouts are done and two are mid-call:
     the runner exits 130; the finished two are complete (`ok`, graded); the running two are marked
     `interrupted` in their summary.json with their trace so far; the queued one never starts (no
-    folder); no process of the run and no sandbox folder is left."""
+    folder); no process of the run and no sandbox folder is left. The runner is started with SIGINT
+    ignored, as `make test &` or nohup start it: the root cause of the old 90-s hang (Python left
+    SIGINT ignored; the CLI now installs its handler itself)."""
     upstream.untooled = "text"
     upstream.script = ["text", "text"] + ["hang:600"] * 10
     out, log = tmp_path / "run", tmp_path / "runner.log"
-    runner = _runner(out, upstream, tmp_base, log, n=5, isolation="auto")
+    runner = _runner(out, upstream, tmp_base, log, n=5, isolation=isolation, sigint_ignored=True)
     try:
         _wait(lambda: all((out / f"r00{i}" / "summary.json").exists() for i in (0, 1)) and _tooled(upstream) >= 4,
               240, "two finished rollouts and two mid-call")

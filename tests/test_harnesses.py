@@ -18,7 +18,7 @@ NEW_HARNESSES = ["pi", "codex"]
 
 @pytest.fixture(scope="module")
 def proxy(engine):
-    with CaptureProxy(engine.url, engine.served_name) as p:
+    with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as p:
         yield p
 
 

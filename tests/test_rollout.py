@@ -25,7 +25,7 @@ SEED_FILES = {"trace.json", "task.json", "visible_tests.txt", "held_out_tests.js
 
 @pytest.fixture(scope="module")
 def proxy(engine):
-    with CaptureProxy(engine.url, engine.served_name) as p:
+    with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as p:
         yield p
 
 

@@ -111,7 +111,7 @@ def test_two_step_run_syncs_the_policy_to_the_engine(engine, tmp_path):
 
     config = TrainConfig(model="tiny", tasks="easy[:2]", steps=2, group_size=2, temperature=0.7,
                          learning_rate=2e-2, max_output_tokens=24, train_turns="all")
-    with CaptureProxy(engine.url, engine.served_name) as proxy:
+    with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
         run = GRPORun(config, run_dir=tmp_path / "run", engine=engine, client=proxy.client(),
                       reward_fn=mean_logprob)
         summary = run.train()

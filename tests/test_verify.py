@@ -332,14 +332,15 @@ def test_held_out_tests_cannot_be_read(tmp_path, sandbox_dir, sandbox, kind):
     _assert_clean(secret, sandbox_dir)
 
 
-@pytest.mark.parametrize("sandbox", [BWRAP])
-def test_bwrap_hides_the_humaneval_data(tmp_path, sandbox_dir, sandbox):
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_the_humaneval_data_is_hidden(tmp_path, sandbox_dir, sandbox):
+    """bwrap masks it; in plain mode the fresh uid, with no capability, cannot enter its 0700 folder."""
     code = (f"try:\n    open({str(humaneval_path())!r}, 'rb').read()\n    print('visible')\n"
             "except OSError:\n    print('hidden')\n")
     result = verify(stdin_task("hidden\n"), workspace(tmp_path / "ws", code), sandbox=sandbox)
+    if "uid" not in result.guards and "bwrap" not in result.guards:
+        pytest.skip("not root and no bwrap: the solution has this user's rights")
     assert result.tests[0].outcome == "passed", result.tests[0].reason
-    without = verify(stdin_task("visible\n"), workspace(tmp_path / "ws", code), sandbox="none")
-    assert without.tests[0].outcome == "passed"  # documented: without bwrap the package data is readable
 
 
 @pytest.mark.parametrize("sandbox", SANDBOXES)

@@ -54,6 +54,7 @@ from openenv.core.harness.capture.server import UpstreamPool, create_app
 from openenv.core.harness.capture.sessions import SessionRegistry, extract_api_key
 from openenv.core.harness.capture.upstream import InferenceClient, UpstreamRequestError, UpstreamTransportError
 
+from .capture_gate import DUPLICATE, body_problem, offered_key, route
 from .capture_stream import StreamingPath
 from .harnesses import CallInfo, get_harness
 
@@ -118,17 +119,57 @@ class CallRecord:
         return record
 
 
+def _record(call: CallRecord) -> dict[str, Any]:
+    """`call.to_json()`, never failing: whatever one call holds, the rest of the trace stays readable."""
+    try:
+        return call.to_json()
+    except Exception as exc:  # noqa: BLE001 - a record we cannot render is reported, not raised
+        return {"turn": call.index, "purpose": call.purpose, "status": "rejected", "http_status": call.http_status,
+                "error": f"unrenderable record: {type(exc).__name__}: {exc}"[:300], "timestamp": call.t_start}
+
+
 _current_call: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("wb_call", default=None)
 
 
-def _system_text(messages: list[dict[str, Any]] | None) -> str:
-    for m in messages or []:
+def _system_text(messages: Any) -> str:
+    for m in messages if isinstance(messages, list) else []:
         if isinstance(m, dict) and m.get("role") in ("system", "developer"):
             content = m.get("content")
             if isinstance(content, list):
                 content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
             return content if isinstance(content, str) else ""
     return ""
+
+
+@dataclass
+class _Recording:
+    """What the recorder learns while one call is served."""
+
+    error_body: bytearray = field(default_factory=bytearray)
+    disconnected: bool = False
+    body_done: bool = False
+    finished: bool = False
+
+
+async def _answer(send: Any, status: int, message: str, *, kind: str = "invalid_request_error") -> None:
+    """A JSON error answered by the front door; the connection closes (nothing more is read)."""
+    body = json.dumps({"error": {"message": message, "type": kind}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _parse(path: str, messages: list[dict]) -> tuple[str | None, dict[str, Any]]:
+    """(problem, body) of a model call's body messages: problem None when it can be served."""
+    if any(m["type"] != "http.request" for m in messages):
+        return None, {}  # the client left during the body: OpenEnv's path records the disconnect
+    try:
+        body = json.loads(b"".join(m.get("body", b"") for m in messages))
+    except (ValueError, RecursionError):
+        return "body must be JSON", {}
+    problem = body_problem(path, body)
+    return problem, body if problem is None else {}
 
 
 def _replay(messages: list[dict], receive: Any) -> Any:
@@ -141,8 +182,8 @@ def _replay(messages: list[dict], receive: Any) -> Any:
     return replayed
 
 
-def _last_user_text(messages: list[dict[str, Any]] | None) -> str:
-    for m in reversed(messages or []):
+def _last_user_text(messages: Any) -> str:
+    for m in reversed(messages if isinstance(messages, list) else []):
         if isinstance(m, dict) and m.get("role") == "user":
             content = m.get("content")
             if isinstance(content, list):
@@ -258,6 +299,7 @@ class CaptureProxy:
         self.upstream, self.model, self.host, self.port = upstream.rstrip("/"), model, host, port
         self.admin_key = admin_key or secrets.token_urlsafe(24)
         self.max_body_bytes = max_body_bytes
+        self._upstream_headers = {"Authorization": f"Bearer {upstream_api_key}"} if upstream_api_key else {}
         self._calls: dict[str, list[CallRecord]] = {}
         self._lock = threading.Lock()
         inner = create_app(llm_url=self.upstream, model=model, max_output_tokens=max_output_tokens,
@@ -309,8 +351,9 @@ class CaptureProxy:
                 return JSONResponse({"error": {"message": "this route requires the capture admin key"}}, status_code=401)
             try:
                 name = (await request.json())["model"]
-                assert isinstance(name, str) and name
-            except (ValueError, KeyError, TypeError, AssertionError):
+            except (ValueError, KeyError, TypeError, RecursionError):
+                name = None
+            if not isinstance(name, str) or not name:
                 return JSONResponse({"error": {"message": 'body must be {"model": "<served name>"}'}}, status_code=400)
             self.model = app.state.model = name
             return {"model": name}
@@ -322,7 +365,7 @@ class CaptureProxy:
                 return JSONResponse({"error": {"message": "this route requires the capture admin key"}}, status_code=401)
             try:
                 async with httpx.AsyncClient(timeout=5) as http:
-                    r = await http.get(f"{self.upstream}/v1/models")
+                    r = await http.get(f"{self.upstream}/v1/models", headers=self._upstream_headers)
                 error = None if r.status_code == 200 else f"HTTP {r.status_code}"
             except httpx.HTTPError as exc:
                 error = f"{type(exc).__name__}: {exc}"
@@ -341,7 +384,7 @@ class CaptureProxy:
         # among those): the first tool-enabled call of a session anchors its main agent.
         with self._lock:
             prior = [CallInfo(c.purpose, c.harness_session, c.system_digest)
-                     for c in self._calls[call.session_id] if c.classified and c is not call]
+                     for c in self._calls.get(call.session_id, []) if c.classified and c is not call]
         call.system_digest = hashlib.sha256(system.encode()).hexdigest()[:16]
         info = CallInfo(purpose="", harness_session=call.harness_session, system_digest=call.system_digest,
                         last_user=last_user)
@@ -349,59 +392,77 @@ class CaptureProxy:
         call.classified = True
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        """ASGI entry: record model calls around OpenEnv's app; everything else passes through."""
-        if scope["type"] == "http":
-            # Every body is read here first, capped: OpenEnv's route reads it whole (request.json())
-            # before it even checks the key, so an unbounded body would be buffered for anyone.
-            messages = await self._read_body(scope, receive)
-            if messages is None:
-                return await self._refuse_too_large(scope, send)
-            receive = _replay(messages, receive)
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].startswith("/sessions"):
-            return await self.inner(scope, receive, send)
-        session = self._session_of(scope)
-        if session is None:  # OpenEnv answers 401 and forwards nothing; nothing to record
-            return await self.inner(scope, receive, send)
+        """ASGI entry: the front door (`workbench.capture_gate`) first, from the headers alone; then
+        model calls are recorded around OpenEnv's app (or the streamed relay)."""
+        if scope["type"] != "http":  # lifespan is off; websockets are not served
+            return await self.inner(scope, receive, send) if scope["type"] == "lifespan" else None
+        kind = route(scope["method"], scope["path"]).kind
+        key = offered_key(scope["headers"])
+        if key == DUPLICATE:
+            return await _answer(send, 400, "send one credential (Authorization or x-api-key), not several")
+        if kind == "unknown":
+            return await _answer(send, 404, f"no route {scope['method']} {scope['path']}")
+        if kind == "control" and not secrets.compare_digest(key or "", self.admin_key):
+            return await _answer(send, 401, "this route requires the capture admin key")
+        session = self.inner.state.registry.get(key) if kind in ("model_call", "models") else None
+        if kind in ("model_call", "models") and session is None:
+            return await _answer(send, 401, "unknown API key; register a session via POST /sessions")
+        # Every body is read here first, capped: OpenEnv's route reads it whole before anything else.
+        messages = await self._read_body(scope, receive)
+        if messages is None:
+            return await self._refuse_too_large(scope, send, session if kind == "model_call" else None)
+        if kind != "model_call":
+            return await self.inner(scope, _replay(messages, receive), send)
         call = self._new_call(session, scope)
+        if call is None:  # the session was closed (DELETE) between the lookup and now
+            return await _answer(send, 401, "this session was closed")
+        problem, body = _parse(scope["path"], messages)
+        if problem is not None:
+            call.request_body = bytearray(b"".join(m.get("body", b"") for m in messages)[:65536])
+            call.http_status, call.error, call.status, call.t_end = 400, problem, "rejected", time.time()
+            self._classify_raw(call)
+            call.request_body = bytearray()
+            return await _answer(send, 400, problem)
+        await self._serve_call(scope, _replay(messages, receive), send, session, call, messages, body)
+
+    async def _serve_call(self, scope: dict, receive: Any, send: Any, session: Any, call: CallRecord,
+                          messages: list[dict], body: dict[str, Any]) -> None:
         errors_before, stops_before = session.upstream_errors, session.budget_stop_count
-        error_body = bytearray()
-        disconnected = body_done = finished = False
+        rec = _Recording()
         openenv_path = True
 
         async def receive_recorded() -> dict:
-            nonlocal disconnected
             message = await receive()
             if message["type"] == "http.request":
                 call.request_body += message.get("body", b"")
             elif message["type"] == "http.disconnect":
-                disconnected = disconnected or not body_done  # gone before the reply was delivered
+                rec.disconnected = rec.disconnected or not rec.body_done  # gone before the reply was delivered
             return message
 
         async def send_recorded(message: dict) -> None:
-            nonlocal body_done, finished
             if message["type"] == "http.response.start":
                 call.http_status = message["status"]
             elif message["type"] == "http.response.body":
-                body = message.get("body", b"")
+                chunk = message.get("body", b"")
                 # Errors arrive as a JSON body (fast failures) or as one SSE error event after the
                 # keep-alive started (slow ones). Only those bodies are kept.
-                if call.http_status and call.http_status >= 400 or body.startswith(b'data: {"error"'):
-                    error_body.extend(body[:4000])
-                body_done = not message.get("more_body", False)
-                if body_done and openenv_path:
+                if call.http_status and call.http_status >= 400 or chunk.startswith(b'data: {"error"'):
+                    rec.error_body.extend(chunk[:4000])
+                rec.body_done = not message.get("more_body", False)
+                if rec.body_done and openenv_path:
                     # OpenEnv has ingested (or refused) before it replies, so the outcome is known:
                     # record it before the last byte leaves. Starlette awaits after its last send,
                     # and a harness (or test) reading the trace at once could find the call pending.
                     call.t_end = time.time()
-                    self._finish(call, session, errors_before, stops_before, bytes(error_body), disconnected)
-                    finished = True
+                    self._finish(call, session, errors_before, stops_before, bytes(rec.error_body), rec.disconnected)
+                    rec.finished = True
             await send(message)
 
         token = _current_call.set(call)
         try:
             # The streaming fast path takes a streamed chat completion it can serve exactly as OpenEnv
             # would (workbench.capture_stream); every other call, and every refusal, is OpenEnv's.
-            prepared = self._streaming.prepare(scope, session, messages) if self._streaming else None
+            prepared = self._streaming.prepare(scope, session, body) if self._streaming else None
             openenv_path = prepared is None
             if prepared is not None:
                 # It records the turn right after the last byte, with no await before we finish below.
@@ -409,24 +470,22 @@ class CaptureProxy:
             else:
                 await self.inner(scope, receive_recorded, send_recorded)
         except BaseException:
-            disconnected = True
+            rec.disconnected = True
             raise
         finally:
             _current_call.reset(token)
-            if not finished:
+            if not rec.finished:
                 call.t_end = time.time()
-                self._finish(call, session, errors_before, stops_before, bytes(error_body), disconnected)
+                self._finish(call, session, errors_before, stops_before, bytes(rec.error_body), rec.disconnected)
 
-    def _session_of(self, scope: dict) -> Any:
-        """The capture session whose key the request carries (OpenEnv's key extraction), or None."""
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        return self.inner.state.registry.get(extract_api_key(headers))
-
-    def _new_call(self, session: Any, scope: dict, **fields: Any) -> CallRecord:
-        """A new record at the end of the session's call log (ASGI header names are lower-case)."""
+    def _new_call(self, session: Any, scope: dict, **fields: Any) -> CallRecord | None:
+        """A new record at the end of the session's call log (ASGI header names are lower-case); None
+        when the session's log is gone (closed while this request was arriving)."""
         harness_session = dict(scope["headers"]).get(b"x-session-id")
         with self._lock:
-            calls = self._calls[session.session_id]
+            calls = self._calls.get(session.session_id)
+            if calls is None:
+                return None
             call = CallRecord(index=len(calls), session_id=session.session_id, t_start=time.time(),
                               harness_session=harness_session.decode("latin-1") if harness_session else None,
                               **fields)
@@ -456,20 +515,16 @@ class CaptureProxy:
                 break
         return None if over else messages
 
-    async def _refuse_too_large(self, scope: dict, send: Any) -> None:
+    async def _refuse_too_large(self, scope: dict, send: Any, session: Any) -> None:
         text = f"request body larger than the capture proxy's limit of {self.max_body_bytes} bytes"
-        session = self._session_of(scope)
-        if session is not None and scope["method"] == "POST" and not scope["path"].startswith("/sessions"):
+        if session is not None:
             # A model call of a known session: recorded like every other refused call, never forwarded.
             call = self._new_call(session, scope, http_status=413, error=text, status="rejected")
-            call.t_end = call.t_start
-            self._classify_raw(call)
+            if call is not None:
+                call.t_end = call.t_start
+                self._classify_raw(call)
         logger.warning("refused a %s %s: %s", scope["method"], scope["path"], text)
-        body = json.dumps({"error": {"message": text, "type": "request_too_large"}}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 413, text, kind="request_too_large")
 
     def _finish(self, call: CallRecord, session: Any, errors_before: int, stops_before: int,
                 error_body: bytes, disconnected: bool) -> None:
@@ -499,7 +554,7 @@ class CaptureProxy:
     def _classify_raw(self, call: CallRecord) -> None:
         try:
             body = json.loads(bytes(call.request_body) or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             body = {}
         body = _chat_shaped(body) if isinstance(body, dict) else {}
         self._classify(call, _system_text(body.get("messages")), bool(body.get("tools")),
@@ -513,7 +568,7 @@ class CaptureProxy:
         for c in calls:
             if not c.classified and c.request_body:  # still in flight: tag it from its request
                 self._classify_raw(c)
-        return [c.to_json() for c in calls]
+        return [_record(c) for c in calls]
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -531,12 +586,6 @@ class CaptureProxy:
 
         if self.port == 0:
             self.port = free_port(self.host)
-        # Importing OpenEnv's capture server brings ~400k objects (gradio, pandas, ...) and every full
-        # collection walked them all: 190-230 ms stalls of the serving loop, the whole p99 at 64
-        # streams (benchmarks/README.md). They live as long as the process: collect once, then leave
-        # what exists now to reference counting (gc.freeze); newer objects are collected as usual.
-        gc.collect()
-        gc.freeze()
         config = uvicorn.Config(self, host=self.host, port=self.port, log_level="warning",
                                 timeout_keep_alive=75, lifespan="off")
         self._server = uvicorn.Server(config)
@@ -553,6 +602,18 @@ class CaptureProxy:
                 pass
             time.sleep(0.05)
         raise ProxyError(f"capture proxy did not come up on {self.url} within {timeout_s} s")
+
+    @staticmethod
+    def freeze_startup_objects() -> None:
+        """For a process that hosts the proxy alone (`workbench proxy`), after `start()`.
+
+        Importing OpenEnv's capture server brings ~400k objects (gradio, pandas, ...) and every full
+        collection walked them all: 190-230 ms stalls of the serving loop, the whole p99 at 64 streams
+        (benchmarks/README.md). They live as long as the process: collect once, then leave what exists
+        now to reference counting (`gc.freeze`); newer objects are collected as usual. Process-wide,
+        so not done for a notebook kernel or a trainer that starts a proxy among other work."""
+        gc.collect()
+        gc.freeze()
 
     def stop(self) -> None:
         if self._streaming is not None:  # its engine connections belong to the serving loop

@@ -40,7 +40,7 @@ engine, eval sessions, constrained decoding, anything OpenEnv would refuse) take
 `CaptureProxy` asks `StreamingPath.prepare` first and falls back when it returns None.
 
     path = StreamingPath(app.state)                     # CaptureProxy(..., stream_upstream=True) does this
-    prepared = path.prepare(scope, session, body_messages)
+    prepared = path.prepare(scope, session, body)        # the body as the front door parsed it
     if prepared is not None:
         await path.serve(prepared, session, receive, send)
 """
@@ -303,20 +303,15 @@ class StreamingPath:
 
     # -- deciding ----------------------------------------------------------------------------------
 
-    def prepare(self, scope: dict[str, Any], session: Session, messages: list[dict[str, Any]]) -> Prepared | None:
-        """The call as it will be forwarded, or None when OpenEnv's path should serve it.
+    def prepare(self, scope: dict[str, Any], session: Session, original: dict[str, Any]) -> Prepared | None:
+        """The call as it will be forwarded, or None when OpenEnv's path should serve it. `original`
+        is the parsed body the front door checked ({} when the client left during it).
 
         Pure: nothing is counted or recorded here, so falling back leaves OpenEnv's path exactly as
         it would have been."""
         if scope["path"] != _PATH or session.upstream is not None or session.eval_sampling or session.over_budget:
             return None
-        if any(m["type"] != "http.request" for m in messages):  # the client left during the body
-            return None
-        try:
-            original = json.loads(b"".join(m.get("body", b"") for m in messages))
-        except ValueError:
-            return None
-        if not isinstance(original, dict) or original.get("stream") is not True:
+        if original.get("stream") is not True:
             return None
         client, level = self.state.upstreams.default
         if client is None or level != "tokens" or client.provider not in ("openai", "vllm"):

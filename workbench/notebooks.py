@@ -69,6 +69,7 @@ class NotebookContext:
         model: model asset served when this notebook starts its own engine.
         run_dir: output folder; "" makes a new ``runs/<timestamp>__<name>``.
         engine_url / served_name: a running engine to use (the trainer's private URL).
+        engine_key: that engine's API key (scrubbed from executed copies, like the admin key).
         proxy_url / admin_key: a running capture proxy in front of it (the sandbox-facing URL).
         interactive: widgets when True; the same views as static HTML when False (headless).
     """
@@ -80,6 +81,7 @@ class NotebookContext:
     served_name: str = ""
     proxy_url: str = ""
     admin_key: str = ""
+    engine_key: str = ""
     interactive: bool = True
 
     def open(self) -> "Notebook":
@@ -103,7 +105,8 @@ class Notebook:
         if self._engine is None or self._client is None:
             ctx = self.ctx
             if ctx.proxy_url:
-                self._engine = Engine.external(ctx.engine_url, ctx.served_name or ctx.model)
+                self._engine = Engine.external(ctx.engine_url, ctx.served_name or ctx.model,
+                                               api_key=ctx.engine_key or None)
                 self._client = self._owned.enter_context(contextlib.closing(ProxyClient(ctx.proxy_url, ctx.admin_key)))
             else:
                 self._engine, _, self._client = self._owned.enter_context(local_stack(ctx.model))
@@ -176,30 +179,37 @@ def run_notebooks(params: str = "default", *, only: list[str] | None = None, run
     timings: dict[str, float] = {}
     with local_stack(model) as (engine, proxy, _):
         shared = {"model": model, "engine_url": engine.url, "served_name": engine.served_name,
-                  "proxy_url": proxy.url, "admin_key": proxy.admin_key, "interactive": False,
-                  "run_dir": str(run.path)}
-        public = {k: v for k, v in shared.items() if k != "admin_key"}  # never written to disk
+                  "proxy_url": proxy.url, "admin_key": proxy.admin_key, "engine_key": engine.api_key or "",
+                  "interactive": False, "run_dir": str(run.path)}
+        secrets = [shared["admin_key"], shared["engine_key"]]
+        public = {k: v for k, v in shared.items() if k not in ("admin_key", "engine_key")}  # never on disk
         run.write_config({"params": params, "notebooks": {n: {**resolved[n], **public} for n in names}})
-        for n in names:
-            t = time.monotonic()
-            try:
-                papermill.execute_notebook(
-                    str(_notebook_path(n)), str(run.path / f"{n}.ipynb"), parameters={**resolved[n], **shared},
-                    cwd=str(project_root() / "notebooks"), kernel_name="python3", progress_bar=False,
-                    log_output=False, request_save_on_cell_execute=True)
-            except PapermillExecutionError as exc:
-                raise NotebookError(f"{n}.ipynb failed in cell {exc.cell_index} (execution {exc.exec_count}): "
-                                    f"{exc.ename}: {exc.evalue}\n(executed copy: {run.path / f'{n}.ipynb'})") from None
-            timings[n] = round(time.monotonic() - t, 1)
-            run.log_metrics({"notebook": n, "event": "executed", "seconds": timings[n]})
-    _scrub_admin_key(run.path, shared["admin_key"])
+        try:
+            for n in names:
+                t = time.monotonic()
+                try:
+                    papermill.execute_notebook(
+                        str(_notebook_path(n)), str(run.path / f"{n}.ipynb"), parameters={**resolved[n], **shared},
+                        cwd=str(project_root() / "notebooks"), kernel_name="python3", progress_bar=False,
+                        log_output=False, request_save_on_cell_execute=True)
+                except PapermillExecutionError as exc:
+                    raise NotebookError(f"{n}.ipynb failed in cell {exc.cell_index} (execution {exc.exec_count}): "
+                                        f"{exc.ename}: {exc.evalue}\n(executed copy: {run.path / f'{n}.ipynb'})") from None
+                timings[n] = round(time.monotonic() - t, 1)
+                run.log_metrics({"notebook": n, "event": "executed", "seconds": timings[n]})
+        finally:  # a failed notebook's executed copy holds the injected parameters too
+            _scrub_secrets(run.path, [k for k in secrets if k])
     run.write_json("notebooks.json", {"params": params, "seconds": timings})
     return run
 
 
-def _scrub_admin_key(path: Path, key: str) -> None:
-    """papermill records injected parameters in the executed notebooks: the proxy's key must not stay."""
+def _scrub_secrets(path: Path, keys: list[str]) -> None:
+    """papermill records injected parameters in the executed notebooks: the proxy's admin key and the
+    engine's API key must not stay there."""
     for nb in path.glob("*.ipynb"):
         text = nb.read_text()
-        if key in text:
-            nb.write_text(text.replace(key, "<admin key>"))
+        scrubbed = text
+        for key in keys:
+            scrubbed = scrubbed.replace(key, "<secret>")
+        if scrubbed != text:
+            nb.write_text(scrubbed)

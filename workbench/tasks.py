@@ -67,9 +67,12 @@ class Limits:
     max_processes: int = 64       # processes + threads the solution may have at once
     file_mb: int = 64             # largest file the solution may write (RLIMIT_FSIZE)
     deadline_s: float = 120.0     # whole verification, copy included; tests past it are not run
+    workspace_mb: int = 64        # the workspace copy graded: apparent size of its files in all
+    workspace_entries: int = 5000  # ... and its files and folders (a deeper tree than 64 is refused too)
 
     def __post_init__(self) -> None:
-        for name in ("time_s", "memory_mb", "output_bytes", "max_processes", "file_mb", "deadline_s"):
+        for name in ("time_s", "memory_mb", "output_bytes", "max_processes", "file_mb", "deadline_s", "workspace_mb",
+                     "workspace_entries"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)!r}")
 

@@ -37,14 +37,17 @@ from .capture import ProxyClient
 from .engine import Engine
 from .rollout import RolloutConfig, RolloutResult, agent_prompt, run_rollouts
 from .runs import RunDir
+from .sandbox import Isolation, resolve_isolation
 from .tasks import Task, load_task, load_tasks
 from .turns import analyse, has_tool_call, load_trace
 
 __all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_STATUSES"]
 
-# Rollouts that end like this have no trustworthy reward: excluded from their group's baseline
-# (reward None -> NaN in TRL, advantage 0), never scored 0.
-FAILED_STATUSES = ("setup_failed", "crashed", "upstream_error", "interrupted")
+# Rollouts that end like this have no trustworthy reward, through no doing of the agent's: excluded
+# from their group's baseline (reward None -> NaN in TRL, advantage 0), never scored 0. Everything
+# the agent can cause is scored on its workspace (a harness it crashed, a timeout) or 0 (a sandbox
+# limit it broke): otherwise a failing policy could learn to dodge its zeros.
+FAILED_STATUSES = ("setup_failed", "upstream_error", "interrupted", "verify_error")
 
 
 @dataclass
@@ -67,7 +70,11 @@ class TrainConfig:
         few_shot / agent_prompt: prompting for small models (see `workbench.rollout`).
         train_turns: ``tool_calls`` (the seed's `has_tool_call`) or ``all``.
         parallel_rollouts: rollouts run concurrently (2 cores: 2).
-        isolation: sandbox mode for the harness (``auto`` = bwrap when installed).
+        isolation: sandbox mode for the harness and the grading (``auto`` = bwrap, which set-up installs).
+        unsafe_no_sandbox: allow ``isolation`` to be (or resolve to) ``none``: the agent then shares
+            the host's file system and network (see `workbench.sandbox`), so a policy can learn to read
+            answers instead of solving. Refused unless set; recorded in config.json, summary.json and
+            every metrics line.
         train_threads: torch threads for the optimizer step (0 = every core). Rollouts and the
             trainer take turns, so the step may use the cores the engine and harness use otherwise.
         seed: seeds TRL/torch and the task order.
@@ -93,7 +100,8 @@ class TrainConfig:
     agent_prompt: str = "default"
     train_turns: str = "tool_calls"
     parallel_rollouts: int = 2
-    isolation: str = "auto"
+    isolation: Isolation = "auto"
+    unsafe_no_sandbox: bool = False
     train_threads: int = 0
     seed: int = 0
     report_to: str = "none"
@@ -109,6 +117,7 @@ class TrainConfig:
             raise ValueError("group_size must be at least 2 (advantages are relative within a group)")
         if not self.temperature > 0:
             raise ValueError("temperature must be > 0")
+        check_isolation(self.isolation, self.unsafe_no_sandbox)
 
     def rollout_config(self) -> RolloutConfig:
         return RolloutConfig(temperature=self.temperature, max_output_tokens=self.max_output_tokens,
@@ -127,6 +136,16 @@ class RolloutOutcome:
     @property
     def verified_reward(self) -> float | None:
         return None if self.result.status in FAILED_STATUSES else self.result.reward
+
+
+def check_isolation(isolation: Isolation, unsafe_no_sandbox: bool) -> str:
+    """The sandbox mode training or evaluation will use; refuses plain mode unless asked explicitly."""
+    mode = resolve_isolation(isolation)
+    if mode == "none" and not unsafe_no_sandbox:
+        raise ValueError("isolation resolves to 'none' (no bubblewrap sandbox): the agent would share the host's "
+                         "files and network and could read the answers. Run scripts/setup.sh (it installs "
+                         "bubblewrap), or pass --unsafe-no-sandbox to train this way anyway")
+    return mode
 
 
 def hidden_test_reward(outcome: RolloutOutcome) -> float | None:
@@ -221,6 +240,7 @@ class GRPORun:
         self.tasks = load_tasks(config.tasks)
         if not self.tasks:
             raise ValueError(f"task spec {config.tasks!r} gave no tasks")
+        self.isolation = check_isolation(config.isolation, config.unsafe_no_sandbox)
         self.step_stats: dict[str, Any] = {}
         self.trainer: Any = None
         self.tokenizer: Any = None
@@ -335,7 +355,7 @@ class GRPORun:
                 step_s = time.monotonic() - s.pop("t_start", time.monotonic())
                 train_s = step_s - s.get("rollout_s", 0.0) - s.get("sync_s", 0.0)
                 record = {"step": state.global_step, **{k: v for k, v in logs.items()},
-                          **s, "step_s": step_s, "train_s": train_s,
+                          **s, "isolation": run.isolation, "step_s": step_s, "train_s": train_s,
                           "trained_tokens_per_s": s.get("trained_tokens", 0) / train_s if train_s > 0 else None}
                 run.dir.log_metrics(record)
 
@@ -348,7 +368,7 @@ class GRPORun:
         from .rollout import local_stack
 
         asset = load(self.config.model)
-        self.dir.write_config({"train": asdict(self.config), "asset": str(asset.path)})
+        self.dir.write_config({"train": asdict(self.config), "asset": str(asset.path), "isolation": self.isolation})
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
             if self.engine is None:
@@ -364,7 +384,7 @@ class GRPORun:
             self.trainer.model.save_pretrained(final)
         metrics = self.dir.read_metrics()
         summary = {
-            "steps": len(metrics), "wall_s": round(time.monotonic() - started, 1),
+            "steps": len(metrics), "wall_s": round(time.monotonic() - started, 1), "isolation": self.isolation,
             "reward": [m.get("reward") for m in metrics], "loss": [m.get("loss") for m in metrics],
             "final_adapter": str(final), "policy": self.trainer.vllm_generation.current,
             "first_step_logp_diff": metrics[0].get("sampling/sampling_logp_difference/mean") if metrics else None,

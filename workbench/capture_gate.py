@@ -1,0 +1,116 @@
+"""The capture proxy's front door: which requests exist, whose key they carry, which bodies are sane.
+
+Decided from the method, the path and the headers alone, before a byte of the body is read, so a
+caller without a key costs the proxy nothing (an unauthenticated 28 MB body used to be read and
+parsed before its 401). Pure functions; `workbench.capture` applies them.
+
+- `route`: a closed list. Model calls are exactly ``POST /v1/chat/completions`` and
+  ``POST /v1/responses`` (the dialects our harnesses speak); control routes exactly OpenEnv's
+  session routes plus ours; anything else is 404 and reaches nothing. (OpenEnv's catch-all also
+  forwarded ``/sessions/../v1/chat/completions`` or ``/sessionsX/v1/...`` to the engine, which
+  our recorder took for control traffic: served, never recorded.)
+- `offered_key`: the one credential of a request; two (a repeated ``Authorization``, or one plus
+  ``x-api-key``) is refused, since different readers would take different ones.
+- `body_problem`: a model call's body must be a JSON object of the dialect's shape, nested at most
+  `MAX_DEPTH` deep: ``{"messages": 5}`` or ten thousand nested lists is a 400 here, not a 500 (or a
+  trace that can no longer be read) later.
+
+    r = route("POST", "/v1/chat/completions")     # Route("model_call")
+    key = offered_key(scope["headers"])            # str, None, or DUPLICATE
+    problem = body_problem("/v1/chat/completions", json.loads(body))
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+__all__ = ["Route", "route", "offered_key", "DUPLICATE", "body_problem", "MAX_DEPTH", "MODEL_CALL_PATHS"]
+
+MODEL_CALL_PATHS: Final = ("/v1/chat/completions", "/v1/responses")
+MAX_DEPTH: Final = 64  # opencode's deepest request nests ~8 levels (tool schemas)
+DUPLICATE: Final = "\0duplicate"  # what `offered_key` returns for a request carrying two credentials
+
+_SESSION = r"[A-Za-z0-9_\-]{1,128}"
+_CONTROL = [
+    ("POST", re.compile(r"/sessions")),
+    ("GET", re.compile(r"/sessions")),
+    ("GET", re.compile(rf"/sessions/{_SESSION}(/(rollout|trace_entries|trace))?")),
+    ("DELETE", re.compile(rf"/sessions/{_SESSION}")),
+    ("PUT", re.compile(r"/model")),
+    ("GET", re.compile(r"/engine")),
+]
+_KEY_HEADERS = (b"authorization", b"x-api-key", b"x-goog-api-key")
+
+
+@dataclass(frozen=True)
+class Route:
+    """What a request is: ``model_call`` (agent key), ``models`` (agent key, GET /v1/models),
+    ``control`` (admin key), ``health`` (open) or ``unknown`` (404)."""
+
+    kind: Literal["model_call", "models", "control", "health", "unknown"]
+
+
+def route(method: str, path: str) -> Route:
+    if method == "POST" and path in MODEL_CALL_PATHS:
+        return Route("model_call")
+    if method == "GET" and path == "/v1/models":
+        return Route("models")
+    if method == "GET" and path == "/health":
+        return Route("health")
+    if any(method == m and pattern.fullmatch(path) for m, pattern in _CONTROL):
+        return Route("control")
+    return Route("unknown")
+
+
+def offered_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The request's credential as OpenEnv reads it (``Bearer`` token, else ``x-api-key``), None when
+    there is none, `DUPLICATE` when there are several."""
+    found = [(name.lower(), value) for name, value in headers if name.lower() in _KEY_HEADERS]
+    if len(found) > 1:
+        return DUPLICATE
+    if not found:
+        return None
+    name, value = found[0]
+    text = value.decode("latin-1")
+    if name == b"authorization":
+        return text[7:].strip() if text.lower().startswith("bearer ") else None
+    return text
+
+
+def _depth(value: Any) -> int:
+    """How deeply `value` nests (iterative: the value may be far deeper than the recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in v)
+    return deepest
+
+
+def body_problem(path: str, body: Any) -> str | None:
+    """Why a model call's parsed body cannot be served, or None when it can."""
+    if not isinstance(body, dict):
+        return "body must be a JSON object"
+    if _depth(body) > MAX_DEPTH:
+        return f"body nests deeper than {MAX_DEPTH} levels"
+    if path == "/v1/chat/completions":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "messages must be a non-empty list"
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            return "every message must be an object with a string role"
+    else:
+        items = body.get("input")
+        if not isinstance(items, (str, list)) or (isinstance(items, list) and
+                                                 not all(isinstance(i, dict) for i in items)):
+            return "input must be a string or a list of objects"
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return "tools must be a list of objects"
+    return None

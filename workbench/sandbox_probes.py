@@ -1,0 +1,51 @@
+"""What a process inside a sandbox can see and do, asked from inside: for notebook 01 and the tests.
+
+Each probe is a shell command run in the sandbox as the agent would run it (its uid, its limits, its
+namespaces), and what it printed. Nothing a probe does outlives it: the write probe uses a fresh name
+and whatever it managed to create on the host is removed (and said so).
+
+    rows = run_probes(sb, project=project_root(), engine_url=engine.url)
+    nb.show(render_table(rows))
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from .sandbox import Sandbox
+
+__all__ = ["run_probes"]
+
+
+def run_probes(sb: Sandbox, *, project: Path, engine_url: str | None = None) -> list[dict[str, str | int]]:
+    """Run the probes in `sb`; one row each: probe, command, exit code, output."""
+    scratch = Path("/usr") / f"wb-probe-{secrets.token_hex(6)}"
+    probes = {
+        "runs as (uid, capabilities)": "echo uid=$(id -u) $(grep CapEff /proc/self/status)",
+        "project folder visible": f"test -e {project} && echo yes || echo no",
+        "engine/OpenAI variables in env": "env | grep -ciE 'openai|vllm' || true",
+        "processes visible": "ps ax --no-headers | wc -l",
+        "write outside the workspace": f"touch {scratch} 2>/dev/null && echo WROTE || echo refused",
+        "address-space limit (ulimit -v, KiB)": "ulimit -v",
+        "process limit (ulimit -u)": "ulimit -u",
+        "python in the sandbox": "python --version",
+    }
+    if engine_url:
+        probes["engine reachable (no key)"] = (
+            "python - <<'EOF'\nimport urllib.request, urllib.error\n"
+            f"try:\n    urllib.request.urlopen('{engine_url}/v1/models', timeout=3); print('answered 200')\n"
+            "except urllib.error.HTTPError as e:\n    print(f'answered {e.code}')\n"
+            "except OSError as e:\n    print(f'unreachable ({type(e).__name__})')\nEOF")
+    rows: list[dict[str, str | int]] = []
+    try:
+        for what, cmd in probes.items():
+            code, out = sb.run(["bash", "-c", cmd], timeout_s=30)
+            rows.append({"probe": what, "command": cmd.splitlines()[0], "exit": code, "output": out.strip()[:120]})
+    finally:
+        if scratch.exists():  # only in a mode that let it through: never leave it on the host
+            scratch.unlink()
+            for row in rows:
+                if row["probe"] == "write outside the workspace":
+                    row["output"] = f"{row['output']} (removed {scratch} from the host)"
+    return rows
