@@ -410,3 +410,26 @@ def test_forged_harness_events_do_not_count(base, up, proxy):
                          base / "r0")
     summary = result.summary
     assert summary["tool_calls"] == {"bash": 1}, summary
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_notebook_probes_leave_nothing_on_the_host(base, mode):
+    """Notebook 01's probes, in either mode: the write probe is refused (no root), and nothing it
+    could have made stays."""
+    from workbench.sandbox_probes import run_probes
+
+    before = set(os.listdir("/usr"))
+    with Sandbox.create({}, isolation=mode, base_dir=base) as sb:
+        rows = {r["probe"]: r["output"] for r in run_probes(sb, project=project_root())}
+    assert rows["write outside the workspace"] == "refused" and set(os.listdir("/usr")) == before
+    assert rows["runs as (uid, capabilities)"].startswith(f"uid={sb.uid} CapEff:")
+
+
+def test_no_assert_guards_request_input():
+    """`python -O` strips asserts: nothing a request sends may be checked with one."""
+    import ast
+
+    for module in ("capture.py", "capture_gate.py", "capture_stream.py", "sandbox_net.py"):
+        tree = ast.parse((project_root() / "workbench" / module).read_text())
+        asserts = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
+        assert asserts == [], (module, asserts)

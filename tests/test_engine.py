@@ -26,7 +26,7 @@ def _token_id(entry: dict) -> int:
 def test_non_streamed_completion_has_exact_ids(engine):
     body = {"model": engine.served_name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 8,
             "temperature": 1.0, "logprobs": True, "top_logprobs": 0, "return_token_ids": True}
-    r = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=120).json()
+    r = httpx.post(f"{engine.url}/v1/chat/completions", json=body, headers=engine.headers, timeout=120).json()
     choice = r["choices"][0]
     assert r["prompt_token_ids"] == engine.tokenize(MESSAGES, TOOLS)
     assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) > 0
@@ -39,7 +39,7 @@ def test_streamed_completion_has_ids_per_chunk(engine):
             "temperature": 1.0, "logprobs": True, "top_logprobs": 0, "return_token_ids": True,
             "stream": True, "stream_options": {"include_usage": True}}
     prompt_ids, ids, lp_ids = None, [], []
-    with httpx.stream("POST", f"{engine.url}/v1/chat/completions", json=body, timeout=120) as r:
+    with httpx.stream("POST", f"{engine.url}/v1/chat/completions", json=body, headers=engine.headers, timeout=120) as r:
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -60,7 +60,7 @@ def test_logprobs_are_those_of_the_sampled_distribution(engine):
     temperature = 0.5
     body = {"model": engine.served_name, "messages": MESSAGES, "max_tokens": 6, "temperature": temperature,
             "logprobs": True, "top_logprobs": 0, "return_token_ids": True}
-    r = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=120).json()
+    r = httpx.post(f"{engine.url}/v1/chat/completions", json=body, headers=engine.headers, timeout=120).json()
     prompt, out = r["prompt_token_ids"], r["choices"][0]["token_ids"]
     engine_lps = torch.tensor([e["logprob"] for e in r["choices"][0]["logprobs"]["content"]])
     model = AutoModelForCausalLM.from_pretrained(engine.asset.path, dtype=torch.float32)
@@ -87,3 +87,13 @@ def test_failed_start_reports_the_server_log():
         eng.start()
     assert "no-such-flag" in str(info.value)
     assert eng.proc is None
+
+
+def test_engine_routes_need_its_api_key(engine):
+    """Without the key (held by the trainer and the proxy only; in vLLM's environment, not on its
+    command line) a process on this host can neither sample nor swap the adapter."""
+    body = {"model": engine.served_name, "messages": MESSAGES, "max_tokens": 2}
+    assert httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=60).status_code == 401
+    assert httpx.post(f"{engine.url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp"},
+                      timeout=60).status_code == 401
+    assert engine.api_key and engine.api_key not in open(f"/proc/{engine.proc.pid}/cmdline").read()

@@ -741,3 +741,37 @@ def test_soak_parallel_rollouts_leak_nothing(tmp_path, tmp_base):
     assert all(after[k] <= before[k] for k in ("fds", "threads", "children")), (before, after)
     assert after["sandbox_processes"] == after["temp_dirs"] == 0
     _assert_nothing_left(tmp_base)
+
+
+# ------------------------------------------------------------------------ a failed grade, a timeout
+
+def test_verification_that_raises_still_writes_the_artefact(tmp_path, tmp_base, upstream, proxy, monkeypatch):
+    """The grader itself failing (ours, not the agent's) leaves the rollout unscored as `verify_error`
+    with its reason, and trace.json and the rest of the artefact are written all the same."""
+    import workbench.rollout as rollout
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the grader broke")
+
+    monkeypatch.setattr(rollout, "verify_workspace", broken)
+    upstream.untooled = "text"
+    result = run_rollout(load_task("humaneval/0"), proxy.client(), FAST, tmp_path / "r0")
+    summary = _summary(tmp_path / "r0")
+    assert result.status == summary["status"] == "verify_error" and "the grader broke" in summary["reason"]
+    assert summary["reward"] is None and "verify_error" in FAILED_STATUSES
+    assert _trace(tmp_path / "r0") and (tmp_path / "r0" / "workspace").is_dir()
+    assert oct((tmp_path / "r0" / "held_out_tests.json").stat().st_mode & 0o777) == "0o600"
+    _assert_nothing_left(tmp_base)
+
+
+def test_timed_out_rollout_still_counts_its_tool_calls(tmp_path, tmp_base, upstream, proxy):
+    """A rollout ended at the wall-clock limit still reads what the harness reported and counts the
+    tool calls the engine answered (from the trace)."""
+    upstream.untooled = "text"
+    upstream.script = ["bash:echo hi", "hang:60"]
+    config = replace(FAST, timeout_s=15)
+    result = run_rollout(load_task("humaneval/0"), proxy.client(), config, tmp_path / "r0")
+    summary = _summary(tmp_path / "r0")
+    assert result.status == "timeout" and summary["tool_calls"] == {"bash": 1}, summary
+    assert summary["harness_steps"] >= 1 and summary["harness_tool_calls"].get("bash") == 1, summary
+    _assert_nothing_left(tmp_base)

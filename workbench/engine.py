@@ -35,7 +35,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -69,6 +69,11 @@ class EngineConfig:
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``; 1 GiB holds ~2 M tokens of the tiny model.
         startup_timeout_s: how long to wait for ``/v1/models`` (40-90 s here; compile is off).
         dev_routes: expose ``/pause`` ``/resume`` ``/server_info`` (TRL's AsyncGRPO needs them).
+        dtype: ``asset`` serves the asset's own dtype (float32: the exact mode, trainer and engine
+            logprobs agree to ~1e-5); ``bfloat16`` uses AMX on CPUs that have it (faster, with a
+            per-token logprob gap the trainer's importance sampling has to absorb).
+        prefix_caching: vLLM's automatic prefix caching (on by default in vLLM 0.32, also on CPU):
+            the rollouts of a group share their ~1.8k-token prompt, which is then prefilled once.
     """
 
     model: str = "tiny"
@@ -79,6 +84,8 @@ class EngineConfig:
     kv_cache_gib: int = 1
     startup_timeout_s: float = 300.0
     dev_routes: bool = False
+    dtype: Literal["asset", "float32", "bfloat16"] = "asset"
+    prefix_caching: bool = True
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -117,13 +124,15 @@ class Engine:
             str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.asset.path), "--served-model-name", self.asset.served_name,
             "--host", c.host, "--port", str(c.port),
-            "--dtype", self.asset.dtype, "--max-model-len", str(self.asset.max_model_len),
+            "--dtype", self.asset.dtype if c.dtype == "asset" else c.dtype,
+            "--max-model-len", str(self.asset.max_model_len),
             "--return-tokens-as-token-ids", "--logprobs-mode", "processed_logprobs",
             "--generation-config", "vllm",
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
             "--enforce-eager",  # compile costs 25-150 s at start for ~5% decode speed on CPU
             "--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras),
             "--disable-log-stats",
+            *([] if c.prefix_caching else ["--no-enable-prefix-caching"]),
             *c.extra_args,
         ]
 

@@ -268,7 +268,13 @@ class HarnessSession(ResourceSession):
 
     def _end(self, status: Status, reason: str) -> None:
         self.status, self.reason = status, reason
+        self._stop_agent()
+
+    def _stop_agent(self) -> None:
+        """Kill the agent and everything it started, and wait until all of it is gone: a pid
+        namespace takes a moment to die after its first process (its init waits for the rest)."""
         self.proc.kill()
+        self.sandbox.kill_all()
         self.exit_code = self.proc.poll()
 
     def _read_log(self, name: str) -> str:
@@ -311,8 +317,8 @@ class HarnessSession(ResourceSession):
 
     def verify(self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None) -> VerifyResult:
         """Hidden-test reward on a copy of the final workspace (the agent is stopped first)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
+        if self.proc.poll() is None or self.sandbox.strays():
+            self._stop_agent()
         t = time.monotonic()
         try:
             self.verify_result = verify_workspace(self.task, self.sandbox.workspace, sandbox=self.sandbox.isolation)

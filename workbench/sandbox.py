@@ -226,6 +226,7 @@ class Sandbox:
         self._relay: Relay | None = None
         self._endpoint: tuple[str, int] | None = None
         self._extra_dir: Path | None = None  # the relay's socket folder when the sandbox path is too long
+        self._inside_port = 0
 
     @classmethod
     def create(cls, files: dict[str, str], *, isolation: Isolation = "auto",
@@ -308,6 +309,9 @@ class Sandbox:
 
     def _open_endpoint(self, host: str, port: int) -> None:
         self._endpoint = (host, port)
+        # Inside, the same port (URLs stay as the harness was given them), unless the sandbox uid may
+        # not bind it (below 1024).
+        self._inside_port = port if port >= 1024 else port + 20000
         if self.isolation != "bwrap":
             return
         sock_dir = self.root / "sock"
@@ -339,7 +343,7 @@ class Sandbox:
         parts = urllib.parse.urlsplit(url)
         if (parts.hostname, parts.port) != self._endpoint:
             raise SandboxError(f"{url} is not this sandbox's endpoint {self._endpoint[0]}:{self._endpoint[1]}")
-        return urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{self._endpoint[1]}"))
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{self._inside_port}"))
 
     # -- processes -------------------------------------------------------------------------------
 
@@ -386,7 +390,7 @@ class Sandbox:
         python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else self.python
         if self._relay is not None and self._endpoint is not None:
             cmd += ["--bind", str(self._relay.path), _SOCKET_INSIDE, "--chdir", str(self.workspace), "--",
-                    python, "-I", "-S", "/run/workbench/init.py", str(self._endpoint[1]), _SOCKET_INSIDE, "--"]
+                    python, "-I", "-S", "/run/workbench/init.py", str(self._inside_port), _SOCKET_INSIDE, "--"]
         else:
             cmd += ["--chdir", str(self.workspace), "--"]
         return cmd + list(argv)

@@ -77,12 +77,11 @@ class Relay:
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if len(self._tasks) >= self.max_connections:
+        task = asyncio.current_task()  # the server runs each handler as a task
+        if task is None or len(self._tasks) >= self.max_connections:
             self.refused += 1
             writer.close()
             return
-        assert task is not None  # always inside a task here: the server runs handlers as tasks
         self._tasks.add(task)
         self.served += 1
         try:
