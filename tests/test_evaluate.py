@@ -69,7 +69,7 @@ def test_bootstrap_intervals():
 
 def _eval(means: list[float], model: str = "tiny", tasks: str = "easy-eval") -> dict:
     return {"model": model, "tasks": tasks, "n": 4, "adapter": None, "policy": model,
-            "per_task": [{"task_id": f"easy/{13 + 2 * i}", "mean": m} for i, m in enumerate(means)]}
+            "per_task": [{"task_id": f"easy/{13 + 2 * i}", "mean": m, "solved": 0, "scored": 4} for i, m in enumerate(means)]}
 
 
 def test_compare_is_paired_by_task():
@@ -201,5 +201,30 @@ def test_real_eval_with_an_adapter(engine, tmp_path):
         calls = json.loads((r / "trace.json").read_text())
         agent = [c for c in calls if c["purpose"] == "agent" and c["status"] == "ok"]
         assert agent and all(c["model"] == result["policy"] for c in agent)
+    assert result["stale_calls"] == 0 and all(r["stale_calls"] == 0 for r in result["records"])
     same = compare(result, result)
     assert same["delta"]["mean"] == 0.0 and same["delta"]["p"] == 1.0
+
+
+def test_cli_prints_one_json_object_and_the_comparison(monkeypatch, tmp_path, capsys):
+    import workbench.evaluate as ev
+
+    seen = []
+
+    def fake_run_eval(config, run_dir=None):
+        seen.append((config, run_dir))
+        out = _eval([0.5, 1.0, 0.5], model=config.model)
+        out.update(mean=2 / 3, ci95=[0.5, 1.0], isolation="bwrap", solve_rate=0.5, solve_rate_ci95=[0.2, 0.8],
+                   tool_call_rate=1.0, solution_written_rate=1.0, rollouts=12, scored=12,
+                   failures={"unscored": 0, "by_status": {}}, run_dir=str(tmp_path))
+        return out
+
+    monkeypatch.setattr(ev, "run_eval", fake_run_eval)
+    (tmp_path / "base.json").write_text(json.dumps(_eval([0.0, 0.5, 0.5])))
+    assert ev.cli_main(["--model", "tiny", "--n", "4", "--json", "--out", str(tmp_path / "r"),
+                        "--baseline", str(tmp_path / "base.json")]) == 0
+    head = json.loads(capsys.readouterr().out)
+    assert (head["mean"], head["ci95"], head["n"]) == (2 / 3, [0.5, 1.0], 4)
+    assert head["compare"]["delta"]["mean"] == pytest.approx(1 / 3)
+    assert seen[0][0] == EvalConfig(model="tiny", n=4) and str(seen[0][1]) == str(tmp_path / "r")
+    assert ev.cli_main(["--model", "tiny"]) == 0 and "run folder:" in capsys.readouterr().out

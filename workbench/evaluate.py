@@ -193,10 +193,10 @@ def _linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
 def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
     # The header alone (8-byte length, then JSON): no tensor is read, no torch import.
     with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        if not 0 < size < 100_000_000:
-            raise AdapterMismatch(f"{path} is not a safetensors file")
-        header = json.loads(f.read(size))
+        try:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        except (ValueError, MemoryError, OverflowError):
+            raise AdapterMismatch(f"{path} is not a safetensors file") from None
     return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
 
 
@@ -227,11 +227,9 @@ def check_adapter(path: str | Path, model: str, *, max_rank: int = 16) -> dict[s
     if not 0 < rank <= max_rank:
         raise AdapterMismatch(f"{folder}: rank {rank} is outside 1..{max_rank} (the engine's max LoRA rank)")
     shapes, layers = _linear_shapes(model_cfg), model_cfg["num_hidden_layers"]
-    targets = cfg.get("target_modules")
-    named = [targets] if isinstance(targets, str) and targets.isidentifier() else (
-        list(targets) if isinstance(targets, list) else [])
-    unknown = sorted(set(named) - set(shapes))
-    if unknown:
+    targets = cfg.get("target_modules") or []
+    unknown = sorted(set([targets] if isinstance(targets, str) else targets) - set(shapes))  # a str may be a regex
+    if unknown and not (isinstance(targets, str) and not targets.isidentifier()):
         raise AdapterMismatch(f"{folder}: target modules {unknown} are not linear layers of {model!r} "
                               f"(it has {sorted(shapes)})")
     tensors = _safetensors_shapes(weights)
@@ -351,15 +349,19 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
                 eng.unload_adapter(name)
     records = []
     for r in results:
-        f = r.out_dir / "summary.json" if r.out_dir else None
-        s = json.loads(f.read_text()) if f is not None and f.exists() else r.summary
+        s, calls = (json.loads(f.read_text()) if f.exists() else default for f, default in
+                    ((r.out_dir / "summary.json", r.summary), (r.out_dir / "trace.json", [])))
         records.append({"task_id": r.task_id, "rollout": r.rollout_id, "status": r.status, "reward": r.reward,
                         "tool_calls": sum((s.get("tool_calls") or {}).values()),
-                        "solution_written": bool(s.get("solution_written"))})
+                        "solution_written": bool(s.get("solution_written")),
+                        # an agent call answered by another policy (someone moved the proxy): not this one's
+                        "stale_calls": sum(c.get("purpose") == "agent" and c.get("model") not in (None, policy)
+                                           for c in calls)})
     out = {"model": config.model, "adapter": config.adapter, "adapter_info": adapter, "policy": policy,
            "tasks": config.tasks, "task_ids": [t.id for t in tasks], "n": config.n, "isolation": mode,
            "temperature": config.temperature, **_aggregate(records, config.seed, [t.id for t in tasks]),
-           "run_dir": str(run.path), "wall_s": round(time.monotonic() - started, 1), "records": records}
+           "stale_calls": sum(r["stale_calls"] for r in records), "run_dir": str(run.path),
+           "wall_s": round(time.monotonic() - started, 1), "records": records}
     run.write_json("eval.json", out)
     return out
 
@@ -379,35 +381,28 @@ def compare(base: dict[str, Any], trained: dict[str, Any], *, resamples: int = R
     import numpy as np
 
     xa, xb = np.array([a[t] for t in common]), np.array([b[t] for t in common])
-    idx = np.random.default_rng(seed).integers(0, len(common), (resamples, len(common)))
-
-    def side(x: Any, ev: dict[str, Any]) -> dict[str, Any]:  # same task resamples on both sides: paired
-        lo, hi = np.quantile(x[idx].mean(-1), [0.025, 0.975])
-        return {"mean": float(x.mean()), "ci95": [float(lo), float(hi)], "adapter": ev.get("adapter"),
-                "policy": ev.get("policy")}
-
     d = xb - xa
-    lo, hi = paired_bootstrap_ci(d, resamples=resamples, seed=seed)
+
+    def ci(x: Any) -> dict[str, Any]:  # one seed, so the same task resamples on every side: paired
+        return {"mean": float(x.mean()), "ci95": list(paired_bootstrap_ci(x, resamples=resamples, seed=seed))}
+
     return {"model": base["model"], "tasks": base["tasks"] if base["tasks"] == trained["tasks"] else
             f"{base['tasks']} | {trained['tasks']}", "n": min(base["n"], trained["n"]),
             "n_base": base["n"], "n_trained": trained["n"], "task_ids": common,
             "tasks_left_out": sorted((set(a) | set(b)) - set(common)),
-            "base": side(xa, base), "trained": side(xb, trained),
-            "delta": {"mean": float(d.mean()), "ci95": [lo, hi], "p": sign_flip_p(d, permutations=permutations, seed=seed),
+            "base": {**ci(xa), "adapter": base.get("adapter"), "policy": base.get("policy")},
+            "trained": {**ci(xb), "adapter": trained.get("adapter"), "policy": trained.get("policy")},
+            "delta": {**ci(d), "p": sign_flip_p(d, permutations=permutations, seed=seed),
                       "tasks_better": int((d > 0).sum()), "tasks_worse": int((d < 0).sum())},
             "per_task": [{"task_id": t, "base": a[t], "trained": b[t], "delta": b[t] - a[t]} for t in common]}
 
 
 # -- command line ----------------------------------------------------------------------------------
 
-def _field_docs() -> dict[str, str]:
-    doc = EvalConfig.__doc__ or ""
-    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\s{8}(\w+): (.+)$", doc, re.M)}
-
-
 def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """One flag per `EvalConfig` field (from its type and docstring), plus --json, --out, --baseline."""
-    hints, docs = get_type_hints(EvalConfig), _field_docs()
+    hints = get_type_hints(EvalConfig)
+    docs = dict(re.findall(r"^ {8}(\w+): (.+)$", EvalConfig.__doc__ or "", re.M))  # "name: help" lines
     for f in fields(EvalConfig):
         flag, t, help_ = "--" + f.name.replace("_", "-"), hints[f.name], docs.get(f.name, "")
         if get_origin(t) in (Union, types.UnionType):  # X | None
@@ -436,14 +431,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(head))
         return 0
-    print(f"{result['model']} {result['adapter'] or '(base)'} on {result['tasks']}: n={result['n']}, "
-          f"{result['scored']}/{result['rollouts']} scored, isolation {result['isolation']}")
-    for key in ("mean", "ci95", "solve_rate", "tool_call_rate", "solution_written_rate", "failures"):
-        print(f"  {key}: {result[key]}")
+    print(f"{result['model']} {result['adapter'] or '(base)'} on {result['tasks']}, n={result['n']}: "
+          + ", ".join(f"{k} {head[k]}" for k in ("mean", "ci95", "solve_rate", "tool_call_rate", "failures")))
     for t in result["per_task"]:
         print(f"  {t['task_id']}: mean {t['mean']}, solved {t['solved']}/{t['scored']}")
     if "compare" in head:
-        print(f"  vs baseline: {head['compare']['delta']}")
+        print(f"vs baseline: {head['compare']['delta']}")
     print(f"run folder: {result['run_dir']}")
     return 0
 
