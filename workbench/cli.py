@@ -244,6 +244,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluate import run_from_args
+
+    return run_from_args(args)
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from .diff import diff_from_args
+
+    return diff_from_args(args)  # 0 identical, 1 different (like diff(1))
+
+
 def _cmd_notebooks(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -339,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("train", _cmd_train, "a short GRPO run: real rollouts -> verify -> rows -> TRL step -> LoRA hot-loaded into vLLM")
     p.add_argument("--model", default="tiny", help="model asset (tiny, smollm2)")
-    p.add_argument("--tasks", default="easy", help="task spec: easy, humaneval[:8], deepcoder-fixture, jsonl:PATH")
+    p.add_argument("--tasks", default="easy-train", help="task spec: easy-train (easy-eval is held out), humaneval[:8], "
+                   "deepcoder-fixture, jsonl:PATH")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--tasks-per-step", type=int, default=1)
@@ -361,6 +374,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--isolation", choices=["auto", "bwrap", "none"], default="auto")
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="allow training without bubblewrap (the agent could read the answers; recorded)")
+
+    from .diff import add_diff_arguments
+    from .evaluate import add_eval_arguments
+
+    add_eval_arguments(add("eval", _cmd_eval, "evaluate a model or LoRA adapter: N rollouts per task -> mean "
+                           "reward, solve rate, 95% intervals (runs/<stamp>__eval)"))
+    add_diff_arguments(add("diff", _cmd_diff, "compare two rollout folders turn by turn: first diverging "
+                           "prompt/sampled token, tool calls, outcome"))
 
     p = add("notebooks", _cmd_notebooks, "execute the walk-through notebooks headless (papermill) into a run folder")
     p.add_argument("action", choices=["run"])

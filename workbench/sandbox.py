@@ -12,7 +12,9 @@ whatever it did to its process group or environment. Two isolation modes:
 - ``bwrap`` (set-up installs bubblewrap): in new user, pid, net, ipc, uts and cgroup namespaces,
   every capability dropped and nested user namespaces refused. Visible: /usr (read-only), a few
   files of /etc, the harness install and the interpreter (read-only), and the sandbox's own four
-  folders; /tmp is a small tmpfs (TMPDIR is its ``tmp/``). The project, the run folders, the task data and /opt are not there.
+  folders: the workspace at ``/app`` and HOME at ``/home/agent`` in every sandbox alike (so a
+  group's prompts match and vLLM's prefix cache shares them); /tmp is a small tmpfs (TMPDIR is its
+  ``tmp/``). The project, the run folders, the task data and /opt are not there.
   The network namespace has only its own loopback: the engine, the proxy's control traffic and
   every other port of the host are out of reach, and the one endpoint the sandbox may use (the
   capture proxy's agent routes, ``endpoint=``) is a Unix socket relayed to it by
@@ -59,11 +61,15 @@ from .procs import die_with_us, environ, group_alive, kill_group, kill_matching,
 from .sandbox_net import Relay, open_relay
 
 __all__ = ["SandboxLimits", "Sandbox", "SandboxProcess", "SandboxError", "Isolation", "bwrap_available",
-           "MARKER_ENV", "resolve_isolation"]
+           "MARKER_ENV", "resolve_isolation", "APP", "AGENT_HOME"]
 
 MARKER_ENV = "WORKBENCH_SANDBOX"  # set in every sandboxed process; close() sweeps /proc for it
 Isolation = Literal["auto", "bwrap", "none"]
 _INIT = Path(__file__).resolve().with_name("_sandbox_init.py")
+# Where a bwrap sandbox sees its workspace and home (Harbor's /app): the same in every sandbox, so the
+# harness's system prompt (opencode names its working directory three times) is the same token for
+# token across a GRPO group and vLLM's prefix cache serves the whole shared prompt, not ~72 tokens.
+APP, AGENT_HOME = "/app", "/home/agent"
 _SOCKET_INSIDE = "/run/workbench/endpoint.sock"
 # /etc entries a harness needs (dynamic loader, users, name resolution, TLS roots, time zone); the
 # rest of /etc stays out.
@@ -347,9 +353,18 @@ class Sandbox:
 
     # -- processes -------------------------------------------------------------------------------
 
+    @property
+    def inside_workspace(self) -> str:
+        """The workspace's path as the sandbox's processes see it (bwrap: `APP`)."""
+        return APP if self.isolation == "bwrap" else str(self.workspace)
+
+    @property
+    def inside_home(self) -> str:
+        return AGENT_HOME if self.isolation == "bwrap" else str(self.home)
+
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """A minimal environment built from scratch: nothing of the caller's (no OPENAI_*, no URLs)."""
-        h = self.home
+        h = Path(self.inside_home)
         env = {
             "PATH": f"{self.bin}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(h), "XDG_CONFIG_HOME": str(h / ".config"), "XDG_CACHE_HOME": str(h / ".cache"),
@@ -384,15 +399,15 @@ class Sandbox:
             cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         for p in [*self.ro_paths, *_outside_usr(self.python)]:
             cmd += ["--ro-bind", str(p), str(p)]
-        for d in (self.workspace, self.home, self.tmp):
-            cmd += ["--bind", str(d), str(d)]
+        cmd += ["--bind", str(self.workspace), APP, "--bind", str(self.home), AGENT_HOME,
+                "--bind", str(self.tmp), str(self.tmp)]
         cmd += ["--ro-bind", str(self.bin), str(self.bin), "--ro-bind", str(_INIT), "/run/workbench/init.py"]
         python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else self.python
         if self._relay is not None and self._endpoint is not None:
-            cmd += ["--bind", str(self._relay.path), _SOCKET_INSIDE, "--chdir", str(self.workspace), "--",
+            cmd += ["--bind", str(self._relay.path), _SOCKET_INSIDE, "--chdir", APP, "--",
                     python, "-I", "-S", "/run/workbench/init.py", str(self._inside_port), _SOCKET_INSIDE, "--"]
         else:
-            cmd += ["--chdir", str(self.workspace), "--"]
+            cmd += ["--chdir", APP, "--"]
         return cmd + list(argv)
 
     def spawn(self, argv: list[str], *, stdin: bytes | None = None, env: dict[str, str] | None = None,

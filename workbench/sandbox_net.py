@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,9 @@ class Relay:
         self.served += 1
         try:
             up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+            sock = up_writer.get_extra_info("socket")
+            if sock is not None:  # relay each piece at once (Nagle would hold small writes up to 40 ms)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             self._tasks.discard(task)
             writer.close()

