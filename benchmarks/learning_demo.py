@@ -20,7 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
-from workbench.rollout import local_stack, run_rollouts
+from workbench.rollout import run_rollouts
+from workbench.stack import local_stack
 from workbench.tasks import load_tasks
 from workbench.train import GRPORun, TrainConfig
 

@@ -244,7 +244,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from workbench.capture import ProxyClient
+    from workbench.capture_client import ProxyClient
 
     body = _request_body()
     call_s = (args.ttft_ms + (args.tokens - 1) * args.itl_ms) / 1000  # one call's length at the engine

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from scripted_upstream import ScriptedUpstream
-from workbench.capture import CaptureProxy, ProxyClient, ProxyError
+from workbench.capture import CaptureProxy
+from workbench.capture_client import ProxyClient, ProxyError
 
 TOOLS = [{"type": "function", "function": {"name": "write", "description": "write a file",
                                            "parameters": {"type": "object", "properties": {}}}}]

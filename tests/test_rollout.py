@@ -13,7 +13,8 @@ from openenv.core.harness.capture.upstream import training_sampling
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.procs import group_alive
-from workbench.rollout import HarnessSessionFactory, RolloutConfig, run_rollout
+from workbench.openenv_session import HarnessSessionFactory
+from workbench.rollout import RolloutConfig, run_rollout
 from workbench.sandbox import bwrap_available
 from workbench.tasks import load_task
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from workbench.assets import build
-from workbench.rollout import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig, local_stack, run_rollout
+from workbench.rollout import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig, run_rollout
+from workbench.stack import local_stack
 from workbench.tasks import load_task
 
 pytestmark = [pytest.mark.engine, pytest.mark.opencode, pytest.mark.slow]

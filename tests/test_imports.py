@@ -1,0 +1,20 @@
+"""The light clients stay light: importing the trainer, the rollout runner or the proxy client must not
+import OpenEnv's capture server (gradio, pandas, fastmcp: ~3,400 modules, 7-10 s here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("module", ["workbench.train", "workbench.rollout", "workbench.capture_client",
+                                    "workbench.evaluate", "workbench.turns", "workbench.verify"])
+def test_importing_does_not_pull_openenvs_server(module):
+    code = (f"import sys; import {module}; heavy = sorted(m for m in ('gradio', 'pandas', 'openenv', 'fastmcp') "
+            "if m in sys.modules); print(heavy, len(sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    heavy, count = out.stdout.rsplit(" ", 1)
+    assert heavy == "[]", (module, out.stdout)
+    assert int(count) < 1500, (module, count)
