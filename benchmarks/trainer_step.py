@@ -103,8 +103,9 @@ def group() -> list[tuple[list[int], list[int], list[int]]]:
 
 def build_trainer(tmp: Path, **config: object):
     torch.manual_seed(0)
-    cfg = TrainConfig(model="smollm2", tasks="easy[:1]", group_size=len(REWARDS), steps=1, temperature=T,
-                      lora_rank=16, lora_alpha=32, learning_rate=1e-3, train_threads=THREADS, **config)
+    # TRL's own step (TrainConfig.baseline: every lever off); the variants install theirs on it
+    cfg = TrainConfig.baseline(model="smollm2", tasks="easy[:1]", group_size=len(REWARDS), steps=1, temperature=T,
+                               lora_rank=16, lora_alpha=32, learning_rate=1e-3, train_threads=THREADS, **config)
     trainer = GRPORun(cfg, run_dir=tmp / "run")._build_trainer(load("smollm2").path)
 
     class NoSync:
@@ -342,12 +343,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="run the variant list this many times, interleaved")
     parser.add_argument("--prefix-tokens", type=int, help="keep only the shared prompt's last N tokens (smoke runs)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--resume-dir", help="reuse the variants a killed run measured in this folder")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
         return child(args)
-    tmp = Path(tempfile.mkdtemp(prefix="trainer-step-"))
+    # --resume-dir: a killed run's folder; the first occurrence of a variant already measured there is reused
+    tmp = Path(args.resume_dir) if args.resume_dir else Path(tempfile.mkdtemp(prefix="trainer-step-"))
+    reusable = {n for n in VARIANTS if (tmp / f"result-{n}.json").exists()}
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TRL_EXPERIMENTAL_SILENCE": "1"}
     if args.prefix_tokens:
         env["WB_PREFIX_TOKENS"] = str(args.prefix_tokens)
@@ -355,6 +359,9 @@ def main() -> None:
     started = time.time()
 
     def spawn(variant: str) -> None:
+        if variant in reusable or (variant == "prepare" and (tmp / "engine_logprobs.json").exists()):
+            reusable.discard(variant)
+            return print(f"  {variant}: reused from {tmp}", flush=True)
         t0 = time.time()
         proc = subprocess.run([sys.executable, __file__, "--variant", variant, "--tmp", str(tmp)], env=env,
                               capture_output=True, text=True)

@@ -52,8 +52,9 @@ def make_trainer(tmp: Path, model_dir: Path, group_size: int, tokenizer_dir: Pat
         (asset / f).symlink_to(model_dir / f)
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy((tokenizer_dir or FIXTURES / "smollm2-tokenizer") / f, asset / f)
-    config = TrainConfig(model="tiny", tasks="easy[:1]", group_size=group_size, steps=1, temperature=T,
-                         train_threads=1, learning_rate=1e-3)
+    # TRL's own step (every lever off), as workbench.train builds it; the tests install the levers themselves
+    config = TrainConfig.baseline(model="tiny", tasks="easy[:1]", group_size=group_size, steps=1, temperature=T,
+                                  train_threads=1, learning_rate=1e-3)
     trainer = GRPORun(config, run_dir=tmp / "run")._build_trainer(asset)
 
     class NoSync:

@@ -13,12 +13,14 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    predicts exactly one next token: the first completion token of every row is predicted from its own copy
    of the last prefix position. A segment attends to the shared tokens and causally to itself (a "tree"
    mask), computed blockwise: causal SDPA over the shared block, masked SDPA of the segments against all
-   keys (2x cheaper than one SDPA with the dense 4D mask here, 17 s vs 32 s per SmolLM2 step at 3.9k packed
-   tokens). The gradient is exact: a shared position's logprob is one tensor element gathered into every
+   keys (one SDPA with the dense 4D mask costs 2x: attention forward+backward of a 3.9k-token SmolLM2 pack,
+   30 layers, 2 threads, 17 s blockwise vs 32 s dense). The gradient is exact: a shared position's logprob is one tensor element gathered into every
    row that scores it, so autograd sums every row's advantage-weighted gradient into the shared activations.
    Works with TRL's fused LM head (`shift_labels`) and with activation checkpointing (the layout travels as
    a forward kwarg, so the checkpoint replay sees it).
-2. **bf16 autocast** (`bf16`): the step under `torch.autocast("cpu", bfloat16)` (AMX). fp32 is the exact mode.
+2. **bf16 autocast** (`bf16`): the step under `torch.autocast("cpu", bfloat16)`; fp32 is the exact mode. Only for
+   hosts with AVX512-BF16/AMX: on an AVX2-only CPU (the 2-core AMD EPYC here) torch takes its reference bf16
+   GEMM, 29x slower than fp32 (benchmarks/trainer_step.md).
 3. **No redundant forward** (`reuse_logps`): with num_iterations=1 and no gradient accumulation across
    generations the weights do not change between TRL's no-grad pass and the loss pass, so the vLLM IS
    ratio is computed from the loss pass's detached logprobs (TRL's own formulas, same metrics). Activation
@@ -38,7 +40,7 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
 
     from workbench.group_step import install
     trainer = GRPOTrainer(...)                # as workbench/train.py builds it
-    step = install(trainer, bf16=False)       # every lever on; step.remove() restores TRL's own path
+    step = install(trainer)                   # after setting trainer.rollout_func; step.remove() undoes it
     trainer.train()                           # step.last: rows, packs, row vs forwarded tokens of the last pass
 
 Exactness (fp32, tests/test_group_step.py): per-row logprobs, entropies, the loss and every LoRA gradient equal
@@ -351,6 +353,8 @@ def install(trainer: GRPOTrainer, *, shared_prefix: bool = True, reuse_logps: bo
                            "workbench.train._score_only_labelled_positions_on_cpu() first")
     if attention not in ("blockwise", "dense"):
         raise ValueError(f"attention must be 'blockwise' or 'dense', got {attention!r}")
+    if getattr(trainer, "group_step", None) is not None:
+        raise RuntimeError("group_step is already installed on this trainer (workbench.train installs it)")
     step = GroupStep(trainer, shared_prefix, reuse_logps, bf16, attention)
     base = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
     if shared_prefix:
