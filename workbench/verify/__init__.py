@@ -8,12 +8,15 @@
     result.reward, result.passed, result.total     # 1.0 1 1  (reward = fraction of tests passed)
     print(result.table())                          # one line per test: outcome, seconds, reason
     results = verify_many([(task, ws), ...])       # a process pool sized to the machine, progress bar
+    verify(task, ws, verifier="my_hooks:score")    # your own callable grades instead (`hook`)
     shaped_reward(result, tool_calls={"bash": 2}, timed_out=False, shaping=Shaping())   # opt-in shaping
     sandbox_guards()                               # what isolates tests here: ["rlimits", "uid", "bwrap", "netns"]
 
 The package: `grading` (the rules per test kind), `jail` (the folder, namespaces, uid and limits of one
 verification), `child` (a test process under watch; the call protocol), `runner` (the program that
-loads solution.py inside the jail, and the tagged-JSON codec both sides share).
+loads solution.py inside the jail, and the tagged-JSON codec both sides share), `harbor` (a Harbor
+task's test.sh and reward file; its oracle), `hook` and `hook_runner` (verifier hooks: a callable of
+yours, run in the same jail).
 
 How a verification runs:
 
@@ -37,7 +40,9 @@ How a verification runs:
 3. At the end of each test everything it started is killed, and at the end the copy is deleted.
 
 Outcomes per test: passed, wrong, timeout, crash (exception, killed, a limit hit, a value that cannot be
-compared) or missing_file (no solution.py), each with a short reason. Reward = passed / total.
+compared), missing_file (no solution.py) or error (a test that scores itself gave no usable reward),
+each with a short reason. Reward = the mean of the tests' scores: 1 passed, else 0, except where a test
+scores itself (Harbor's test.sh, a verifier hook: ``TestOutcome.score`` in [0, 1], ``metrics``).
 
 What holds (Linux; ``sandbox="auto"`` uses bubblewrap when ``bwrap`` can create namespaces here,
 ``"bwrap"`` insists on it, ``"none"`` never uses it). Commands are exec'd through util-linux ``prlimit``
@@ -80,7 +85,10 @@ from pathlib import Path
 
 from ..bounded_copy import CopyLimitError
 from ..tasks import Task
-from .grading import OUTCOMES, Outcome, grade
+from .grading import OUTCOMES, Graded, Outcome, grade
+from .harbor import jail_options as harbor_options
+from .hook import jail_options as hook_options
+from .hook import parse_hook, run_hook
 from .jail import SANDBOXES, Jail, guards, resolve
 
 __all__ = ["OUTCOMES", "SANDBOXES", "TestOutcome", "VerifyResult", "Shaping", "verify", "verify_many",
@@ -97,11 +105,13 @@ class TestOutcome:
     outcome: Outcome
     reason: str = ""  # empty when passed
     duration_s: float = 0.0
+    score: float | None = None  # set by tests that score themselves (Harbor, hooks); else 1 if passed
+    metrics: dict[str, float] | None = None  # the other numbers such a test reported
 
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """The grade of one workspace: ``reward`` is the fraction of held-out tests passed."""
+    """The grade of one workspace: ``reward`` is the mean of its tests' scores (the fraction passed)."""
 
     task_id: str
     reward: float
@@ -165,8 +175,9 @@ def shaped_reward(result: VerifyResult, *, tool_calls: dict[str, int], timed_out
     return base - penalty - min(shaping.max_over_budget_penalty, over * shaping.over_budget_penalty)
 
 
-def verify(task: Task, workspace: Path | str, *, sandbox: str = "auto") -> VerifyResult:
-    """Grade ``workspace/solution.py`` (in a fresh copy of ``workspace``) on ``task``'s held-out tests."""
+def verify(task: Task, workspace: Path | str, *, sandbox: str = "auto", verifier: str | None = None) -> VerifyResult:
+    """Grade ``workspace/solution.py`` (in a fresh copy of ``workspace``) on ``task``'s held-out tests; a
+    Harbor task by its test.sh; with a verifier hook (``verifier``, else ``task.verifier``) by the hook alone."""
     start = time.monotonic()
     workspace = Path(workspace)
     host, bwrap = resolve(sandbox)
@@ -174,8 +185,12 @@ def verify(task: Task, workspace: Path | str, *, sandbox: str = "auto") -> Verif
         raise FileNotFoundError(f"workspace {workspace} is not a directory")
     limits = task.limits
     deadline = start + limits.deadline_s
+    spec = verifier or task.verifier
+    hook = parse_hook(spec) if spec else None
+    options = hook_options(hook, bwrap) if hook else harbor_options(task, bwrap) if task.test_kind == "harbor" else {}
+    tests = [{"verifier": spec}] if hook else task.held_out_tests
     outcomes = []
-    with Jail(limits, host, bwrap=bwrap) as box:
+    with Jail(limits, host, bwrap=bwrap, **options) as box:
         unreadable = None
         try:
             box.copy_in(workspace)
@@ -183,19 +198,24 @@ def verify(task: Task, workspace: Path | str, *, sandbox: str = "auto") -> Verif
             unreadable = f"the workspace cannot be graded: {exc}"
         # The file itself, not a folder or a link named so (the runner reads it as a regular file).
         present = (box.ws / "solution.py").is_file() and not (box.ws / "solution.py").is_symlink()
-        for i, test in enumerate(task.held_out_tests):
+        present = present or hook is not None or task.test_kind == "harbor"  # these grade the whole folder
+        for i, test in enumerate(tests):
             t0 = time.monotonic()
             if unreadable:
-                outcome, reason = "crash", unreadable
+                graded = Graded("crash", unreadable)
             elif not present:
-                outcome, reason = "missing_file", "there is no solution.py in the workspace"
+                graded = Graded("missing_file", "there is no solution.py in the workspace")
             elif t0 >= deadline:
-                outcome, reason = "timeout", f"not run: the verification deadline ({limits.deadline_s:g} s) had passed"
+                graded = Graded("timeout", f"not run: the verification deadline ({limits.deadline_s:g} s) had passed")
+            elif hook:
+                graded = run_hook(box, task, hook, min(t0 + limits.time_s, deadline))
             else:
-                outcome, reason = grade(box, task, test, min(t0 + limits.time_s, deadline))
-            outcomes.append(TestOutcome(i, outcome, reason, round(time.monotonic() - t0, 4)))
+                graded = grade(box, task, test, min(t0 + limits.time_s, deadline))
+            outcomes.append(TestOutcome(i, graded.outcome, graded.reason, round(time.monotonic() - t0, 4),
+                                        graded.score, graded.metrics))
     passed = sum(o.outcome == "passed" for o in outcomes)
-    return VerifyResult(task_id=task.id, reward=passed / len(outcomes), passed=passed, total=len(outcomes),
+    reward = sum(float(o.outcome == "passed") if o.score is None else o.score for o in outcomes) / len(outcomes)
+    return VerifyResult(task_id=task.id, reward=reward, passed=passed, total=len(outcomes),
                         tests=outcomes, duration_s=round(time.monotonic() - start, 4), guards=guards(host, bwrap))
 
 
@@ -206,7 +226,7 @@ def sandbox_guards(sandbox: str = "auto") -> list[str]:
 
 
 def verify_many(items: Sequence[tuple[Task, Path]], workers: int | None = None, progress: bool = True, *,
-                sandbox: str = "auto") -> list[VerifyResult]:
+                sandbox: str = "auto", verifier: str | None = None) -> list[VerifyResult]:
     """`verify` each (task, workspace) pair, in order; ``workers`` processes (default: the usable CPUs).
 
     Each verification runs its tests one after another, so the pool keeps about ``workers`` test
@@ -219,13 +239,13 @@ def verify_many(items: Sequence[tuple[Task, Path]], workers: int | None = None, 
     with tqdm(total=len(items), desc="verify", unit="workspace", disable=not progress) as bar:
         if workers == 1 or len(items) <= 1:
             for i, (task, ws) in enumerate(items):
-                results[i] = _verify_one(task, ws, sandbox)
+                results[i] = _verify_one(task, ws, sandbox, verifier)
                 bar.update()
             return results  # type: ignore[return-value]
         # spawn, not fork: forking a threaded process (a Jupyter kernel, tqdm's monitor) can deadlock.
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(min(workers, len(items)), mp_context=ctx) as pool:
-            futures = {pool.submit(_verify_one, task, ws, sandbox): i for i, (task, ws) in enumerate(items)}
+            futures = {pool.submit(_verify_one, task, ws, sandbox, verifier): i for i, (task, ws) in enumerate(items)}
             try:
                 for fut in as_completed(futures):
                     results[futures[fut]] = fut.result()
@@ -236,12 +256,12 @@ def verify_many(items: Sequence[tuple[Task, Path]], workers: int | None = None, 
     return results  # type: ignore[return-value]
 
 
-def _verify_one(task: Task, workspace: Path, sandbox: str) -> VerifyResult:
+def _verify_one(task: Task, workspace: Path, sandbox: str, verifier: str | None = None) -> VerifyResult:
     """`verify`, with a failure of the grader itself recorded on this item (``error``, reward 0) instead
     of raised: one bad item must not lose the batch's other grades."""
     start = time.monotonic()
     try:
-        return verify(task, workspace, sandbox=sandbox)
+        return verify(task, workspace, sandbox=sandbox, verifier=verifier)
     except Exception as exc:  # noqa: BLE001 - recorded per item, the batch goes on
         reason = f"verification failed: {type(exc).__name__}: {exc}"[:300]
         tests = [TestOutcome(i, "crash", reason) for i in range(len(task.held_out_tests))]

@@ -7,8 +7,9 @@
   the expected one, or the only element of the list the dataset wraps it in (TACO/PrimeIntellect).
 - ``humaneval``: the problem's ``check()`` runs here, in the grader (trusted task code), calling the
   candidate through the runner: expected values never enter the solution's process.
+- ``harbor``: the task's ``tests/test.sh`` in the jail, its reward file read back (`verify.harbor`).
 
-    outcome, reason = grade(jail, task, task.held_out_tests[0], deadline)
+    outcome, reason, score, metrics = grade(jail, task, task.held_out_tests[0], deadline)
 """
 
 from __future__ import annotations
@@ -16,33 +17,48 @@ from __future__ import annotations
 import sys
 import tempfile
 import traceback
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ..tasks import Task
 from .child import PYTHON_FLAGS, Child, Failed, Runner, clip
 from .jail import Jail
 
-__all__ = ["grade", "Outcome", "OUTCOMES"]
+__all__ = ["grade", "Graded", "Outcome", "OUTCOMES"]
 
-Outcome = Literal["passed", "wrong", "timeout", "crash", "missing_file"]
-OUTCOMES: tuple[Outcome, ...] = ("passed", "wrong", "timeout", "crash", "missing_file")
+# error: a test that scores itself (Harbor's test.sh, a verifier hook) gave no usable reward.
+Outcome = Literal["passed", "wrong", "timeout", "crash", "missing_file", "error"]
+OUTCOMES: tuple[Outcome, ...] = ("passed", "wrong", "timeout", "crash", "missing_file", "error")
 
 
-def grade(box: Jail, task: Task, test: dict, deadline: float) -> tuple[Outcome, str]:
-    """One held-out test: (outcome, reason). Whatever the solution returns or leaves behind ends as an
-    outcome of this test (a value too deep to compare, too many set members, one that breaks
-    check()): never as an exception that would lose the other tests or the rollout's score."""
+class Graded(NamedTuple):
+    """One test's grade. ``score`` is set by tests that score themselves (in [0, 1]); None means 1.0
+    when passed, else 0.0. ``metrics``: the other numbers such a test reported."""
+
+    outcome: Outcome
+    reason: str
+    score: float | None = None
+    metrics: dict[str, float] | None = None
+
+
+def grade(box: Jail, task: Task, test: dict, deadline: float) -> Graded:
+    """One held-out test. Whatever the solution returns or leaves behind ends as an outcome of this
+    test (a value too deep to compare, too many set members, one that breaks check()): never as an
+    exception that would lose the other tests or the rollout's score."""
+    if task.test_kind == "harbor":
+        from .harbor import grade_harbor
+
+        return grade_harbor(box, task, test, deadline)
     try:
         if task.test_kind == "stdin_stdout":
-            return _grade_stdin(box, test, deadline)
+            return Graded(*_grade_stdin(box, test, deadline))
         entry = task.entry_point or ""
         if task.test_kind == "function_call":
-            return _grade_call(box, entry, test, deadline)
-        return _grade_check(box, entry, test, deadline)
+            return Graded(*_grade_call(box, entry, test, deadline))
+        return Graded(*_grade_check(box, entry, test, deadline))
     except Failed as failed:
-        return failed.outcome, failed.reason
+        return Graded(failed.outcome, failed.reason)
     except (RecursionError, MemoryError, OverflowError) as exc:  # comparing or showing what it returned
-        return "crash", f"the solution's value could not be compared: {type(exc).__name__}"
+        return Graded("crash", f"the solution's value could not be compared: {type(exc).__name__}")
 
 
 def _grade_stdin(box: Jail, test: dict, deadline: float) -> tuple[str, str]:

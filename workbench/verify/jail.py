@@ -13,6 +13,15 @@ guard holds where.
         jail.copy_in(workspace)                      # bounded copy (CopyLimitError)
         proc = jail.spawn([python, "solution.py"], stdin)
         jail.sweep()                                 # every process of the jail's uid
+
+Harbor tasks and verifier hooks need more of the file system (bwrap only; plain mode cannot remap):
+
+    Jail(limits, host_info, bwrap=True, workspace_at="/app", extra_ro={"/tests": "tests"},
+         extra_rw={"/logs/verifier": "logs"}, extra_env={"PATH": "/run/workbench/bin:/usr/bin:/bin"})
+
+A relative source is a folder inside the jail's own directory, made on entry (read-only ones 0755
+and ours, to fill before the first spawn; writable ones the test uid's). Any of the answers' folders
+(`paths.private_paths`) lying under a read-only source is masked with an empty tmpfs.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from pathlib import Path
 from typing import IO
 
 from ..bounded_copy import CopyLimits, copy_tree
-from ..paths import exposed_paths
+from ..paths import exposed_paths, private_paths
 from ..procs import environ, kill_matching, processes
 from ..tasks import Limits, humaneval_path
 
@@ -42,6 +51,7 @@ __all__ = ["Host", "Jail", "host", "resolve", "guards", "python_dirs", "reachabl
 SANDBOXES = ("auto", "bwrap", "none")
 MARKER_VAR = "WORKBENCH_VERIFY_RUN"  # set in every test process: found again by the sweep when not root
 RUNNER = Path(__file__).resolve().with_name("runner.py")
+_RESERVED = ("/", "/usr", "/proc", "/dev", "/tmp", "/etc", "/bin", "/lib")  # what the jail itself mounts
 
 
 @dataclass(frozen=True)
@@ -121,9 +131,20 @@ def reachable(path: Path) -> bool:
 class Jail:
     """One verification's private directory, and how its test processes are started and stopped."""
 
-    def __init__(self, limits: Limits, host: Host, *, bwrap: bool) -> None:
+    def __init__(self, limits: Limits, host: Host, *, bwrap: bool, workspace_at: str | None = None,
+                 extra_ro: dict[str, Path | str] | None = None, extra_rw: dict[str, Path | str] | None = None,
+                 extra_env: dict[str, str] | None = None) -> None:
         self.limits, self.host = limits, host
         self.bwrap = host.bwrap if bwrap else None
+        self.extra_ro, self.extra_rw = dict(extra_ro or {}), dict(extra_rw or {})
+        self.extra_env = dict(extra_env or {})
+        self.workspace_at = workspace_at
+        if not self.bwrap and (workspace_at or self.extra_ro or self.extra_rw):
+            raise RuntimeError("plain grading (sandbox='none') cannot show the workspace or other folders at "
+                               f"other paths ({workspace_at or ', '.join([*self.extra_ro, *self.extra_rw])}); use bwrap")
+        for inside in [*([workspace_at] if workspace_at else []), *self.extra_ro, *self.extra_rw]:
+            if not inside.startswith("/") or ".." in Path(inside).parts or inside.rstrip("/") in _RESERVED:
+                raise ValueError(f"jail mount point {inside!r} must be an absolute path outside {', '.join(_RESERVED)}")
         # A fresh uid per verification (root only): RLIMIT_NPROC then counts just this test's processes,
         # and "every process of this uid" is exactly what to kill afterwards.
         self.uid = random.SystemRandom().randrange(1_000_000, 2_000_000_000) if host.root else None
@@ -144,6 +165,13 @@ class Jail:
             self.ws, self.tmp, self.runner = self.root / "ws", self.root / "tmp", self.root / "runner.py"
             shutil.copyfile(RUNNER, self.runner)
             self.runner.chmod(0o644)
+            for mode, mounts in ((0o755, self.extra_ro), (0o700, self.extra_rw)):
+                for inside, src in list(mounts.items()):
+                    if not Path(src).is_absolute():  # a folder of ours to fill (ro) or the test uid's (rw)
+                        mounts[inside] = folder = self.root / src
+                        folder.mkdir(mode=mode, parents=True)
+                        if mode == 0o700 and self.uid is not None:
+                            os.chown(folder, self.uid, self.uid)
         except BaseException:
             remove_tree(self.root)
             raise
@@ -175,6 +203,11 @@ class Jail:
                 os.lchown(top, self.uid, self.uid)
                 for name in dirs + files:
                     os.lchown(os.path.join(top, name), self.uid, self.uid)
+
+    @property
+    def inside_ws(self) -> str:
+        """The workspace copy's path as the test processes see it."""
+        return self.workspace_at or str(self.ws)
 
     def spawn(self, cmd: list[str], stdin: IO[bytes] | int) -> subprocess.Popen:
         return subprocess.Popen(self._argv(cmd), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -225,34 +258,45 @@ class Jail:
         for path in python_dirs():
             if not _under(path, bound):
                 args += _mount("--ro-bind", path, bound, made)
-        args += _mount("--bind", str(self.ws), bound, made) + _mount("--ro-bind", str(self.runner), bound, made)
+        args += _mount("--bind", str(self.ws), bound, made, self.workspace_at)
+        args += _mount("--ro-bind", str(self.runner), bound, made)
+        for inside, src in self.extra_ro.items():
+            args += _mount("--ro-bind", str(src), bound, made, inside)
+            real = os.path.realpath(src)
+            for secret in map(str, private_paths()):  # a hook's package may hold task data (workbench/data)
+                if _under(secret, [real]) and os.path.exists(secret):
+                    args += ["--tmpfs", inside.rstrip("/") + secret[len(real):]]
+        for inside, src in self.extra_rw.items():
+            args += _mount("--bind", str(src), bound, made, inside)
         data = str(humaneval_path().parent)
         if _under(data, bound):
             args += ["--tmpfs", data]  # the problems' check() sources: not the solution's to read
-        return args + ["--chdir", str(self.ws)]
+        return args + ["--chdir", self.inside_ws]
 
     def _env(self) -> dict[str, str]:
-        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.ws),
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.inside_ws,
                 "TMPDIR": "/tmp" if self.bwrap else str(self.tmp), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                 "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                MARKER_VAR: self.marker}
+                **self.extra_env, MARKER_VAR: self.marker}
 
 
 def _under(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def _mount(how: str, path: str, bound: list[str], made: set[str]) -> list[str]:
-    """bwrap arguments mounting ``path`` at the same place. Missing parents are created 0755 (bwrap
-    would make them 0700, locking the sandbox uid out); parents inside a bind mount exist already."""
+def _mount(how: str, path: str, bound: list[str], made: set[str], dest: str | None = None) -> list[str]:
+    """bwrap arguments mounting ``path`` at ``dest`` (default: the same place). Missing parents are
+    created 0755 (bwrap would make them 0700, locking the sandbox uid out); parents inside a bind
+    mount exist already."""
+    dest = dest or path
     args = []
-    for parent in reversed(Path(path).parents):
+    for parent in reversed(Path(dest).parents):
         p = str(parent)
         if p != "/" and p not in made and not _under(p, bound):
             args += ["--perms", "0755", "--dir", p]
             made.add(p)
-    bound.append(path)
-    return args + [how, path, path]
+    bound.append(dest)
+    return args + [how, path, dest]
 
 
 def remove_tree(path: Path) -> None:
