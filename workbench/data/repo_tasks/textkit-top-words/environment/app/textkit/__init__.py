@@ -1,0 +1,7 @@
+"""Small text utilities: a tokenizer, a stopword list and word statistics."""
+
+from .stats import word_counts
+from .stopwords import STOPWORDS, is_stopword
+from .tokenize import words
+
+__all__ = ["STOPWORDS", "is_stopword", "word_counts", "words"]
