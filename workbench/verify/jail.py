@@ -143,7 +143,7 @@ class Jail:
             raise RuntimeError("plain grading (sandbox='none') cannot show the workspace or other folders at "
                                f"other paths ({workspace_at or ', '.join([*self.extra_ro, *self.extra_rw])}); use bwrap")
         for inside in [*([workspace_at] if workspace_at else []), *self.extra_ro, *self.extra_rw]:
-            if not inside.startswith("/") or ".." in Path(inside).parts or inside.rstrip("/") in _RESERVED:
+            if not inside.startswith("/") or ".." in Path(inside).parts or os.path.normpath(inside) in _RESERVED:
                 raise ValueError(f"jail mount point {inside!r} must be an absolute path outside {', '.join(_RESERVED)}")
         # A fresh uid per verification (root only): RLIMIT_NPROC then counts just this test's processes,
         # and "every process of this uid" is exactly what to kill afterwards.
