@@ -324,3 +324,17 @@ def test_tiny_model_rollout_on_a_repository_task(engine, tmp_path):
     # the instruction reached the model; the workspace held the package's files
     assert "top_words" in json.dumps(agent[0]["request"]["messages"])
     assert (tmp_path / "r" / "workspace" / "textkit" / "stats.py").exists()
+
+
+def test_shipped_long_capture_chains_into_one_row():
+    """The teacher-forced 7-turn capture on inventory-fix (real ids, scripted replies: its CAPTURE.md)."""
+    from transformers import AutoTokenizer
+
+    from workbench.turns import analyse, load_trace
+
+    folder = Path(__file__).resolve().parents[1] / "workbench" / "data" / "rollouts" / "smollm2-forced-repo-task"
+    tok = AutoTokenizer.from_pretrained(folder.parent / "smollm2-tokenizer")
+    report = analyse(load_trace(folder / "trace.json"), tok).report
+    assert (report["turns"], report["rows"], report["forks"]) == (7, 1, 0), report
+    assert report["tokens_in_rows"] == 5622 and report["tokens_per_turn_rows"] == 31221
+    assert json.loads((folder / "summary.json").read_text())["reward"] == 1.0
