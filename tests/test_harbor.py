@@ -109,6 +109,15 @@ def test_installs_the_host_already_has_are_accepted(tmp_path):
     assert load_harbor_task(harbor_task(tmp_path, dockerfile=dockerfile)).files == {"greet.py": 'def greet():\n    return "bye"\n'}
 
 
+def test_binary_files_are_refused_only_when_copied(tmp_path):
+    root = harbor_task(tmp_path / "t", dockerfile="FROM x\nWORKDIR /app\nCOPY app/greet.py .\n")
+    (root / "environment" / "app" / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff")
+    assert set(load_harbor_task(root).files) == {"greet.py"}
+    (root / "environment" / "Dockerfile").write_text("FROM x\nWORKDIR /app\nCOPY app/ /app/\n")
+    with pytest.raises(HarborError, match="environment/app/logo.png: not UTF-8 text"):
+        load_harbor_task(root)
+
+
 # ------------------------------------------------------------------------------------------ grading
 
 def test_oracle_scores_one_and_the_start_zero(tmp_path):

@@ -34,7 +34,8 @@ import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
 
-__all__ = ["HARMLESS_ENV", "MAX_BYTES", "MAX_FILES", "HarborError", "read_text_tree", "starting_files"]
+__all__ = ["HARMLESS_ENV", "MAX_BYTES", "MAX_FILES", "HarborError", "list_tree", "read_text", "read_text_tree",
+           "starting_files"]
 
 APP = PurePosixPath("/app")
 # Variables that only tune an image build or a Python's chatter: accepted and not set (the agent's
@@ -54,11 +55,10 @@ class HarborError(ValueError):
     """A Harbor task folder this loader refuses; the message names the file and the field or line."""
 
 
-def read_text_tree(root: Path, what: str, skip: tuple[str, ...] = ()) -> dict[str, str]:
-    """Every regular file under ``root`` as text, by POSIX path relative to it (links and binary files
-    refused, bounded by `MAX_FILES` / `MAX_BYTES`)."""
-    out: dict[str, str] = {}
-    total = 0
+def list_tree(root: Path, what: str, skip: tuple[str, ...] = ()) -> dict[str, Path]:
+    """Every entry under ``root`` that is not a folder (files, links, special files), by POSIX path
+    relative to it; at most `MAX_FILES`. Nothing is read: `read_text` refuses what cannot be a task file."""
+    out: dict[str, Path] = {}
     for top, dirs, names in os.walk(root):
         dirs.sort()
         for name in sorted(names) + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
@@ -66,16 +66,32 @@ def read_text_tree(root: Path, what: str, skip: tuple[str, ...] = ()) -> dict[st
             rel = path.relative_to(root).as_posix()
             if rel in skip:
                 continue
-            if path.is_symlink() or not path.is_file():
-                raise HarborError(f"{what}/{rel}: only regular files are supported (a link or special file)")
-            total += path.stat().st_size
-            if len(out) >= MAX_FILES or total > MAX_BYTES:
-                raise HarborError(f"{what}: more than {MAX_FILES} files or {MAX_BYTES >> 20} MiB")
-            try:
-                out[rel] = path.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                raise HarborError(f"{what}/{rel}: not UTF-8 text (binary files are not supported)") from None
+            if len(out) >= MAX_FILES:
+                raise HarborError(f"{what}: more than {MAX_FILES} files")
+            out[rel] = path
     return out
+
+
+def read_text(path: Path, shown: str) -> str:
+    """One task file as text: a regular file in UTF-8 (links, special and binary files refused)."""
+    if path.is_symlink() or not path.is_file():
+        raise HarborError(f"{shown}: only regular files are supported (a link or special file)")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise HarborError(f"{shown}: not UTF-8 text (binary files are not supported)") from None
+
+
+def read_text_tree(root: Path, what: str, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every file under ``root`` as text (`read_text`), within `MAX_FILES` / `MAX_BYTES`."""
+    out = {rel: read_text(path, f"{what}/{rel}") for rel, path in list_tree(root, what, skip).items()}
+    _check_bytes(out, what)
+    return out
+
+
+def _check_bytes(files: dict[str, str], what: str) -> None:
+    if sum(len(text.encode()) for text in files.values()) > MAX_BYTES:
+        raise HarborError(f"{what}: more than {MAX_BYTES >> 20} MiB")
 
 
 def starting_files(env_dir: Path) -> dict[str, str]:
@@ -87,7 +103,8 @@ def starting_files(env_dir: Path) -> dict[str, str]:
     if not dockerfile.is_file():
         return {}
     ignore = _dockerignore(env_dir)
-    context = _context_files(env_dir, ignore)
+    context = {rel: path for rel, path in list_tree(env_dir, "environment", skip=(".dockerignore",)).items()
+               if not _ignored(rel, ignore)}
     files: dict[str, str] = {}
     workdir, froms = PurePosixPath("/"), 0
     for lineno, op, rest in _instructions(dockerfile.read_text(encoding="utf-8")):
@@ -112,6 +129,7 @@ def starting_files(env_dir: Path) -> dict[str, str]:
                                   f"here (accepted: {', '.join(HARMLESS_ENV)})")
         elif op not in _IGNORED:
             raise HarborError(f"{where}: {op} is not supported")
+    _check_bytes(files, "the files the Dockerfile copies")
     return files
 
 
@@ -152,12 +170,7 @@ def _ignored(rel: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatch(rel, p) or rel.startswith(p + "/") for p in patterns)
 
 
-def _context_files(env_dir: Path, ignore: list[str]) -> dict[str, str]:
-    files = read_text_tree(env_dir, "environment", skip=(".dockerignore",))
-    return {rel: text for rel, text in files.items() if not _ignored(rel, ignore)}
-
-
-def _copy(op: str, rest: str, workdir: PurePosixPath, env_dir: Path, context: dict[str, str],
+def _copy(op: str, rest: str, workdir: PurePosixPath, env_dir: Path, context: dict[str, Path],
           files: dict[str, str], where: str) -> None:
     args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
     flags = [a for a in args if a.startswith("--")]
@@ -191,7 +204,7 @@ def _copy(op: str, rest: str, workdir: PurePosixPath, env_dir: Path, context: di
                 path = target / PurePosixPath(rel).name if into_dir else target
             else:
                 path = target / inner
-            files[str(path.relative_to(APP))] = context[rel]
+            files[str(path.relative_to(APP))] = read_text(context[rel], f"environment/{rel}")
 
 
 def _matches(rel: str, pattern: str) -> bool:
