@@ -20,10 +20,10 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from .turns import Fork, Row, Turn, build_rows, derive_turns, diagnose, load_trace, rollout_report
+from .turns import Fork, Row, Turn, analyse, load_trace
 
 __all__ = ["token_texts", "render_tokens", "render_turn", "render_row", "render_drift", "render_trace",
-           "render_table", "summary_figure", "browser", "STYLE"]
+           "render_table", "summary_figure", "browser", "learning_curve_figure", "render_eval", "step_interval", "STYLE"]
 
 STYLE = """<style>
 .wb-tokens{font-family:ui-monospace,Menlo,monospace;font-size:12px;line-height:1.9;white-space:pre-wrap;word-break:break-all}
@@ -189,6 +189,61 @@ def render_trace(calls: list[dict[str, Any]], *, n_ids: int = 8) -> str:
     return render_table(rows)
 
 
+def step_interval(rewards: Sequence[float | None], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): a step's group-mean reward and its 95% percentile-bootstrap interval over the
+    group's scored rollouts (unscored ones, None, left out as in GRPO's baseline)."""
+    import random
+
+    xs = [x for x in rewards if x is not None]
+    if not xs:
+        return math.nan, math.nan, math.nan
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choice(xs) for _ in xs) / len(xs) for _ in range(resamples))
+    return sum(xs) / len(xs), means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+
+
+def learning_curve_figure(metrics: list[dict[str, Any]], *, window: int = 5, title: str = "training reward"):
+    """Per-step group-mean reward with its 95% interval (error bars) and a `window`-step moving average
+    of the step means, from a run's metrics.jsonl (each step's ``rewards``)."""
+    import plotly.graph_objects as go
+
+    steps = [m["step"] for m in metrics]
+    stats = [step_interval(m.get("rewards") or []) for m in metrics]
+    mean = [s[0] for s in stats]
+    moving = [sum(mean[max(0, i - window + 1):i + 1]) / len(mean[max(0, i - window + 1):i + 1]) for i in range(len(mean))]
+    fig = go.Figure()
+    fig.add_scatter(x=steps, y=mean, mode="markers", name="step mean (95% CI)",
+                    error_y={"type": "data", "symmetric": False, "array": [s[2] - s[0] for s in stats],
+                             "arrayminus": [s[0] - s[1] for s in stats]})
+    fig.add_scatter(x=steps, y=moving, mode="lines", name=f"moving average ({window} steps)")
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="reward (fraction of hidden tests passed)",
+                      yaxis_range=[-0.05, 1.05], height=380)
+    return fig
+
+
+def render_eval(evidence: dict[str, Any]) -> str:
+    """The before/after table of a learning run's eval.json (`workbench.evaluate.compare` + solve rates)."""
+    def ci(d: dict[str, Any] | None) -> str:
+        return "–" if not d else f"{d['mean']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]"
+
+    def rate(e: dict[str, Any], key: str) -> str:
+        lo, hi = e.get(f"{key}_ci95") or (math.nan, math.nan)
+        return f"{e.get(key, math.nan):.3f} [{lo:.3f}, {hi:.3f}]"
+
+    rows = []
+    for name in ("base", "trained"):
+        e = evidence.get(f"{name}_eval", {})
+        rows.append({"policy": name, "rollouts": e.get("rollouts"), "mean reward (95% CI)": ci(evidence[name]),
+                     "solve rate": rate(e, "solve_rate"), "tool-call rate": rate(e, "tool_call_rate"),
+                     "solution.py written": rate(e, "solution_written_rate")})
+    d, sd = evidence["delta"], evidence.get("delta", {}).get("solve_delta") or evidence.get("solve_delta")
+    rows.append({"policy": "trained − base (paired by task)", "rollouts": "",
+                 "mean reward (95% CI)": f"{ci(d)}, p = {d['p']:.4f}",
+                 "solve rate": f"{ci(sd)}, p = {sd['p']:.4f}" if sd else "–", "tool-call rate": "",
+                 "solution.py written": ""})
+    return render_table(rows)
+
+
 def summary_figure(reports: dict[str, dict[str, Any]]):
     """Per rollout: agent turns (trained / not), excluded calls, rows and fork causes."""
     from plotly.subplots import make_subplots
@@ -208,11 +263,8 @@ def summary_figure(reports: dict[str, dict[str, Any]]):
 
 
 def _rollout_view(rollout_dir: Path, tokenizer: Any, turn_index: int, max_context: int | None) -> tuple[str, int]:
-    calls = load_trace(rollout_dir / "trace.json")
-    turns, excluded = derive_turns(calls)
-    rows, forks = build_rows(turns)
-    diagnose(forks, turns, calls, tokenizer)
-    report = rollout_report(turns, rows, forks, excluded)
+    derived = analyse(load_trace(rollout_dir / "trace.json"), tokenizer)
+    turns, forks, report = derived.turns, derived.forks, derived.report
     summary = json.loads((rollout_dir / "summary.json").read_text()) if (rollout_dir / "summary.json").exists() else {}
     head = render_table([{"rollout": rollout_dir.name, "status": summary.get("status"), "reward": summary.get("reward"),
                           **{k: report[k] for k in ("turns", "turns_trained", "rows", "forks", "excluded_calls")}}])
