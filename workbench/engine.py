@@ -248,13 +248,16 @@ class Engine:
             raise EngineError(f"chat completion answered {r.status_code}: {r.text[:300]}")
         return r.json()
 
-    def load_adapter(self, name: str, path: str | Path) -> None:
-        """Hot-load a PEFT LoRA folder under `name` (names are single-use per server lifetime)."""
+    def load_adapter(self, name: str, path: str | Path, *, engine_path: str | None = None) -> None:
+        """Hot-load a PEFT LoRA folder under `name` (names are single-use per server lifetime).
+
+        vLLM opens the folder itself: `path` (resolved here) is right for an engine on this host; an engine on
+        another host is sent `engine_path`, the folder as that host sees it (verbatim; `workbench.policy_sync`)."""
         if name in self._names_used:
             raise EngineError(f"adapter name {name!r} was already used on this server; vLLM refuses reloads")
         r = httpx.post(f"{self.url}/v1/load_lora_adapter",
-                       json={"lora_name": name, "lora_path": str(Path(path).resolve())}, headers=self.headers,
-                       timeout=120)
+                       json={"lora_name": name, "lora_path": engine_path or str(Path(path).resolve())},
+                       headers=self.headers, timeout=120)
         if r.status_code != 200:
             raise EngineError(f"loading adapter {name!r} failed ({r.status_code}): {r.text[:300]}")
         self._names_used.add(name)

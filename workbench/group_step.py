@@ -348,9 +348,10 @@ def install(trainer: GRPOTrainer, *, shared_prefix: bool = True, reuse_logps: bo
     """Install the levers on `trainer` (a built GRPOTrainer with a fused LM head, sdpa attention)."""
     import trl.trainer.utils as trl_utils
 
-    if not trl_utils._use_triton(torch.device("cpu")):
-        raise RuntimeError("TRL's fused LM head scores every position on CPU: apply "
-                           "workbench.train._score_only_labelled_positions_on_cpu() first")
+    device = trainer.accelerator.device  # CUDA with Triton: TRL's compact path already; CPU: after the patch
+    if not trl_utils._use_triton(device):
+        raise RuntimeError(f"TRL's fused LM head scores every position on {device.type}: on CPU apply "
+                           "workbench.trl_trainer.score_only_labelled_positions_on_cpu() first")
     if attention not in ("blockwise", "dense"):
         raise ValueError(f"attention must be 'blockwise' or 'dense', got {attention!r}")
     if getattr(trainer, "group_step", None) is not None:

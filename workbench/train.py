@@ -13,36 +13,44 @@ the proxy is pointed at it, so the next rollouts come from the updated policy.
 Why GRPOTrainer and not AsyncGRPOTrainer + HarnessRolloutWorker here: both were run on this CPU
 (see ../shared/notes/cpu-grpo.md). The async trainer needs two monkeypatches on CPU (a CUDA-only
 FLOP probe and a flash-attn packing kernel) and its worker/trainer overlap buys nothing on two
-cores; GRPOTrainer needs one small, tested seam (`_LoraSync` below). On a GPU, the same sessions
-feed AsyncGRPO through `workbench.openenv_session.HarnessSessionFactory` (README, "GPU path").
+cores; GRPOTrainer needs one small, tested seam (a `workbench.policy_sync` object as
+``trainer.vllm_generation``). The same TrainConfig also drives:
+
+- ``device="cuda"``: the same loop with the trainer in bf16 on a GPU (rollouts, proxy, rows, metrics unchanged);
+- ``sync_dir``: the adapter published into a folder an engine on another host reads (`policy_sync.SharedFolder`);
+- ``weight_sync="nccl"``: full fine-tuning synced by TRL's own NCCL client (`policy_sync.NcclSync`);
+- ``trainer="async"``: TRL's AsyncGRPOTrainer over our OpenEnv sessions (`workbench.train_async`);
+- ``from_rollouts``: recorded rollouts replayed off-policy, no engine (`workbench.replay`).
 
     config = TrainConfig(model="smollm2", tasks="easy", steps=10, group_size=4)
     summary = GRPORun(config).train()          # runs/<timestamp>__grpo/ : config.json, metrics.jsonl,
                                                # rollouts/, adapters/, checkpoints/, summary.json
     workbench train --model tiny --tasks easy --steps 2 --group-size 4 --out runs/x
+    workbench train --from-rollouts runs/x/rollouts --temperature 1.0 --device cuda --steps 1
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import time
-import uuid
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 from .capture_client import ProxyClient
 from .engine import Engine
+from .policy_sync import SharedFolder
 from .rollout import RolloutConfig, RolloutResult, agent_prompt, run_rollouts
 from .runs import RunDir
 from .sandbox import Isolation, resolve_isolation
 from .tasks import Task, load_task, load_tasks
-from .train_rows import longest_row_fields, rollout_rows, rows_for_trl
-from .turns import Row, has_tool_call, load_trace
+from .train_fields import step_fields
+from .train_rows import rows_for_trl
+from .turns import has_tool_call
 
-__all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_STATUSES", "check_isolation"]
+__all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_STATUSES", "check_isolation",
+           "resolve_device"]
 
 # Rollouts that end like this have no trustworthy reward, through no doing of the agent's: excluded
 # from their group's baseline (reward None -> NaN in TRL, advantage 0), never scored 0. Everything
@@ -102,6 +110,23 @@ class TrainConfig:
             0 leaves them at ``max_output_tokens``.
         every_row: train every row of a forked rollout (each with the rollout's advantage) instead
             of its longest only; ``row_slots`` rows per group (0: 1.5 x group_size), the rest padding.
+
+    Where it runs (issue 17):
+        device: the trainer's device: ``cpu`` (fp32, TRL's use_cpu; `precision` applies), ``cuda`` (TRL's GPU
+            settings: bf16 mixed precision, LoRA base weights in bf16; an error when torch sees no CUDA device)
+            or ``auto`` (cuda when torch sees one). Rollouts, proxy, rows, metrics and the run folder are the same.
+        weight_sync: how the policy reaches the engine: ``lora`` (a PEFT adapter hot-loaded over HTTP) or
+            ``nccl`` (full fine-tuning, LoRA off: TRL's VLLMClient broadcasts every weight over NCCL into a
+            colocated vLLM started with --weight-transfer-config '{"backend":"nccl"}'; needs device cuda).
+        nccl_group_port: the NCCL rendezvous port for ``nccl`` weight sync.
+        sync_dir: a folder both the trainer and the engine can read (a shared mount): each step's adapter is
+            published there under a unique name and the engine loads it from its own path. Unset: the run
+            folder's path is sent (right only for an engine on this host).
+        sync_dir_on_engine: the same folder as the engine's host mounts it (default: sync_dir).
+        trainer: ``grpo`` (TRL's GRPOTrainer with our rollout_func: CPU or GPU) or ``async`` (TRL's
+            AsyncGRPOTrainer + HarnessRolloutWorker over our OpenEnv sessions; needs vLLM beside the trainer).
+        from_rollouts: train from recorded rollouts (a folder of rollout folders, trace.json + summary.json,
+            grouped by task) instead of sampling: off-policy through TRL's IS correction, no engine.
     """
 
     model: str = "tiny"
@@ -138,6 +163,13 @@ class TrainConfig:
     title_max_tokens: int = 32
     every_row: bool = True
     row_slots: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    weight_sync: Literal["lora", "nccl"] = "lora"
+    nccl_group_port: int = 51216
+    sync_dir: str | None = None
+    sync_dir_on_engine: str | None = None
+    trainer: Literal["grpo", "async"] = "grpo"
+    from_rollouts: str | None = None
 
     @classmethod
     def baseline(cls, **overrides: Any) -> "TrainConfig":
@@ -172,6 +204,20 @@ class TrainConfig:
             raise ValueError(f"row_slots ({self.row_slots}) must be >= group_size ({self.group_size})")
         if self.title_max_tokens < 0:
             raise ValueError("title_max_tokens must be >= 0 (0: no cap)")
+        for name, allowed in (("device", ("auto", "cpu", "cuda")), ("weight_sync", ("lora", "nccl")),
+                              ("trainer", ("grpo", "async"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.device == "cuda":
+            resolve_device("cuda")  # ValueError now, not after the engine and the sandboxes are up
+        if self.weight_sync == "nccl" and self.device == "cpu":
+            raise ValueError("weight_sync='nccl' broadcasts the weights over NCCL from a CUDA trainer: use device cuda")
+        if self.weight_sync == "nccl" and self.sync_dir:
+            raise ValueError("sync_dir is where LoRA adapters are published; weight_sync='nccl' sends no files")
+        if self.sync_dir_on_engine and not self.sync_dir:
+            raise ValueError("sync_dir_on_engine names the engine's view of sync_dir: set sync_dir too")
+        if self.from_rollouts and self.trainer == "async":
+            raise ValueError("from_rollouts replays recorded groups through GRPOTrainer: use trainer 'grpo'")
 
     def rollout_config(self) -> RolloutConfig:
         return RolloutConfig(temperature=self.temperature, max_output_tokens=self.max_output_tokens,
@@ -202,59 +248,28 @@ def check_isolation(isolation: Isolation, unsafe_no_sandbox: bool) -> str:
     return mode
 
 
+def resolve_device(device: str) -> Literal["cpu", "cuda"]:
+    """``auto`` -> ``cuda`` when torch sees a CUDA device, else ``cpu``; ``cuda`` without one is a ValueError."""
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if device == "cuda":
+        raise ValueError("device 'cuda' asked for, but torch sees no CUDA device (torch.cuda.is_available() is False "
+                         f"with torch {torch.__version__}): use --device cpu or auto")
+    return "cpu"
+
+
 def hidden_test_reward(outcome: RolloutOutcome) -> float | None:
     """The seed's reward: fraction of held-out tests passed by solution.py (None when unscorable)."""
     return outcome.verified_reward
 
 
-class _LoraSync:
-    """Stands in for TRL's `VLLMGeneration` (the seam): TRL calls `sync_weights()` once per optimizer
-    step before generating. We save the PEFT adapter, hot-load it into vLLM under a fresh name (vLLM
-    refuses a name twice per server lifetime), point the proxy at it and unload the previous one.
-    Private TRL API (trl==1.16.0): tests/test_train.py checks the seam."""
-
-    def __init__(self, run: "GRPORun") -> None:
-        self.run = run
-        self.current: str | None = None
-        self.nonce = uuid.uuid4().hex[:6]
-
-    def sync_weights(self) -> None:
-        run = self.run
-        t = time.monotonic()
-        step = run.trainer.state.global_step
-        path = run.dir.path / "adapters" / f"step-{step:04d}"
-        run.trainer.model.save_pretrained(path)
-        name = f"policy-{self.nonce}-step{step}"
-        run.engine.load_adapter(name, path)
-        run.client.set_model(name)
-        previous, self.current = self.current, name
-        if previous is not None:
-            run.engine.unload_adapter(previous)
-        run.step_stats["sync_s"] = time.monotonic() - t
-        run.step_stats["policy"] = name
-
-
-def _score_only_labelled_positions_on_cpu() -> None:
-    """TRL 1.16's fused LM head scores every position when the device has no Triton (to keep tile
-    shapes static for compilers such as Neuron's), and drops the unlabelled ones afterwards. On CPU
-    that is the whole ~7k-token opencode prompt x 152k vocabulary to score a few dozen sampled tokens:
-    135 s of a 140 s step (profiled). Eager CPU has nothing to recompile, so take TRL's own compact
-    path (score labelled positions only) there too. Same kernel, same numbers (tests/test_train.py)."""
-    global _CPU_COMPACT_PATCHED
-    import trl.trainer.utils as trl_utils
-
-    if _CPU_COMPACT_PATCHED:
-        return
-    original = trl_utils._use_triton
-    trl_utils._use_triton = lambda device: device.type == "cpu" or original(device)
-    _CPU_COMPACT_PATCHED = True
-
-
-_CPU_COMPACT_PATCHED = False
-
-
 class GRPORun:
-    """One short GRPO run into a run folder. The engine and proxy are started unless given."""
+    """One short GRPO run into a run folder. The engine and proxy are started unless given (or unless the run
+    replays recorded rollouts: ``from_rollouts``, no engine)."""
 
     def __init__(self, config: TrainConfig, *, run_dir: Path | None = None, engine: Engine | None = None,
                  client: ProxyClient | None = None,
@@ -263,14 +278,26 @@ class GRPORun:
         if (engine is None) != (client is None):
             raise ValueError("pass both engine and client (an engine the proxy forwards to), or neither")
         self.config = config
+        self.device = resolve_device(config.device)
+        # A shared folder the engine cannot be sent to is an error now, before any engine or sandbox starts.
+        self.shared = SharedFolder.of(config.sync_dir, config.sync_dir_on_engine).check() if config.sync_dir else None
         self.dir = RunDir.create("grpo", path=run_dir)
         self.engine, self.client = engine, client
         self.reward_fn = reward_fn
-        self.train_turn_fn = train_turn_fn or (has_tool_call if config.train_turns == "tool_calls" else (lambda c: True))
-        self.tasks = load_tasks(config.tasks)
+        self.train_turn_fn = train_turn_fn or (has_tool_call if config.train_turns == "tool_calls" else _all_turns)
+        self.recording: Any = None
+        if config.from_rollouts:
+            from .replay import load_recording
+
+            self.recording = load_recording(config.from_rollouts, temperature=config.temperature)
+            self.tasks = [load_task(t) for t in self.recording.task_ids]
+        else:
+            self.tasks = load_tasks(config.tasks)
         if not self.tasks:
             raise ValueError(f"task spec {config.tasks!r} gave no tasks")
-        self.isolation = check_isolation(config.isolation, config.unsafe_no_sandbox)
+        # Replay runs no sandbox: what it records is how the replayed rollouts were isolated when captured.
+        self.isolation = (check_isolation(config.isolation, config.unsafe_no_sandbox) if self.recording is None
+                          else "+".join(self.recording.isolations) or "unknown")
         self.step_stats: dict[str, Any] = {}
         self.trainer: Any = None
         self.tokenizer: Any = None
@@ -279,137 +306,41 @@ class GRPORun:
 
     def rollout_func(self, prompts: list[str], trainer: Any) -> dict[str, list[Any]]:
         """TRL's generation step: `prompts` holds each task id `slots` times in a row; run `group_size`
-        real rollouts per task, grade them, and return their rows (one per slot)."""
+        real rollouts per task (or take the recorded ones), grade them, and return their rows (one per slot)."""
         cfg = self.config
         step = trainer.state.global_step + 1
         t0 = time.monotonic()
         tasks = [load_task(p) for p in prompts[::cfg.slots]]
-        out = self.dir.path / "rollouts" / f"step-{step:04d}"
-        jobs = [(t, out / f"{g:02d}-{r:02d}_{t.id.replace('/', '-').replace(':', '-')}")
-                for g, t in enumerate(tasks) for r in range(cfg.group_size)]
-        results = run_rollouts(jobs, self.client, cfg.rollout_config(), parallel=cfg.parallel_rollouts, progress=False)
-        rollout_s = time.monotonic() - t0
-        pad_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        c = {"rollouts": len(results), "rollouts_failed": 0, "rollouts_no_trainable_turn": 0, "rows": 0,
-             "forks": 0, "rows_dropped_fork": 0, "rows_dropped_budget": 0, "rows_dropped_slots": 0,
-             "rows_trained": 0, "trained_tokens": 0, "stale_calls": 0, "excluded_calls": 0, "tool_calls": 0,
-             "solutions_written": 0, "title_calls_clamped": 0}
-        failures: dict[str, list[str]] = {}
-        rewards: list[float | None] = []
-        per_rollout: list[list[Row]] = []
-        for (task, _), result in zip(jobs, results):
-            calls = load_trace(result.out_dir / "trace.json") if (result.out_dir / "trace.json").exists() else []
-            reward = self.reward_fn(RolloutOutcome(task, result, calls))
-            if result.status in FAILED_STATUSES:
-                c["rollouts_failed"] += 1
-                failures.setdefault(result.status, []).append((result.reason or "")[:200])
-            rows, counts = rollout_rows(calls, self.train_turn_fn, cfg.token_budget, self.tokenizer)
-            for k, v in counts.items():
-                c[k] += v
-            # On-policy check: every agent call should have gone to the adapter synced this step.
-            c["stale_calls"] += sum(1 for x in calls if x.get("purpose") == "agent" and x.get("model")
-                                    and x.get("model") != self.step_stats.get("policy"))
-            c["title_calls_clamped"] += sum(1 for x in calls if x.get("clamped_max_tokens") is not None)
-            c["tool_calls"] += sum((result.summary.get("tool_calls") or {}).values())
-            c["solutions_written"] += int(bool(result.summary.get("solution_written")))
-            if not any(r.n_trained for r in rows):
-                c["rollouts_no_trainable_turn"] += 1
-            per_rollout.append(rows)
-            rewards.append(reward)
-        g = cfg.group_size
-        if cfg.every_row:
-            from .group_step import every_row_fields
-
-            fields_, dropped = every_row_fields([per_rollout[i:i + g] for i in range(0, len(per_rollout), g)],
-                                                [rewards[i:i + g] for i in range(0, len(rewards), g)],
-                                                cfg.slots, pad_id)
-            c["rows_dropped_slots"] = dropped
-            c["rows_trained"] = sum(1 for m in fields_["env_mask"] if any(m))
-            c["trained_tokens"] = sum(sum(m) for m in fields_["env_mask"])
+        extra: dict[str, Any] = {}
+        if self.recording is not None:
+            results = []
+            for t in tasks:
+                got, counts = self.recording.results(t.id, cfg.group_size)
+                results += got
+                for k, v in counts.items():
+                    extra[k] = extra.get(k, 0) + v
+            extra.update(off_policy=True, behaviour_models=self.recording.models)
         else:
-            fields_, dropped = longest_row_fields(per_rollout, rewards, pad_id)
-            c["rows_dropped_fork"] = dropped
-            c["rows_trained"] = sum(1 for m in fields_["env_mask"] if any(m))
-            c["trained_tokens"] = sum(sum(m) for m in fields_["env_mask"])
-        groups = [rewards[i:i + g] for i in range(0, len(rewards), g)]
-        scorable = [sum(r is not None for r in grp) for grp in groups]
-        self.step_stats.update(
-            rollout_s=rollout_s, rollout_failures=failures, **c,
-            effective_group_size=min(scorable) if scorable else 0,
-            effective_group_size_mean=sum(scorable) / len(scorable) if scorable else 0.0,
-            verify_s=sum(r.summary.get("timings", {}).get("verify_s", 0.0) for r in results),
-            sampled_tokens=sum(r.summary.get("sampled_tokens", 0) for r in results),
-            rewards=rewards,
-        )
+            out = self.dir.path / "rollouts" / f"step-{step:04d}"
+            jobs = [(t, out / f"{g:02d}-{r:02d}_{t.id.replace('/', '-').replace(':', '-')}")
+                    for g, t in enumerate(tasks) for r in range(cfg.group_size)]
+            results = run_rollouts(jobs, self.client, cfg.rollout_config(), parallel=cfg.parallel_rollouts,
+                                   progress=False)
+        rollout_s = time.monotonic() - t0
+        fields_, stats = step_fields(cfg, tasks, results, self.reward_fn, self.train_turn_fn, self.tokenizer,
+                                     policy=None if self.recording is not None else self.step_stats.get("policy"))
+        self.step_stats.update(rollout_s=rollout_s, **stats, **extra)
         return fields_
-
-    @staticmethod
-    def _reward(prompts: list[Any], completions: list[Any], wb_reward: list[float | None], **_: Any) -> list[float | None]:
-        return list(wb_reward)
 
     # -- the run ---------------------------------------------------------------------------------
 
-    def _build_trainer(self, asset_path: Path) -> Any:
-        import torch
-        from datasets import Dataset
-        from peft import LoraConfig
-        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-        from trl import GRPOConfig, GRPOTrainer
+    def _build_trainer(self, asset_path: Path, *, model: Any = None) -> Any:
+        """GRPOTrainer as this config wants it (`workbench.trl_trainer.build_trainer`). `model`: a model object
+        to train instead of the asset's (the GPU benchmark's random-init shapes); the tokenizer is the asset's."""
+        from .trl_trainer import build_trainer
 
-        cfg = self.config
-        _score_only_labelled_positions_on_cpu()
-        torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
-        self.tokenizer = AutoTokenizer.from_pretrained(asset_path)
-        model = AutoModelForCausalLM.from_pretrained(asset_path, dtype=torch.float32)
-        n = cfg.tasks_per_step * cfg.slots
-        args = GRPOConfig(
-            output_dir=str(self.dir.path / "checkpoints"), per_device_train_batch_size=n,
-            num_generations=cfg.slots, max_steps=cfg.steps, learning_rate=cfg.learning_rate,
-            lr_scheduler_type="constant", logging_steps=1, save_strategy="steps", save_steps=1,
-            save_total_limit=2, report_to=cfg.report_to, use_cpu=True, bf16=False, beta=0.0,
-            temperature=cfg.temperature, top_p=1.0, epsilon=cfg.epsilon, seed=cfg.seed, data_seed=cfg.seed,
-            max_completion_length=cfg.token_budget,
-            # The generator's logprobs (from the capture) enter TRL's importance-sampling correction.
-            vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=cfg.importance_sampling,
-            disable_tqdm=False,
-            # Without sharing the prefix, SmolLM2 on 4 rows of ~3k tokens kept 17 GB of activations with
-            # checkpointing off and was OOM-killed on this 24 GB machine: keep it on there.
-            activation_checkpointing=cfg.activation_checkpointing,
-        )
-        dataset = Dataset.from_dict({"prompt": [t.id for t in self.tasks]})
-        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
-                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental: trl is pinned
-        trainer = GRPOTrainer(model=model, reward_funcs=[self._reward], args=args, train_dataset=dataset,
-                              processing_class=self.tokenizer, peft_config=lora, rollout_func=self.rollout_func)
-        # The seam (trl==1.16.0): with use_vllm, TRL feeds our logprobs to its IS correction and calls
-        # vllm_generation.sync_weights() before each step's generation.
-        trainer.use_vllm = True
-        trainer.vllm_generation = _LoraSync(self)
-        trainer._last_loaded_step = -1
-        if cfg.shared_prefix or cfg.reuse_logps or cfg.precision == "bf16" or cfg.every_row:
-            from .group_step import install
-
-            install(trainer, shared_prefix=cfg.shared_prefix, reuse_logps=cfg.reuse_logps, bf16=cfg.precision == "bf16")
-        run = self
-
-        class _Metrics(TrainerCallback):
-            def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-                run.step_stats = {"t_start": time.monotonic(), "policy": run.step_stats.get("policy")}
-
-            def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
-                if not logs or "loss" not in logs:
-                    return
-                s = dict(run.step_stats)
-                step_s = time.monotonic() - s.pop("t_start", time.monotonic())
-                train_s = step_s - s.get("rollout_s", 0.0) - s.get("sync_s", 0.0)
-                record = {"step": state.global_step, **{k: v for k, v in logs.items()},
-                          **s, "isolation": run.isolation, "step_s": step_s, "train_s": train_s,
-                          "trained_tokens_per_s": s.get("trained_tokens", 0) / train_s if train_s > 0 else None}
-                run.dir.log_metrics(record)
-
-        trainer.add_callback(_Metrics())
-        return trainer
+        self.trainer = build_trainer(self, asset_path, model=model)
+        return self.trainer
 
     def train(self, *, resume: bool = False) -> dict[str, Any]:
         """Run (or resume from the run folder's last checkpoint); returns the summary."""
@@ -417,17 +348,24 @@ class GRPORun:
         from .engine import EngineConfig
         from .stack import local_stack
 
+        if self.config.trainer == "async":
+            from .train_async import train_async
+
+            return train_async(self, resume=resume)
         asset = load(self.config.model)
-        self.dir.write_config({"train": asdict(self.config), "asset": str(asset.path), "isolation": self.isolation})
+        self.dir.write_config({"train": asdict(self.config), "asset": str(asset.path), "isolation": self.isolation,
+                               "device": self.device})
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
-            if self.engine is None:
+            if self.engine is None and self.recording is None:
                 cfg = self.config
                 engine_config = EngineConfig(model=cfg.model, dtype=cfg.engine_dtype, prefix_caching=cfg.prefix_caching)
                 self.engine, _, self.client = stack.enter_context(local_stack(
                     engine_config=engine_config, max_output_tokens=cfg.max_output_tokens,
                     bookkeeping_max_tokens={"title": cfg.title_max_tokens} if cfg.title_max_tokens else {}))
             self.trainer = self._build_trainer(asset.path)
+            if self.recording is not None:  # token ids from another tokenizer would train on nonsense
+                self.recording.check_vocabulary(len(self.tokenizer))
             checkpoint = self._last_checkpoint() if resume else None
             self.trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
             self.trainer.vllm_generation.sync_weights()  # the engine serves the final policy afterwards
@@ -438,6 +376,7 @@ class GRPORun:
         metrics = self.dir.read_metrics()
         summary = {
             "steps": len(metrics), "wall_s": round(time.monotonic() - started, 1), "isolation": self.isolation,
+            "device": self.device, "off_policy": self.recording is not None,
             "reward": [m.get("reward") for m in metrics], "loss": [m.get("loss") for m in metrics],
             "final_adapter": str(final), "policy": self.trainer.vllm_generation.current,
             "first_step_logp_diff": metrics[0].get("sampling/sampling_logp_difference/mean") if metrics else None,
@@ -448,3 +387,7 @@ class GRPORun:
     def _last_checkpoint(self) -> Path | None:
         ckpts = sorted(self.dir.path.glob("checkpoints/checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
         return ckpts[-1] if ckpts else None
+
+
+def _all_turns(call: dict[str, Any]) -> bool:
+    return True

@@ -1,0 +1,202 @@
+"""Getting the trained policy into the serving engine after every optimizer step.
+
+TRL 1.16's `GRPOTrainer` calls ``trainer.vllm_generation.sync_weights()`` once per optimizer step, before the
+step's generation, when ``trainer.use_vllm`` is True (set after construction: the seam in `workbench.train`).
+These objects stand in for TRL's `VLLMGeneration` there:
+
+- `LoraSync` (``TrainConfig.weight_sync="lora"``): save the PEFT adapter to ``adapters/step-N`` in the run
+  folder, hot-load it into vLLM under a fresh name (``POST /v1/load_lora_adapter`` with the engine's API key),
+  point the capture proxy at it, unload the previous one. vLLM reads the adapter from ITS file system, so the
+  path it is sent must be one it can open: the run folder when the engine runs on this host, or a `SharedFolder`
+  (``TrainConfig.sync_dir``: a folder both hosts mount) where the adapter is published under its unique name and
+  the engine is sent the folder as it sees it (``sync_dir_on_engine``).
+- `NcclSync` (``weight_sync="nccl"``: full fine-tuning, LoRA off, trainer and engine colocated on GPUs): TRL's own
+  weight transfer, `trl.generation.vllm_client.VLLMClient` (NCCL broadcast of every parameter into a stock
+  ``vllm serve`` started with ``--weight-transfer-config '{"backend":"nccl"}'`` and ``VLLM_SERVER_DEV_MODE=1``),
+  given the engine's API key. Needs vLLM installed beside the trainer (TRL's client refuses otherwise).
+- `SaveOnlySync` (``from_rollouts``: no engine): saves the adapter every step.
+
+The trainer talks to the engine directly (its private URL, with its key); sandboxes only ever see the capture
+proxy. Every object has ``current`` (the served policy name) and ``sync_weights()``.
+
+    folder = SharedFolder(Path("/mnt/shared/wb"), on_engine="/data/wb").check()   # ValueError if unusable
+    trainer.vllm_generation = LoraSync(run, shared=folder)
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .capture_client import ProxyClient
+    from .engine import Engine
+    from .runs import RunDir
+
+__all__ = ["SharedFolder", "SyncHost", "LoraSync", "NcclSync", "SaveOnlySync", "authenticated_vllm_client"]
+
+
+class SyncHost(Protocol):
+    """What a sync object reads from the run it serves (`workbench.train.GRPORun` is one)."""
+
+    trainer: Any
+    engine: "Engine | None"
+    client: "ProxyClient | None"
+    dir: "RunDir"
+    step_stats: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SharedFolder:
+    """A folder the trainer writes adapters into and the engine reads them from, on another host.
+
+    `path` is the folder on the trainer's side; `on_engine` is the same folder as the engine's host mounts it (a
+    POSIX path there, sent verbatim, never resolved here).
+    """
+
+    path: Path
+    on_engine: str
+
+    @classmethod
+    def of(cls, sync_dir: str, sync_dir_on_engine: str | None = None) -> "SharedFolder":
+        return cls(Path(sync_dir), sync_dir_on_engine or sync_dir)
+
+    def check(self) -> "SharedFolder":
+        """Refuse a folder that is missing or not writable, before any training starts."""
+        if not self.path.is_dir():
+            raise ValueError(f"sync_dir {self.path} does not exist (or is not a folder): it must be a folder the "
+                             "trainer writes and the engine reads (a shared mount); create it on both hosts")
+        probe = self.path / f".wb-probe-{uuid.uuid4().hex[:8]}"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise ValueError(f"sync_dir {self.path} is not writable by the trainer: {exc.strerror}") from None
+        if not posixpath.isabs(self.on_engine):
+            raise ValueError(f"sync_dir_on_engine must be an absolute path on the engine's host, got {self.on_engine!r}")
+        return self
+
+    def publish(self, adapter: Path, name: str) -> str:
+        """Copy the adapter folder in under `name` (atomically: the engine never sees half a folder); returns
+        its path as the engine sees it."""
+        target = self.path / name
+        if target.exists():
+            raise ValueError(f"{target} exists: adapter names are single-use")
+        tmp = self.path / f".{name}.tmp-{uuid.uuid4().hex[:6]}"
+        shutil.copytree(adapter, tmp)
+        os.replace(tmp, target)
+        return posixpath.join(self.on_engine, name)
+
+    def remove(self, name: str) -> None:
+        shutil.rmtree(self.path / name, ignore_errors=True)
+
+
+def _save_adapter(host: SyncHost) -> tuple[int, Path]:
+    step = host.trainer.state.global_step
+    path = host.dir.path / "adapters" / f"step-{step:04d}"
+    host.trainer.model.save_pretrained(path)
+    return step, path
+
+
+class LoraSync:
+    """Save the adapter, hot-load it into vLLM under a fresh name (vLLM refuses a name twice per server
+    lifetime), point the proxy at it, unload the previous one. With `shared`, the adapter is published into the
+    shared folder and the engine loads it from its own path; the published copy of an adapter is deleted one sync
+    after its unload (vLLM resolves adapter paths lazily)."""
+
+    def __init__(self, host: SyncHost, *, shared: SharedFolder | None = None) -> None:
+        self.host, self.shared = host, shared
+        self.current: str | None = None
+        self.nonce = uuid.uuid4().hex[:6]
+        self._unloaded: list[str] = []
+
+    def sync_weights(self) -> None:
+        host = self.host
+        assert host.engine is not None and host.client is not None, "LoraSync needs an engine and a proxy"
+        t = time.monotonic()
+        step, path = _save_adapter(host)
+        name = f"policy-{self.nonce}-step{step}"
+        if self.shared is not None:
+            host.engine.load_adapter(name, path, engine_path=self.shared.publish(path, name))
+        else:
+            host.engine.load_adapter(name, path)
+        host.client.set_model(name)
+        previous, self.current = self.current, name
+        if previous is not None:
+            host.engine.unload_adapter(previous)
+            if self.shared is not None:
+                for old in self._unloaded:
+                    self.shared.remove(old)
+                self._unloaded = [previous]
+        host.step_stats["sync_s"] = time.monotonic() - t
+        host.step_stats["policy"] = name
+
+
+class SaveOnlySync:
+    """Training from recorded rollouts: nothing serves the policy; the adapter is saved each step."""
+
+    current: str | None = None
+
+    def __init__(self, host: SyncHost) -> None:
+        self.host = host
+
+    def sync_weights(self) -> None:
+        t = time.monotonic()
+        _save_adapter(self.host)
+        self.host.step_stats["sync_s"] = time.monotonic() - t
+
+
+def authenticated_vllm_client(base_url: str, api_key: str | None, *, group_port: int = 51216,
+                              connection_timeout: float = 0.0) -> Any:
+    """TRL's `trl.generation.vllm_client.VLLMClient` (trl==1.16.0), carrying the engine's API key on its session.
+
+    TRL's client has no key argument, and its constructor makes its first /v1 call (GET /v1/models) right after
+    `check_server()`: the key is set on its `session` there. Everything else (the NCCL group, the packed
+    broadcast, /update_weights) is TRL's own code."""
+    import trl
+    from trl.generation.vllm_client import VLLMClient
+
+    assert trl.__version__ == "1.16.0", f"authenticated_vllm_client is written against trl 1.16.0, not {trl.__version__}"
+
+    class _Authenticated(VLLMClient):
+        def check_server(self, total_timeout: float = 0.0, retry_interval: float = 2.0) -> None:
+            if api_key:
+                self.session.headers["Authorization"] = f"Bearer {api_key}"
+            super().check_server(total_timeout, retry_interval)
+
+    return _Authenticated(base_url=base_url, group_port=group_port, connection_timeout=connection_timeout)
+
+
+class NcclSync:
+    """Full fine-tuning: TRL's VLLMClient broadcasts every parameter into the colocated vLLM over NCCL each step,
+    then resets its prefix cache (the weights change in place, so the served name stays the engine's own)."""
+
+    def __init__(self, host: SyncHost, *, group_port: int = 51216,
+                 client_factory: Callable[[str, str | None, int], Any] | None = None) -> None:
+        self.host, self.group_port = host, group_port
+        self._make = client_factory or (lambda url, key, port: authenticated_vllm_client(url, key, group_port=port))
+        self.client: Any = None
+        self.current: str | None = None
+
+    def sync_weights(self) -> None:
+        host = self.host
+        assert host.engine is not None and host.client is not None, "NcclSync needs an engine and a proxy"
+        t = time.monotonic()
+        trainer = host.trainer
+        if self.client is None:  # one NCCL group for the run: the trainer is rank 0, vLLM's workers follow
+            self.client = self._make(host.engine.url, host.engine.api_key, self.group_port)
+            self.client.init_communicator(device=trainer.accelerator.device)
+        self.client.update_model_params(trainer.accelerator.unwrap_model(trainer.model))
+        self.client.reset_prefix_cache()
+        if self.current is None:
+            host.client.set_model(host.engine.served_name)
+            self.current = host.engine.served_name
+        host.step_stats["sync_s"] = time.monotonic() - t
+        host.step_stats["policy"] = self.current

@@ -1,0 +1,122 @@
+"""GRPOTrainer as a `workbench.train.TrainConfig` wants it (TRL 1.16.0).
+
+TRL's GRPOConfig per device (CPU: fp32 and `use_cpu`, with `score_only_labelled_positions_on_cpu`; CUDA: TRL's
+GPU settings, bf16 mixed precision), a PEFT LoRA or full fine-tuning, our `rollout_func`, the seam that feeds the
+engine's logprobs to TRL's IS correction and syncs the policy (`trainer.use_vllm = True`,
+`trainer.vllm_generation = <a workbench.policy_sync object>`), the `workbench.group_step` levers, and the callback
+that writes metrics.jsonl.
+
+    trainer = build_trainer(run, asset.path)     # run: a workbench.train.GRPORun
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .policy_sync import LoraSync, NcclSync, SaveOnlySync
+
+if TYPE_CHECKING:
+    from .train import GRPORun
+
+__all__ = ["build_trainer", "score_only_labelled_positions_on_cpu"]
+
+
+def score_only_labelled_positions_on_cpu() -> None:
+    """TRL 1.16's fused LM head scores every position when the device has no Triton (to keep tile
+    shapes static for compilers such as Neuron's), and drops the unlabelled ones afterwards. On CPU
+    that is the whole ~7k-token opencode prompt x 152k vocabulary to score a few dozen sampled tokens:
+    135 s of a 140 s step (profiled). Eager CPU has nothing to recompile, so take TRL's own compact
+    path (score labelled positions only) there too. Same kernel, same numbers (tests/test_train.py)."""
+    global _CPU_COMPACT_PATCHED
+    import trl.trainer.utils as trl_utils
+
+    if _CPU_COMPACT_PATCHED:
+        return
+    original = trl_utils._use_triton
+    trl_utils._use_triton = lambda device: device.type == "cpu" or original(device)
+    _CPU_COMPACT_PATCHED = True
+
+
+_CPU_COMPACT_PATCHED = False
+
+
+def _reward(prompts: list[Any], completions: list[Any], wb_reward: list[float | None], **_: Any) -> list[float | None]:
+    return list(wb_reward)
+
+
+def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None) -> Any:
+    """The trainer for `run` (its config, device, recording, shared folder). `model`: a model object to train
+    instead of the asset's; the tokenizer is the asset's either way."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    cfg, cpu, lora = run.config, run.device == "cpu", run.config.weight_sync == "lora"
+    if cpu:
+        score_only_labelled_positions_on_cpu()
+        torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+    run.tokenizer = AutoTokenizer.from_pretrained(asset_path)
+    # CUDA: frozen LoRA base weights in bf16 (half the memory; autocast computes in bf16 anyway), full
+    # fine-tuning keeps fp32 master weights under bf16 autocast.
+    dtype = torch.float32 if cpu or not lora else torch.bfloat16
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(asset_path, dtype=dtype)
+    n = cfg.tasks_per_step * cfg.slots
+    args = GRPOConfig(
+        output_dir=str(run.dir.path / "checkpoints"), per_device_train_batch_size=n,
+        num_generations=cfg.slots, max_steps=cfg.steps, learning_rate=cfg.learning_rate,
+        lr_scheduler_type="constant", logging_steps=1, save_strategy="steps", save_steps=1,
+        save_total_limit=2, report_to=cfg.report_to, use_cpu=cpu, bf16=not cpu, beta=0.0,
+        temperature=cfg.temperature, top_p=1.0, epsilon=cfg.epsilon, seed=cfg.seed, data_seed=cfg.seed,
+        max_completion_length=cfg.token_budget,
+        # The generator's logprobs (from the capture) enter TRL's importance-sampling correction.
+        vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=cfg.importance_sampling,
+        disable_tqdm=False,
+        # Without sharing the prefix, SmolLM2 on 4 rows of ~3k tokens kept 17 GB of activations with
+        # checkpointing off and was OOM-killed on this 24 GB machine: keep it on there.
+        # The old name: the GPU host's transformers 5.17 has no `activation_checkpointing` argument (5.24 maps it).
+        gradient_checkpointing=cfg.activation_checkpointing,
+    )
+    dataset = Dataset.from_dict({"prompt": [t.id for t in run.tasks]})
+    peft_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
+                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                             "down_proj"]) if lora else None
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental: trl is pinned
+    trainer = GRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=dataset,
+                          processing_class=run.tokenizer, peft_config=peft_config, rollout_func=run.rollout_func)
+    # The seam (trl==1.16.0): with use_vllm, TRL feeds our logprobs to its IS correction and calls
+    # vllm_generation.sync_weights() before each step's generation.
+    trainer.use_vllm = True
+    trainer.vllm_generation = (SaveOnlySync(run) if run.recording is not None
+                               else NcclSync(run, group_port=cfg.nccl_group_port) if not lora
+                               else LoraSync(run, shared=run.shared))
+    trainer._last_loaded_step = -1
+    if cfg.shared_prefix or cfg.reuse_logps or (cpu and cfg.precision == "bf16") or cfg.every_row:
+        from .group_step import install
+
+        install(trainer, shared_prefix=cfg.shared_prefix, reuse_logps=cfg.reuse_logps,
+                bf16=cpu and cfg.precision == "bf16")  # on CUDA, TRL's own bf16 autocast
+
+    class _Metrics(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            run.step_stats = {"t_start": time.monotonic(), "policy": run.step_stats.get("policy")}
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+            if not logs or "loss" not in logs:
+                return
+            s = dict(run.step_stats)
+            step_s = time.monotonic() - s.pop("t_start", time.monotonic())
+            train_s = step_s - s.get("rollout_s", 0.0) - s.get("sync_s", 0.0)
+            record = {"step": state.global_step, **{k: v for k, v in logs.items()},
+                      **s, "isolation": run.isolation, "device": run.device, "step_s": step_s, "train_s": train_s,
+                      "trained_tokens_per_s": s.get("trained_tokens", 0) / train_s if train_s > 0 else None}
+            run.dir.log_metrics(record)
+
+    trainer.add_callback(_Metrics())
+    return trainer
