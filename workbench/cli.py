@@ -184,19 +184,22 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 def _cmd_turns(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from transformers import AutoTokenizer
-
-    from .turns import TraceError, run_report, write_turns
+    from .turns import TraceError, run_report, tokenizer_for_rollout, write_turns
 
     root = Path(args.path)
     dirs = [root] if (root / "trace.json").exists() else sorted(p.parent for p in root.rglob("trace.json"))
     if not dirs:
         raise FileNotFoundError(f"no trace.json in or under {root}")
-    tokenizer = AutoTokenizer.from_pretrained(_asset_path(args.model))
+    tokenizers: dict[str | None, object] = {}
     reports, broken = {}, []
     for d in dirs:
         try:
-            r = write_turns(d, tokenizer).report
+            from .turns import rollout_model
+
+            name = args.model or rollout_model(d)
+            if name not in tokenizers:
+                tokenizers[name] = tokenizer_for_rollout(d, args.model)
+            r = write_turns(d, tokenizers[name]).report
         except TraceError as exc:  # one corrupt rollout must not hide the others
             print(f"{d}: skipped: {exc}", file=sys.stderr)
             broken.append(d)
@@ -339,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("turns", _cmd_turns, "derive turns.json, rows and the drift table for a rollout folder (or every rollout under a run)")
     p.add_argument("path", help="a rollout folder (with trace.json) or a run folder")
-    p.add_argument("--model", default="tiny", help="model asset whose tokenizer decodes the ids (tiny, smollm2)")
+    p.add_argument("--model", default=None, help="model asset whose tokenizer decodes the ids (default: the one "
+                   "each rollout's summary.json names)")
 
     p = add("matrix", _cmd_matrix, "harness x model fidelity matrix: N rollouts per cell -> matrix.json/.md/.html")
     p.add_argument("--harnesses", default="opencode,pi,codex", help="comma-separated: opencode,pi,codex")

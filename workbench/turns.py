@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["Turn", "Row", "Fork", "TraceError", "has_tool_call", "load_trace", "load_turns", "derive_turns",
-           "build_rows", "diagnose", "rollout_report", "run_report", "analyse", "RolloutTurns", "write_turns", "CAUSES"]
+           "build_rows", "diagnose", "rollout_report", "run_report", "analyse", "RolloutTurns", "write_turns", "CAUSES",
+           "rollout_model", "tokenizer_for_rollout"]
 
 CAUSES = ("template_rerender", "arguments_reserialised", "harness_rewrote_call", "reasoning_stripped",
           "bpe_boundary", "compaction", "history_rewritten", "other")
@@ -353,3 +354,29 @@ def write_turns(rollout_dir: Path, tokenizer: Any | None = None,
         "rows": [{"input_ids": r.input_ids, "mask": r.mask, "logprobs": r.logprobs, "sampled": r.sampled,
                   "turns": r.turns, "spans": r.spans} for r in result.rows]}))
     return result
+
+
+_SHIPPED_TOKENIZERS = Path(__file__).resolve().parent / "data" / "rollouts"
+
+
+def rollout_model(rollout_dir: Path) -> str | None:
+    """The model asset a rollout was captured with (its summary.json says), or None."""
+    summary = Path(rollout_dir) / "summary.json"
+    return json.loads(summary.read_text()).get("model") if summary.exists() else None
+
+
+def tokenizer_for_rollout(rollout_dir: Path, model: str | None = None) -> Any:
+    """The tokenizer of the model that produced a rollout's ids (`model`, else its summary.json's): the
+    built asset, or the tokenizer shipped beside the example captures. Decoding a SmolLM2 trace with
+    another tokenizer would silently mis-diagnose every fork, so an unknown model is an error."""
+    from transformers import AutoTokenizer
+
+    from .paths import assets_dir
+
+    name = model or rollout_model(Path(rollout_dir))
+    if not name:
+        raise TraceError(f"{rollout_dir}: no summary.json naming the model; pass the model (e.g. --model smollm2)")
+    for folder in (assets_dir() / name, _SHIPPED_TOKENIZERS / f"{name}-tokenizer"):
+        if (folder / "tokenizer.json").exists():
+            return AutoTokenizer.from_pretrained(folder)
+    raise TraceError(f"no tokenizer for model {name!r}: build it (workbench assets build {name})")
