@@ -11,143 +11,19 @@ it printed, and `classify()` tags each captured model call with its purpose. The
                       options=HarnessOptions(max_output_tokens=512))
     sandbox.spawn(launch.argv, stdin=launch.stdin, env=launch.env)
 
-Adding a harness: subclass `Harness` in a module of its own in this package (see `opencode.py`)
-and add it to `HARNESSES` below. Nothing else changes: the proxy, rollouts, turns and the matrix
+Adding a harness: subclass `Harness` (`base.py`: the contract and its types) in a module of its own
+in this package (see `opencode.py`) and add it to `HARNESSES` below. Nothing else changes: the proxy, rollouts, turns and the matrix
 look harnesses up by name. See README, "Adding a harness".
 """
 
 from __future__ import annotations
 
-import json
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-
-from ..paths import harness_bin
+from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
+from .codex import Codex
+from .opencode import OpenCode
+from .pi import Pi
 
 __all__ = ["CallInfo", "HarnessOptions", "Launch", "HarnessRun", "Harness", "HARNESSES", "get_harness", "json_events"]
-
-
-@dataclass(frozen=True)
-class CallInfo:
-    """What classification may know about a captured call (and about earlier ones)."""
-
-    purpose: str
-    harness_session: str | None  # the harness's own conversation id (opencode: x-session-id)
-    system_digest: str | None    # hash of the system prompt
-    # The call's last user message, set on the call being classified only: codex sends its
-    # compaction request with the agent's own system prompt, the request itself is the last message.
-    last_user: str = ""
-
-
-@dataclass(frozen=True)
-class HarnessOptions:
-    """Per-rollout knobs a harness honours.
-
-    Attributes:
-        max_output_tokens: per-call output budget the harness asks for (the proxy clamps it too).
-        context_tokens: the context window the harness believes the model has (drives compaction).
-        system_prompt: replaces the harness's own agent prompt (opencode: ``agent.build.prompt``);
-            None keeps the harness as shipped. A short prompt cuts opencode's ~7.2k-token prompt.
-        tools: restrict the agent to these tools; None keeps all.
-        timeout_ms: provider request/first-byte/chunk timeouts; a queued CPU engine is slow.
-    """
-
-    max_output_tokens: int = 1024
-    context_tokens: int = 16384
-    system_prompt: str | None = None
-    tools: tuple[str, ...] | None = None
-    timeout_ms: int = 1_800_000
-
-
-@dataclass(frozen=True)
-class Launch:
-    argv: list[str]
-    env: dict[str, str]
-    stdin: bytes
-    files: dict[str, str] = field(default_factory=dict)  # relative to the sandbox home
-
-
-@dataclass(frozen=True)
-class HarnessRun:
-    """What the harness itself reported (its event stream), for summaries and reward shaping."""
-
-    steps: int
-    tool_calls: dict[str, int]
-    tool_failures: dict[str, int]
-    errors: list[str]
-    text: str
-    events: int
-
-
-def json_events(stdout: str) -> list[dict]:
-    """The JSON objects a harness printed one per line; other lines (banners, warnings) are skipped."""
-    events = []
-    for line in stdout.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            events.append(event)
-    return events
-
-
-class Harness(ABC):
-    name: str = ""
-    binary: str = ""
-    dialect: str = "chat"  # "chat" (Chat Completions) or "responses"
-
-    @abstractmethod
-    def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
-        """Command, env, stdin and config files for one headless rollout."""
-
-    @abstractmethod
-    def parse_events(self, stdout: str) -> HarnessRun:
-        """Read the harness's own event stream (what it printed on stdout)."""
-
-    @abstractmethod
-    def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: list[CallInfo]) -> str:
-        """Purpose of a call: ``agent``, ``title``, ``compaction``, ``subagent`` or ``other``."""
-
-    def bin(self) -> str:
-        return str(harness_bin(self.binary))
-
-    def example_calls(self) -> tuple[tuple[str, dict[str, str]], tuple[str, dict[str, str]]]:
-        """The two worked calls of a few-shot prompt as (tool, arguments), in this harness's own tool
-        names and schema: write solution.py with hello() returning "hello", then check it. A small
-        model copies them verbatim, so another harness's schema teaches it calls that fail. The
-        default is opencode's."""
-        return (("write", {"filePath": "solution.py", "content": 'def hello():\n    return "hello"\n'}),
-                ("bash", {"command": 'python -c "from solution import hello; print(hello())"'}))
-
-    def few_shot_prompt(self, instruction: str) -> str:
-        """The instruction preceded by two worked turns written in ChatML, with `example_calls`.
-
-        vLLM tokenises the literal ``<|im_start|>``/``<|im_end|>`` strings in the user message as the
-        special tokens, so the model sees a conversation in which it already wrote ``solution.py``
-        with the write tool and checked it, in the hermes format. Small models imitate it. Measured
-        with SmolLM2-135M, opencode, the short agent prompt, T=0.3: 5/5 rollouts wrote solution.py
-        via opencode's write tool; without the examples 0/6 made a tool call.
-        """
-        (write, write_args), (check, check_args) = self.example_calls()
-
-        def block(name: str, args: dict[str, str]) -> str:
-            # json.dumps' ", "/": " spacing is what the chat template's tojson re-renders
-            return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
-
-        return (f'Create solution.py with a function hello() that returns "hello". Use the {write} tool.<|im_end|>\n'
-                f"<|im_start|>assistant\n{block(write, write_args)}<|im_end|>\n"
-                f"<|im_start|>user\nRun a quick check with the {check} tool.<|im_end|>\n"
-                f"<|im_start|>assistant\n{block(check, check_args)}<|im_end|>\n"
-                f"<|im_start|>user\n{instruction}")
-
-
-from .opencode import OpenCode  # noqa: E402  (the subclasses need the base above)
-from .pi import Pi  # noqa: E402
-from .codex import Codex  # noqa: E402
 
 HARNESSES: dict[str, Harness] = {"opencode": OpenCode(), "pi": Pi(), "codex": Codex()}
 

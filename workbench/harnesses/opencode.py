@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
+from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
 
 __all__ = ["OpenCode"]
 

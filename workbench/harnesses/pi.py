@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from . import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
+from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
 
 __all__ = ["Pi"]
 
