@@ -27,6 +27,8 @@ engine on long prompts (the capture proxy strips it), head_dim < 32 is unsupport
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import secrets
 import socket
@@ -43,7 +45,9 @@ from .assets import ModelAsset, load
 from .paths import cache_dir, vllm_python
 from .procs import die_with_us, stop_group
 
-__all__ = ["EngineConfig", "Engine", "EngineError", "free_port"]
+__all__ = ["EngineConfig", "Engine", "EngineError", "free_port", "KV_TOKENS"]
+
+KV_TOKENS = 65536  # two groups of 8 rollouts of ~3.5k tokens, with room: what the KV cache is sized for
 
 
 class EngineError(RuntimeError):
@@ -66,7 +70,10 @@ class EngineConfig:
             it only through the capture proxy.
         port: 0 picks a free port.
         max_loras / max_lora_rank: runtime LoRA slots (ranks round up to 8/16/32/...).
-        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``; 1 GiB holds ~2 M tokens of the tiny model.
+        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``; 0 sizes it for `KV_TOKENS` tokens of the asset's shape
+            (float32 SmolLM2: 46 KB a token, 1 GiB held 23k tokens: a group of 8 rollouts of ~3.5k
+            tokens each, title calls included, did not fit without the prefix cache; the tiny model:
+            1 KB a token). At least 1 GiB.
         startup_timeout_s: how long to wait for ``/v1/models`` (40-90 s here; compile is off).
         dev_routes: expose ``/pause`` ``/resume`` ``/server_info`` (TRL's AsyncGRPO needs them).
         dtype: ``asset`` serves the asset's own dtype (float32: the exact mode, trainer and engine
@@ -81,7 +88,7 @@ class EngineConfig:
     port: int = 0
     max_loras: int = 4
     max_lora_rank: int = 16
-    kv_cache_gib: int = 1
+    kv_cache_gib: int = 0
     startup_timeout_s: float = 300.0
     dev_routes: bool = False
     dtype: Literal["asset", "float32", "bfloat16"] = "asset"
@@ -142,7 +149,7 @@ class Engine:
         env.update(
             VLLM_CACHE_ROOT=str(cache_dir() / "vllm"), HF_HOME=str(cache_dir() / "hf"),
             HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-            VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_gib),
+            VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_gib or self._kv_cache_gib()),
             VLLM_CPU_OMP_THREADS_BIND=f"0-{cpus - 1}",  # "all" is rejected by vllm-cpu 0.32
             VLLM_ALLOW_LONG_MAX_MODEL_LEN="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             VLLM_LOGGING_LEVEL="INFO",
@@ -152,6 +159,16 @@ class Engine:
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key
         return env
+
+    def _kv_cache_gib(self) -> int:
+        """GiB of KV cache for `KV_TOKENS` tokens of the served model (layers x K and V x kv heads x head dim)."""
+        assert self.asset is not None  # set by start() before the environment is built
+        cfg = json.loads((self.asset.path / "config.json").read_text())
+        heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        dtype = self.asset.dtype if self.config.dtype == "asset" else self.config.dtype
+        per_token = cfg["num_hidden_layers"] * 2 * heads * head_dim * (4 if dtype == "float32" else 2)
+        return max(1, math.ceil(per_token * KV_TOKENS / 2**30))
 
     def start(self) -> "Engine":
         if self.proc is not None:
