@@ -371,3 +371,45 @@ def test_budget_stop_answers_a_streamed_call_in_sse(stack):
     chunks = _post(proxy, key, AGENT, stream=True)
     assert chunks[0]["choices"][0]["finish_reason"] == "stop" and chunks[0]["choices"][0]["delta"]["content"]
     assert [c["status"] for c in client.trace(key)] == ["ok", "budget_stop"] and len(up.requests) == 1
+
+
+# -- the classifier -------------------------------------------------------------------------------
+
+def test_the_proxy_asks_the_classifier_it_is_given():
+    """`CaptureProxy(classify=...)`: every call is tagged by the callable, which gets the session's
+    harness name, the system prompt, whether tools were offered, and the calls tagged before."""
+    seen = []
+
+    def classify(harness, *, system, has_tools, call, prior):
+        seen.append((harness, system, has_tools, call.harness_session, [p.purpose for p in prior]))
+        return "title" if not has_tools else "agent"
+
+    up = ScriptedUpstream().start()
+    try:
+        with CaptureProxy(up.url, "scripted", classify=classify) as proxy:
+            client = proxy.client()
+            key = client.open_session(harness="my-harness", temperature=1.0)
+            _post(proxy, key, TITLE, tools=None, headers={"x-session-id": "s1"})
+            _post(proxy, key, AGENT, stream=True, headers={"x-session-id": "s1"})
+            assert [c["purpose"] for c in client.trace(key)] == ["title", "agent"]
+            # the title cap follows the classifier's tag
+            assert client.trace(key)[0]["clamped_max_tokens"] == 32 and up.requests[0]["max_tokens"] == 32
+    finally:
+        up.stop()
+    assert {s[0] for s in seen} == {"my-harness"}  # an unknown harness name: the classifier's business
+    assert seen[0] == ("my-harness", TITLE[0]["content"], False, "s1", [])
+    assert ("my-harness", AGENT[0]["content"], True, "s1", ["title"]) in seen
+
+
+def test_the_default_classifier_is_the_harnesses_and_capture_does_not_import_them():
+    import subprocess
+    import sys
+
+    from workbench.harnesses import classify_call
+
+    proxy = CaptureProxy("http://127.0.0.1:9", "m")
+    assert proxy.classify is classify_call
+    code = ("import sys, workbench.capture, workbench.capture_stream, workbench.capture_classify; "
+            "print(sorted(m for m in sys.modules if m.startswith('workbench.harnesses')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

@@ -7,7 +7,8 @@ validated on ingest, a session's sampling policy is pinned (``{"sampling": {"tem
 all seven knobs and overrides the harness), and a call budget ends runaway loops. The wrapper adds:
 
 - **every call recorded, in order, with a purpose tag** (agent / title / compaction / subagent /
-  other) decided at capture time by the session's harness (`workbench.harness`), including calls
+  other) decided at capture time by a classifier (`classify=`, a `workbench.capture_classify.Classifier`;
+  by default the session's harness, `workbench.harnesses.classify_call`), including calls
   that failed upstream, were refused, or were answered by the budget stop: OpenEnv's
   ``/trace_entries`` lists agent calls only, and a failed call leaves no node at all;
 - **no engine details reach the agent**: the stock ``/health`` publishes the upstream URL and
@@ -54,10 +55,10 @@ from openenv.core.harness.capture.server import UpstreamPool, create_app
 from openenv.core.harness.capture.sessions import SessionRegistry, extract_api_key
 from openenv.core.harness.capture.upstream import InferenceClient, UpstreamRequestError, UpstreamTransportError
 
+from .capture_classify import CallInfo, Classifier, Purpose
 from .capture_client import ProxyClient, ProxyError
 from .capture_gate import DUPLICATE, body_problem, offered_key, route
 from .capture_stream import StreamingPath
-from .harnesses import CallInfo, get_harness
 
 __all__ = ["CaptureProxy", "ProxyClient", "ProxyError", "CallRecord", "BOOKKEEPING_MAX_TOKENS"]
 
@@ -79,7 +80,7 @@ class CallRecord:
     session_id: str
     t_start: float
     harness_session: str | None
-    purpose: str = "other"
+    purpose: Purpose = "other"
     system_digest: str | None = None
     classified: bool = False
     node: TurnNode | None = None
@@ -295,13 +296,15 @@ class CaptureProxy:
     `bookkeeping_max_tokens` caps the output of calls by purpose, decided from the request before it is
     forwarded (default `BOOKKEEPING_MAX_TOKENS`: opencode's title call, never trained, used to sample up
     to the whole output budget beside the agent's call); the trace records ``clamped_max_tokens``.
+    `classify` tags each call with its purpose (default: `workbench.harnesses.classify_call`, the
+    session's harness decides).
     """
 
     def __init__(self, upstream: str, model: str, *, host: str = "127.0.0.1", port: int = 0,
                  admin_key: str | None = None, upstream_api_key: str | None = None,
                  max_output_tokens: int = 4096, max_model_calls: int = 0,
                  max_body_bytes: int = 32 * 2**20, stream_upstream: bool = True,
-                 bookkeeping_max_tokens: dict[str, int] | None = None) -> None:
+                 bookkeeping_max_tokens: dict[str, int] | None = None, classify: Classifier | None = None) -> None:
         if host not in ("127.0.0.1", "localhost", "::1") and not admin_key:
             raise ProxyError(f"--admin-key is required to listen on {host}: the control routes would be open")
         self.upstream, self.model, self.host, self.port = upstream.rstrip("/"), model, host, port
@@ -309,6 +312,9 @@ class CaptureProxy:
         self.max_body_bytes = max_body_bytes
         self.bookkeeping_max_tokens = dict(BOOKKEEPING_MAX_TOKENS if bookkeeping_max_tokens is None
                                            else bookkeeping_max_tokens)
+        if classify is None:  # the harnesses' own tags; imported here, not at the top (capture_classify says why)
+            from .harnesses import classify_call as classify
+        self.classify: Classifier = classify
         self._upstream_headers = {"Authorization": f"Bearer {upstream_api_key}"} if upstream_api_key else {}
         self._calls: dict[str, list[CallRecord]] = {}
         self._lock = threading.Lock()
@@ -389,7 +395,7 @@ class CaptureProxy:
 
     def _classify(self, call: CallRecord, system: str, has_tools: bool, last_user: str = "") -> None:
         session = self.inner.state.registry.get(call.session_id)
-        harness = get_harness(str((session.metadata if session else {}).get("harness") or "opencode"))
+        harness = (session.metadata if session else {}).get("harness")
         # Calls are tagged when their reply lands, so "prior" means tagged already (arrival order
         # among those): the first tool-enabled call of a session anchors its main agent.
         with self._lock:
@@ -398,7 +404,8 @@ class CaptureProxy:
         call.system_digest = hashlib.sha256(system.encode()).hexdigest()[:16]
         info = CallInfo(purpose="", harness_session=call.harness_session, system_digest=call.system_digest,
                         last_user=last_user)
-        call.purpose = harness.classify(system=system, has_tools=has_tools, call=info, prior=prior)
+        call.purpose = self.classify(str(harness) if harness else None, system=system, has_tools=has_tools,
+                                     call=info, prior=prior)
         call.classified = True
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:

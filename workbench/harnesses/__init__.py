@@ -3,8 +3,9 @@ recognise its own bookkeeping calls (title generation, compaction, subagents).
 
 A harness is one small class: `launch()` returns the command, environment, stdin and config files
 for one rollout (pointed at the capture proxy with a per-rollout key), `parse_events()` reads what
-it printed, and `classify()` tags each captured model call with its purpose. The capture proxy calls
-`classify()` as each call lands, so bookkeeping calls are kept, tagged, and counted, never hidden.
+it printed, and `classify()` tags each captured model call with its purpose. The capture proxy asks
+`classify_call` (its default classifier, `workbench.capture_classify.Classifier`) as each call
+arrives and lands, so bookkeeping calls are kept, tagged, and counted, never hidden.
 
     h = get_harness("opencode")
     launch = h.launch(base_url=proxy_url + "/v1", api_key=key, model="tiny", prompt=task.instruction,
@@ -18,12 +19,19 @@ look harnesses up by name. See README, "Adding a harness".
 
 from __future__ import annotations
 
-from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
+from collections.abc import Sequence
+
+from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
 from .codex import Codex
 from .opencode import OpenCode
 from .pi import Pi
 
-__all__ = ["CallInfo", "HarnessOptions", "Launch", "HarnessRun", "Harness", "HARNESSES", "get_harness", "json_events"]
+__all__ = ["CallInfo", "Purpose", "HarnessOptions", "Launch", "HarnessRun", "Harness", "HARNESSES", "get_harness",
+           "classify_call", "DEFAULT_HARNESS", "json_events"]
+
+# A session that names no harness is opencode's (the rollout default, and OpenEnv's sessions minted
+# without metadata).
+DEFAULT_HARNESS = "opencode"
 
 HARNESSES: dict[str, Harness] = {"opencode": OpenCode(), "pi": Pi(), "codex": Codex()}
 
@@ -33,3 +41,10 @@ def get_harness(name: str) -> Harness:
         return HARNESSES[name]
     except KeyError:
         raise ValueError(f"unknown harness {name!r}; available: {', '.join(HARNESSES)}") from None
+
+
+def classify_call(harness: str | None, *, system: str, has_tools: bool, call: CallInfo,
+                  prior: Sequence[CallInfo]) -> Purpose:
+    """The capture proxy's default classifier (`workbench.capture_classify.Classifier`): the named
+    harness's own ``classify`` (`DEFAULT_HARNESS` when the session named none)."""
+    return get_harness(harness or DEFAULT_HARNESS).classify(system=system, has_tools=has_tools, call=call, prior=prior)

@@ -2,7 +2,8 @@
 
 A harness adapter launches an unmodified coding agent headless (`Launch`, from `HarnessOptions`),
 reads what it printed (`HarnessRun`, usually via `json_events`), and tags its own model calls with a
-purpose (`classify`, from a `CallInfo` of the call and of the earlier ones). Subclasses live one per
+`Purpose` (`classify`, from a `CallInfo` of the call and of the earlier ones). `CallInfo` and
+`Purpose` are the capture proxy's question (`workbench.capture_classify`), re-exported here. Subclasses live one per
 module beside this one (`opencode.py`, `pi.py`, `codex.py`); the registry is in ``__init__.py``.
 
     from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
@@ -18,23 +19,13 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..capture_classify import CallInfo, Purpose
 from ..paths import harness_bin
 
-__all__ = ["CallInfo", "HarnessOptions", "Launch", "HarnessRun", "Harness", "json_events"]
-
-
-@dataclass(frozen=True)
-class CallInfo:
-    """What classification may know about a captured call (and about earlier ones)."""
-
-    purpose: str
-    harness_session: str | None  # the harness's own conversation id (opencode: x-session-id)
-    system_digest: str | None    # hash of the system prompt
-    # The call's last user message, set on the call being classified only: codex sends its
-    # compaction request with the agent's own system prompt, the request itself is the last message.
-    last_user: str = ""
+__all__ = ["CallInfo", "Purpose", "HarnessOptions", "Launch", "HarnessRun", "Harness", "json_events"]
 
 
 @dataclass(frozen=True)
@@ -112,7 +103,7 @@ class Harness(ABC):
         """Read the harness's own event stream (what it printed on stdout)."""
 
     @abstractmethod
-    def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: list[CallInfo]) -> str:
+    def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: Sequence[CallInfo]) -> Purpose:
         """Purpose of a call: ``agent``, ``title``, ``compaction``, ``subagent`` or ``other``."""
 
     def bin(self) -> str:

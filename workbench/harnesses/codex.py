@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
+from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
 
 __all__ = ["Codex"]
 
@@ -95,7 +96,7 @@ class Codex(Harness):
         return HarnessRun(steps=steps, tool_calls=tools, tool_failures=failures, errors=errors,
                           text="\n".join(texts), events=len(events))
 
-    def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: list[CallInfo]) -> str:
+    def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: Sequence[CallInfo]) -> Purpose:
         # compaction keeps the agent's system prompt and drops the tools; the request is the last message
         if call.last_user.startswith("You are performing a CONTEXT CHECKPOINT COMPACTION"):
             return "compaction"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
-from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
+from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
 
 __all__ = ["Pi"]
 
@@ -82,7 +83,7 @@ class Pi(Harness):
         return HarnessRun(steps=steps, tool_calls=tools, tool_failures=failures, errors=errors,
                           text="\n".join(texts), events=len(events))
 
-    def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: list[CallInfo]) -> str:
+    def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: Sequence[CallInfo]) -> Purpose:
         if system.startswith("You are a context summarization assistant"):
             return "compaction"
         return "agent" if has_tools else "other"
