@@ -88,6 +88,8 @@ from openenv.core.harness.capture.upstream import (
 )
 from openenv.core.harness.capture.validate import check_turn
 
+from .capture_sse import SSEDecoder
+
 __all__ = ["Prepared", "StreamingPath"]
 
 logger = logging.getLogger("workbench.capture")
@@ -478,16 +480,14 @@ class StreamingPath:
         True when the response was handed to a background task (which releases it)."""
         turn = _Turn()
         model = prepared.original.get("model") if "model" in prepared.original else None
-        pending = b""
+        decoder = SSEDecoder()
         received = response.content.iter_any()
         try:
             async for data in received:
-                pending += data.replace(b"\r\n", b"\n") if b"\r" in data else data
-                *events, pending = pending.split(b"\n\n")
                 out: list[bytes] = []
-                for event in events:
-                    payload = b"\n".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
-                    if not payload:  # a comment (keep-alive) or an empty event
+                for event in decoder.feed(data):  # comments (keep-alives) are not events
+                    payload = event.data.strip()
+                    if not payload:  # an empty event
                         continue
                     if payload == b"[DONE]":
                         if out:
