@@ -206,7 +206,8 @@ class TrainConfig:
             raise ValueError("group_size must be at least 2 (advantages are relative within a group)")
         if not self.temperature > 0:
             raise ValueError("temperature must be > 0")
-        check_isolation(self.isolation, self.unsafe_no_sandbox)
+        if not self.from_rollouts:  # replay runs no sandbox: nothing to isolate
+            check_isolation(self.isolation, self.unsafe_no_sandbox)
         if self.every_row and self.row_slots and self.row_slots < self.group_size:
             raise ValueError(f"row_slots ({self.row_slots}) must be >= group_size ({self.group_size})")
         if self.title_max_tokens < 0:
@@ -352,8 +353,6 @@ class GRPORun:
     def train(self, *, resume: bool = False) -> dict[str, Any]:
         """Run (or resume from the run folder's last checkpoint); returns the summary."""
         from .assets import load
-        from .engine import EngineConfig
-        from .stack import local_stack
 
         if self.config.trainer == "async":
             from .train_async import train_async
@@ -365,6 +364,9 @@ class GRPORun:
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
             if self.engine is None and self.recording is None:
+                from .engine import EngineConfig
+                from .stack import local_stack  # the capture proxy (fastapi): not needed to replay
+
                 cfg = self.config
                 engine_config = EngineConfig(model=cfg.model, dtype=cfg.engine_dtype, prefix_caching=cfg.prefix_caching)
                 self.engine, _, self.client = stack.enter_context(local_stack(

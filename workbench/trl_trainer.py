@@ -48,9 +48,11 @@ def _reward(prompts: list[Any], completions: list[Any], wb_reward: list[float | 
     return list(wb_reward)
 
 
-def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None) -> Any:
+def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None,
+                  checkpointing_kwargs: dict[str, Any] | None = None) -> Any:
     """The trainer for `run` (its config, device, recording, shared folder). `model`: a model object to train
-    instead of the asset's; the tokenizer is the asset's either way."""
+    instead of the asset's; the tokenizer is the asset's either way. `checkpointing_kwargs`: TRL's
+    ``gradient_checkpointing_kwargs`` (e.g. `workbench.experimental.checkpointing.selective_checkpointing_kwargs`)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -81,7 +83,7 @@ def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None) -> Any
         # Without sharing the prefix, SmolLM2 on 4 rows of ~3k tokens kept 17 GB of activations with
         # checkpointing off and was OOM-killed on this 24 GB machine: keep it on there.
         # The old name: the GPU host's transformers 5.17 has no `activation_checkpointing` argument (5.24 maps it).
-        gradient_checkpointing=cfg.activation_checkpointing,
+        gradient_checkpointing=cfg.activation_checkpointing, gradient_checkpointing_kwargs=checkpointing_kwargs,
     )
     dataset = Dataset.from_dict({"prompt": [t.id for t in run.tasks]})
     peft_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
@@ -119,4 +121,5 @@ def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None) -> Any
             run.dir.log_metrics(record)
 
     trainer.add_callback(_Metrics())
+    run.trainer = trainer  # the sync objects read the run's trainer
     return trainer

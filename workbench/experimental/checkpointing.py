@@ -10,7 +10,10 @@ only the projections, norms and MLP.
     ... train ...
     policy.saved                                         # Counter of the attention ops whose outputs were kept
 
-"full" is Hugging Face's own `gradient_checkpointing_enable()` with its defaults (the naive baseline). The
+"full" is Hugging Face's own `gradient_checkpointing_enable()` with its defaults (the naive baseline).
+`selective_checkpointing_kwargs()` is the "attention" mode as TRL takes it: ``GRPOConfig(gradient_checkpointing_kwargs=...)``
+(TRL turns checkpointing off around its no-grad pass and back on with exactly these kwargs, so a mode set on the
+model alone would be lost after the first step; benchmarks/gpu_trl_step.py measures it that way). The
 gradient_checkpointing_* names are used because the GPU machine's transformers (5.17) has only those; 5.24,
 pinned here, keeps them as deprecated aliases of activation_checkpointing_*.
 """
@@ -25,7 +28,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from transformers import PreTrainedModel
 
-__all__ = ["ATTENTION_OPS", "CheckpointMode", "SaveAttention", "enable_checkpointing"]
+__all__ = ["ATTENTION_OPS", "CheckpointMode", "SaveAttention", "enable_checkpointing", "selective_checkpointing_kwargs"]
 
 CheckpointMode = Literal["none", "full", "alternate", "attention"]
 
@@ -81,3 +84,10 @@ def enable_checkpointing(model: PreTrainedModel, mode: CheckpointMode) -> SaveAt
         )
         return policy
     raise ValueError(f"unknown checkpointing mode {mode!r}")
+
+
+def selective_checkpointing_kwargs() -> tuple[dict[str, Any], SaveAttention]:
+    """``gradient_checkpointing_kwargs`` for TRL/Hugging Face's TrainingArguments giving the "attention" mode, and
+    its policy (which counts the attention outputs kept)."""
+    policy = SaveAttention()
+    return {"use_reentrant": False, "context_fn": partial(create_selective_checkpoint_contexts, policy)}, policy
