@@ -53,7 +53,9 @@ def test_device_cpu_is_todays_behaviour(tmp_path):
     assert trainer.args.use_cpu and not trainer.args.bf16
     assert next(trainer.model.parameters()).dtype == torch.float32
     assert isinstance(trainer.vllm_generation, LoraSync) and trainer.use_vllm  # the seam, as before
-    assert trainer.args.gradient_checkpointing  # TRL's default, TrainConfig.activation_checkpointing
+    assert trainer.args.gradient_checkpointing == TrainConfig().activation_checkpointing is False  # our default
+    baseline = GRPORun(TrainConfig.baseline(device="cpu"), run_dir=tmp_path / "b")._build_trainer(asset.path)
+    assert baseline.args.gradient_checkpointing  # TRL's default, kept by the baseline
 
 
 def test_device_cuda_without_cuda_is_a_one_line_error(capsys):

@@ -110,7 +110,7 @@ def test_harness_hang_ends_at_the_wall_clock_limit(tmp_path):
 def test_openenv_protocols_for_trl(proxy, tmp_path):
     """TRL's HarnessRolloutWorker calls factory(sampling=...) then create/wait/fetch/verify/close."""
     make = functools.partial(HarnessSessionFactory, proxy.client(), RolloutConfig(max_output_tokens=16),
-                             out_root=tmp_path)
+                             out_root=tmp_path, train_turns="all")  # the tiny model's 16 tokens call no tool
     factory = make(sampling=training_sampling({"temperature": 0.6}))
     session = factory.create("humaneval/2", seed=0, episode_id="ep1")
     try:
