@@ -481,4 +481,7 @@ def main() -> None:
               f"{u.get('per_turn_sampled_tokens_per_s')} = {u.get('ratio')}x; agreement {u.get('agreement_bf16')}")
 
 if __name__ == "__main__":
+    from workbench.procs import unwind_on_signals
+
+    unwind_on_signals()  # Ctrl-C / SIGTERM stop what the run started, even from nohup
     main()

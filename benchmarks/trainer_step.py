@@ -423,4 +423,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from workbench.procs import unwind_on_signals
+
+    unwind_on_signals()  # Ctrl-C / SIGTERM stop what the run started, even from nohup
     main()

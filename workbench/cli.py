@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from .config_cli import add_config_arguments, given_fields
+from .procs import unwind_on_signals
 
 __all__ = ["main", "build_parser"]
 
@@ -37,23 +38,6 @@ def _cmd_assets(args: argparse.Namespace) -> int:
                 print(f"{name}/{f}: {h}")
         return 0 if check.ok else 1
     return 0
-
-
-def _signals_unwind() -> None:
-    """Make SIGINT and SIGTERM unwind (KeyboardInterrupt), so `with` blocks stop what they started.
-
-    SIGINT: Python installs its KeyboardInterrupt handler only when SIGINT is not ignored at start,
-    and a command started in the background by a non-interactive shell (``make test &``, nohup, some
-    CI runners and job launchers) inherits SIGINT ignored: Ctrl-C or a notebook's interrupt then did
-    nothing, and a test waiting 90 s for the runner to exit failed (the "plain mode Ctrl-C hang").
-    SIGTERM: the default handler ends the process at once and the engine's process group would
-    outlive us. Python runs handlers in the main thread, so this holds with the proxy's server
-    thread running too."""
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, stop)
 
 
 def _read_secret(path: str) -> str:
@@ -406,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    _signals_unwind()
+    unwind_on_signals()
     try:
         code = args.handler(args)
     except KeyboardInterrupt:

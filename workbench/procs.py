@@ -23,8 +23,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Proc", "proc_stat", "processes", "environ", "kill_matching", "group_alive", "kill_group", "stop_group",
+__all__ = ["unwind_on_signals", "Proc", "proc_stat", "processes", "environ", "kill_matching", "group_alive", "kill_group", "stop_group",
            "die_with_us", "exit_signal", "signal_name"]
+
+
+def unwind_on_signals() -> None:
+    """Make SIGINT and SIGTERM unwind (KeyboardInterrupt), so `with` blocks stop what they started.
+
+    SIGINT: Python installs its KeyboardInterrupt handler only when SIGINT is not ignored at start,
+    and a command started in the background by a non-interactive shell (``make test &``, nohup, some
+    CI runners and job launchers) inherits SIGINT ignored: Ctrl-C or a notebook's interrupt then did
+    nothing, and a test waiting 90 s for the runner to exit failed (the "plain mode Ctrl-C hang"; a
+    `nohup` learning demo ignored SIGINT the same way). SIGTERM: the default handler ends the process
+    at once and the engine's process group would outlive us. Python runs handlers in the main thread,
+    so this holds with the proxy's server thread running too. Every entry point calls it: the CLI and
+    each benchmark script."""
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, stop)
 
 
 def proc_stat(pid: int) -> list[str] | None:
