@@ -433,3 +433,21 @@ def test_no_assert_guards_request_input():
         tree = ast.parse((project_root() / "workbench" / module).read_text())
         asserts = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
         assert asserts == [], (module, asserts)
+
+
+def test_removing_a_sandbox_tree_changes_no_mode_above_it(tmp_path):
+    """A sweep and a close racing on one sandbox root once chmodded its parent (/tmp) to 0700, and every
+    later sandbox's uid was refused its workspace. A tree the agent locked (000) still goes."""
+    from workbench.sandbox import _force_remove
+
+    base = tmp_path / "base"
+    locked = base / "root" / "ws" / "locked"
+    locked.mkdir(parents=True)
+    (locked / "f").write_text("x")
+    locked.chmod(0o000)
+    base.chmod(0o1777)
+    _force_remove(base / "root")
+    assert not (base / "root").exists()
+    _force_remove(base / "root")  # already gone (the race): nothing to do, and nothing chmodded
+    _force_remove(base / "never-was")
+    assert (base.stat().st_mode & 0o7777) == 0o1777

@@ -149,10 +149,21 @@ def _remove_stale(base: Path) -> None:
 
 
 def _force_remove(path: Path) -> None:
+    """Remove a sandbox tree the agent may have chmodded to 000 (we own it as root, or as the same user).
+
+    Only modes inside `path` are touched: a failure on `path` itself (already gone: a sweep and a close
+    racing; or its parent refusing) once chmodded the parent, /tmp, to 0700, and every later sandbox's
+    uid was refused its workspace ("bwrap: Can't find source path ...: Permission denied")."""
+    top = os.path.abspath(path)
+
     def unlock(func, failed, exc_info):  # noqa: ANN001 - shutil's onerror signature
-        # An agent may chmod its folders to 000; we own them as root, or as the same user.
+        if isinstance(exc_info[1], FileNotFoundError):
+            return
+        failed = os.path.abspath(failed)
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(failed), 0o700)
+            parent = os.path.dirname(failed)
+            if parent == top or parent.startswith(top + os.sep):
+                os.chmod(parent, 0o700)
             if os.path.isdir(failed) and not os.path.islink(failed):
                 os.chmod(failed, 0o700)
             func(failed)
