@@ -228,3 +228,17 @@ def test_cli_prints_one_json_object_and_the_comparison(monkeypatch, tmp_path, ca
     assert head["compare"]["delta"]["mean"] == pytest.approx(1 / 3)
     assert seen[0][0] == EvalConfig(model="tiny", n=4) and str(seen[0][1]) == str(tmp_path / "r")
     assert ev.cli_main(["--model", "tiny"]) == 0 and "run folder:" in capsys.readouterr().out
+
+
+def test_ship_refuses_a_run_whose_evaluations_scored_nothing(tmp_path):
+    """A run where every rollout crashed must not replace the shipped evidence (it once did, with zeros)."""
+    from workbench.learn import ship
+
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "eval.json").write_text("{}")
+    evidence = {"base_eval": {"scored": 0, "rollouts": 72, "failures": {"crashed": 72}},
+                "trained_eval": {"scored": 72, "rollouts": 72, "failures": {}}}
+    with pytest.raises(ValueError, match="base_eval scored 0 of 72"):
+        ship(evidence, tmp_path / "run", to=shipped)
+    assert (shipped / "eval.json").read_text() == "{}"

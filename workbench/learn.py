@@ -172,6 +172,12 @@ def ship(evidence: dict[str, Any], run_dir: Path, *, to: Path = SHIPPED) -> Path
     shows and `workbench eval --adapter` re-evaluates), with one base and one trained held-out rollout
     of the same task (trace, task, summary: no held-out tests) for the diff and Δlogprob views."""
     run_dir = Path(run_dir)
+    for side in ("base_eval", "trained_eval"):
+        e = evidence.get(side) or {}
+        if not e.get("scored") or e["scored"] < e.get("rollouts", 0) / 2:
+            # A broken run (every rollout crashed) once replaced the shipped evidence with zeros.
+            raise ValueError(f"not shipping {run_dir}: {side} scored {e.get('scored')} of {e.get('rollouts')} "
+                             f"rollouts (failures: {e.get('failures')})")
     if to.exists():
         shutil.rmtree(to)
     to.mkdir(parents=True)

@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import threading
+import traceback
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -464,6 +465,7 @@ def run_rollouts(jobs: list[tuple[Task, Path]], client: ProxyClient, config: Rol
             results[i] = RolloutResult(out.name, task.id, "crashed", f"{type(exc).__name__}: {exc}", None, out, {})
             _atomic_json(out / "summary.json", {"rollout_id": out.name, "task_id": task.id, "status": "crashed",
                                                 "reason": results[i].reason, "reward": None})
+            (out / "crash.txt").write_text(traceback.format_exc())  # ours, not the agent's: where it broke
         with lock:
             bar.update(1)
             bar.set_postfix_str(f"last={results[i].status}")
