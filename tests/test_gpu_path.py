@@ -55,7 +55,14 @@ def test_device_cpu_is_todays_behaviour(tmp_path):
     assert isinstance(trainer.vllm_generation, LoraSync) and trainer.use_vllm  # the seam, as before
     assert trainer.args.gradient_checkpointing == TrainConfig().activation_checkpointing is False  # our default
     baseline = GRPORun(TrainConfig.baseline(device="cpu"), run_dir=tmp_path / "b")._build_trainer(asset.path)
+    assert trainer.group_step.shared_prefix  # shared_prefix auto: on for the CPU trainer (off on CUDA)
     assert baseline.args.gradient_checkpointing  # TRL's default, kept by the baseline
+
+
+def test_shared_prefix_is_auto_on_or_off():
+    assert TrainConfig().shared_prefix == "auto" and TrainConfig.baseline().shared_prefix == "off"
+    with pytest.raises(ValueError, match="shared_prefix must be one of"):
+        TrainConfig(shared_prefix="yes")
 
 
 def test_device_cuda_without_cuda_is_a_one_line_error(capsys):

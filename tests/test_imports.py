@@ -18,3 +18,18 @@ def test_importing_does_not_pull_openenvs_server(module):
     heavy, count = out.stdout.rsplit(" ", 1)
     assert heavy == "[]", (module, out.stdout)
     assert int(count) < 1500, (module, count)
+
+
+def test_every_subcommands_help_renders():
+    """argparse %-formats help text: one docstring's "17% of rows" once broke `workbench train --help`."""
+    import argparse
+
+    from workbench.cli import build_parser
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"train", "eval", "rollout", "verify"} <= set(subs.choices)
+    for name, sub in subs.choices.items():
+        text = sub.format_help()
+        assert name in text and "usage:" in text
+    assert "--shared-prefix {auto,on,off}" in subs.choices["train"].format_help()

@@ -60,7 +60,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, aliases:
         if get_origin(t) in (Union, types.UnionType):  # X | None
             t = next(a for a in get_args(t) if a is not type(None))
         default = f.default if f.default is not MISSING else None
-        help_ = f"{docs.get(f.name, '')} (default: {default})".strip()
+        # argparse %-formats help strings: a docstring's "17% of rows" broke every --help
+        help_ = f"{docs.get(f.name, '')} (default: {default})".strip().replace("%", "%%")
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_}
         if t is bool:
             parser.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)

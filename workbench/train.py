@@ -94,7 +94,9 @@ class TrainConfig:
     ``benchmarks/trainer_step.py``; `TrainConfig.baseline()` turns them all off, as before):
         shared_prefix: compute a group's shared prefix (system prompt, tools, few-shot turns, task:
             ~2.8k of ~3.1k tokens per row) once in the forward and the backward, exactly
-            (`workbench.group_step`).
+            (`workbench.group_step`). ``auto``: on for the CPU trainer (14.2x with reuse_logps, see
+            benchmarks/trainer_step.py), off on CUDA, where its packed attention with a dense mask
+            measured 4.6x slower than TRL's per-row step on the H200 (benchmarks/gpu_trl_step.py).
         reuse_logps: take the importance-sampling ratio from the loss pass instead of TRL's extra
             no-grad forward (the weights are the same in both with one iteration per generation).
         activation_checkpointing: recomputes every layer in the backward (TRL's default, kept by the
@@ -158,7 +160,7 @@ class TrainConfig:
     train_threads: int = 0
     seed: int = 0
     report_to: str = "none"
-    shared_prefix: bool = True
+    shared_prefix: Literal["auto", "on", "off"] = "auto"
     reuse_logps: bool = True
     activation_checkpointing: bool = False
     precision: Literal["fp32", "bf16"] = "fp32"
@@ -181,7 +183,7 @@ class TrainConfig:
         """The path before the speed levers (issue 14), for side-by-side runs: TRL's own step in fp32
         with checkpointing and its extra forward, longest row only, fp32 engine, title calls uncapped,
         two rollouts at a time."""
-        levers = dict(shared_prefix=False, reuse_logps=False, activation_checkpointing=True, precision="fp32",
+        levers = dict(shared_prefix="off", reuse_logps=False, activation_checkpointing=True, precision="fp32",
                       importance_sampling="sequence_mask", engine_dtype="float32", prefix_caching=True,
                       title_max_tokens=0, every_row=False, parallel_rollouts=2)
         return cls(**{**levers, **overrides})
@@ -213,7 +215,7 @@ class TrainConfig:
         if self.title_max_tokens < 0:
             raise ValueError("title_max_tokens must be >= 0 (0: no cap)")
         for name, allowed in (("device", ("auto", "cpu", "cuda")), ("weight_sync", ("lora", "nccl")),
-                              ("trainer", ("grpo", "async"))):
+                              ("trainer", ("grpo", "async")), ("shared_prefix", ("auto", "on", "off"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.device == "cuda":

@@ -99,10 +99,11 @@ def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None,
                                else NcclSync(run, group_port=cfg.nccl_group_port) if not lora
                                else LoraSync(run, shared=run.shared))
     trainer._last_loaded_step = -1
-    if cfg.shared_prefix or cfg.reuse_logps or (cpu and cfg.precision == "bf16") or cfg.every_row:
+    shared = cfg.shared_prefix == "on" or (cfg.shared_prefix == "auto" and cpu)  # TrainConfig.shared_prefix says why
+    if shared or cfg.reuse_logps or (cpu and cfg.precision == "bf16") or cfg.every_row:
         from .group_step import install
 
-        install(trainer, shared_prefix=cfg.shared_prefix, reuse_logps=cfg.reuse_logps,
+        install(trainer, shared_prefix=shared, reuse_logps=cfg.reuse_logps,
                 bf16=cpu and cfg.precision == "bf16")  # on CUDA, TRL's own bf16 autocast
 
     class _Metrics(TrainerCallback):
