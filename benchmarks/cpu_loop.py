@@ -9,8 +9,9 @@ opencode, few-shot, short agent prompt, one ``easy`` task, a group of 8 rollouts
 1. **Rollout levers** (`--only rollouts`): the rollout phase alone (8 rollouts, no training), with the
    baseline's settings and each rollout lever turned on by itself, then all of them: ``parallel_rollouts``
    8 (vs 2), ``title_max_tokens`` 32 (opencode's title call capped; vs the whole output budget),
-   ``engine_dtype`` bfloat16 (vs float32), and vLLM's prefix cache off (vs on; on is vLLM's default, and
-   with every bwrap sandbox at /app a group's prompts now share all but the task). Rollouts/min, the
+   ``engine_dtype`` bfloat16 (vs float32), vLLM's prefix cache off (vs on; on is vLLM's default, and
+   with every bwrap sandbox at /app a group's prompts now share all but the task), ``lead_s`` (8 at once,
+   the group's first rollout ahead of the rest so its prompt is prefilled once). Rollouts/min, the
    prefix-cache hit rate (vLLM's /metrics counters), tokens sampled.
 2. **Full steps**: `workbench.train.GRPORun` with `TrainConfig.baseline()` (every lever off: the path
    before issue 14) for one step, and with the defaults (every lever on) for three steps. Per step, from
@@ -49,7 +50,8 @@ ROLLOUT_LEVERS = {
     "title_cap_32": {"title_max_tokens": 32},
     "engine_bf16": {"engine_dtype": "bfloat16"},
     "prefix_cache_off": {"prefix_caching": False},
-    "all": {"parallel_rollouts": 8, "title_max_tokens": 32, "engine_dtype": "bfloat16"},
+    "lead_8": {"parallel_rollouts": 8, "lead_s": 60.0},  # the leader first: needs the 8 at once to matter
+    "all": {"parallel_rollouts": 8, "title_max_tokens": 32, "lead_s": 60.0},  # TrainConfig()'s (fp32 engine)
 }
 FULL = {"baseline": ("baseline", 1), "all": ("default", 3)}
 
@@ -123,7 +125,7 @@ def child_full(name: str, out: Path) -> dict[str, Any]:
         s["trainer_row_tokens_per_s"] = round(s["row_tokens"] / s["train_s"], 1) if s.get("train_s") else None
     return {"config": name, "preset": preset, "levers": {k: getattr(cfg, k) for k in (
         "shared_prefix", "reuse_logps", "activation_checkpointing", "precision", "importance_sampling",
-        "engine_dtype", "prefix_caching", "title_max_tokens", "every_row", "parallel_rollouts")},
+        "engine_dtype", "prefix_caching", "title_max_tokens", "every_row", "parallel_rollouts", "lead_s")},
             "wall_s": round(time.monotonic() - t, 1), "steps": steps_out, "summary_reward": summary.get("reward"),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
 

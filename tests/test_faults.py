@@ -14,7 +14,7 @@ Engine faults are played by the scripted upstream (`scripted_upstream.py`) in fr
 opencode binary and the real capture proxy; nothing here starts vLLM (a stand-in plays it for the
 "engine dies with its runner" case). Sandboxes and verify's private dirs are made in a temp dir of
 the test's own (`tmp_base`), so "nothing left" is checked without counting other people's processes
-on a shared machine: a process belongs to us when its TMPDIR lies inside that dir.
+on a shared machine: a process belongs to us when its TMPDIR (or its sandbox marker) lies inside that dir.
 
 `WB_SOAK_S` sets the soak's duration (default 60 s; the README's numbers are from a 600 s run).
 """
@@ -91,8 +91,9 @@ def _proc(pid: str, name: str) -> bytes:
 
 
 def _pids_under(base: Path) -> list[int]:
-    """Live processes started for sandboxes or verifications under `base` (TMPDIR inside it)."""
-    needle = f"TMPDIR={base}/".encode()
+    """Live processes started for sandboxes or verifications under `base` (TMPDIR inside it, or a bwrap
+    sandbox's marker: its TMPDIR is the same /var/tmp/agent in every sandbox)."""
+    needles = (f"TMPDIR={base}/".encode(), f"WORKBENCH_SANDBOX={base}/".encode())
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -100,7 +101,7 @@ def _pids_under(base: Path) -> list[int]:
             env = _proc(pid, "environ").split(b"\0")
         except OSError:
             continue
-        if state not in (b"Z", b"X") and any(e.startswith(needle) for e in env):
+        if state not in (b"Z", b"X") and any(e.startswith(needles) for e in env):
             found.append(int(pid))
     return found
 

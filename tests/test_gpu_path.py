@@ -26,6 +26,7 @@ import pytest
 import torch
 import trl
 
+from workbench import _compat
 from workbench.assets import build
 from workbench.capture import CaptureProxy
 from workbench.engine import Engine
@@ -316,7 +317,7 @@ def async_rollouts(tmp_path_factory):
                 loop = _harness_loop(factory, cfg.group_size)
                 up.script = ["500"] * 12 if name == "failed" else ["tool", "text"]  # the proxy retries a 5xx
                 before = len(up.requests)
-                result, metrics = loop._run_session("easy/0", group_id=7)
+                result, metrics = getattr(loop, _compat.ASYNC_RUN_SESSION)("easy/0", group_id=7)
                 runs[name] = SimpleNamespace(result=result, metrics=metrics, requests=up.requests[before:],
                                              folder=next((out / name).iterdir()), cfg=cfg)
     finally:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import group_step
+from workbench import _compat, group_step
 from workbench.assets import build, load
 from workbench.train import GRPORun, TrainConfig
 from workbench.turns import Row, analyse, load_trace
@@ -222,7 +222,7 @@ def test_loss_and_lora_gradients_equal_trls_step(tiny, mode, checkpointing):
     assert "old_per_token_logps" not in got[0] and "importance_sampling_ratio" in got[0]  # filled by the loss pass
     torch.testing.assert_close(got[0]["importance_sampling_ratio"], ratio, atol=TOL, rtol=0)
     assert_same_step(ref, got)
-    metrics = tiny._metrics["train"]
+    metrics = getattr(tiny, _compat.GRPO_METRICS)["train"]
     assert metrics["sampling/importance_sampling_ratio/mean"][-1] == pytest.approx(
         metrics["sampling/importance_sampling_ratio/mean"][-2], abs=TOL)
 

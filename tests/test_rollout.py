@@ -135,3 +135,27 @@ def test_engine_down_fails_before_any_sandbox(tmp_path):
         result = run_rollout(load_task("humaneval/0"), proxy.client(), RolloutConfig(), tmp_path / "r")
         assert result.status == "setup_failed" and "engine not reachable at http://127.0.0.1:9" in result.reason
         assert not [d for d in set(os.listdir("/tmp")) - before if d.startswith("wb-sbx-")]
+
+
+def test_a_groups_leader_is_answered_before_its_followers_call(proxy, tmp_path):
+    """RolloutConfig.lead_s: the first rollout of each task starts alone; the task's others send their first
+    call only after the leader's first agent call has its reply (the engine then has that prompt cached).
+    Two tasks, two rollouts each, all four slots free."""
+    from workbench.rollout import run_rollouts
+
+    tasks = [load_task("humaneval/0"), load_task("humaneval/1")]
+    jobs = [(t, tmp_path / f"{t.id.replace('/', '-')}-{k}") for t in tasks for k in range(2)]
+    config = RolloutConfig(max_output_tokens=16, max_model_calls=2, timeout_s=120, lead_s=60)
+    results = run_rollouts(jobs, proxy.client(), config, parallel=4, progress=False)
+    assert [r.status for r in results] == ["ok"] * 4, [(r.status, r.reason) for r in results]
+
+    def calls(i: int) -> list[dict]:
+        return json.loads((jobs[i][1] / "trace.json").read_text())
+
+    for lead, follower in ((0, 1), (2, 3)):
+        answered = min(c["timestamp"] + c["latency_s"] for c in calls(lead) if c["purpose"] == "agent")
+        first_call = min(c["timestamp"] for c in calls(follower))
+        assert first_call >= answered, (lead, answered, first_call)
+        if bwrap_available():  # the same /app, HOME and TMPDIR in every sandbox: the same prompt, token for token
+            first = [next(c["prompt_token_ids"] for c in calls(i) if c["purpose"] == "agent") for i in (lead, follower)]
+            assert first[0] == first[1]

@@ -66,8 +66,6 @@ from openenv.core.harness.capture.detection import APIType
 from openenv.core.harness.capture.graph import TurnNode
 from openenv.core.harness.capture.server import (
     SAMPLING_KEYS,
-    _budget_stop_response,
-    _system_digest,
     clamp_output_tokens,
     normalise_for_capture,
     normalise_response,
@@ -80,7 +78,6 @@ from openenv.core.harness.capture.upstream import (
     UpstreamHTTPError,
     UpstreamTimeoutError,
     UpstreamTransportError,
-    _retry_after_seconds,
     auth_headers,
     normalize_response,
     prepare_request,
@@ -88,6 +85,7 @@ from openenv.core.harness.capture.upstream import (
 )
 from openenv.core.harness.capture.validate import check_turn
 
+from ._compat import budget_stop_response, retry_after_seconds, system_digest  # OpenEnv 0.10.0's private helpers
 from .capture_sse import SSEDecoder
 
 __all__ = ["Prepared", "StreamingPath"]
@@ -443,7 +441,7 @@ class StreamingPath:
                 if response.status not in InferenceClient._RETRY_STATUSES or attempt == InferenceClient._MAX_ATTEMPTS:
                     error = await self._http_error(response)
                     break
-                delay = _retry_after_seconds(response)
+                delay = retry_after_seconds(response)
                 delay = InferenceClient._BACKOFF_S * 2 ** (attempt - 1) if delay is None else delay
                 response.release()
                 await asyncio.sleep(min(delay, InferenceClient._MAX_RETRY_AFTER_S))
@@ -550,7 +548,7 @@ class StreamingPath:
         if _context_exhausted(exc):
             session.findings.append("[WARN] context_budget_exhausted: " + str(exc))
             session.budget_stop_count += 1
-            stop = _budget_stop_response(self.state.model)
+            stop = budget_stop_response(self.state.model)
             transformer = self.state.transforms.get(APIType.OPENAI_CHAT)
             async for piece in sse.replay(APIType.OPENAI_CHAT, transformer, stop, prepared.original):
                 await reply.body(piece.encode())
@@ -605,7 +603,7 @@ def _ingest(session: Session, chat_request: dict[str, Any], response: dict[str, 
             model=chat_request.get("model"),
             finish_reason=choice.get("finish_reason"),
             harness_session_id=extract_harness_session({}, chat_request),
-            system_digest=_system_digest(chat_request.get("messages") or []),
+            system_digest=system_digest(chat_request.get("messages") or []),
             n_tools=len(chat_request.get("tools") or []),
             request_messages=chat_request.get("messages") or [],
             request_tools=chat_request.get("tools"),

@@ -81,6 +81,11 @@ class EngineConfig:
             per-token logprob gap the trainer's importance sampling has to absorb).
         prefix_caching: vLLM's automatic prefix caching (on by default in vLLM 0.32, also on CPU):
             the rollouts of a group share their ~1.8k-token prompt, which is then prefilled once.
+        threads: cores the engine's OpenMP threads are bound to (``VLLM_CPU_OMP_THREADS_BIND``: cores
+            0..threads-1); 0: every core. Its threads spin-wait, and one core taken by opencode,
+            the proxy or the trainer slows every step of the others (benchmarks/group_start.py).
+        omp_wait_policy: ``OMP_WAIT_POLICY`` for the engine's threads (``passive``: a waiting thread
+            sleeps instead of spinning; empty: the runtime's default).
     """
 
     model: str = "tiny"
@@ -93,6 +98,8 @@ class EngineConfig:
     dev_routes: bool = False
     dtype: Literal["asset", "float32", "bfloat16"] = "asset"
     prefix_caching: bool = True
+    threads: int = 0
+    omp_wait_policy: Literal["", "active", "passive"] = ""
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -150,10 +157,13 @@ class Engine:
             VLLM_CACHE_ROOT=str(cache_dir() / "vllm"), HF_HOME=str(cache_dir() / "hf"),
             HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
             VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_gib or self._kv_cache_gib()),
-            VLLM_CPU_OMP_THREADS_BIND=f"0-{cpus - 1}",  # "all" is rejected by vllm-cpu 0.32
+            # "all" is rejected by vllm-cpu 0.32
+            VLLM_CPU_OMP_THREADS_BIND=f"0-{min(self.config.threads or cpus, cpus) - 1}",
             VLLM_ALLOW_LONG_MAX_MODEL_LEN="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             VLLM_LOGGING_LEVEL="INFO",
         )
+        if self.config.omp_wait_policy:
+            env["OMP_WAIT_POLICY"] = self.config.omp_wait_policy.upper()
         if self.config.dev_routes:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.api_key:

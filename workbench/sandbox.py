@@ -13,8 +13,8 @@ whatever it did to its process group or environment. Two isolation modes:
   every capability dropped and nested user namespaces refused. Visible: /usr (read-only), a few
   files of /etc, the harness install and the interpreter (read-only), and the sandbox's own four
   folders: the workspace at ``/app`` and HOME at ``/home/agent`` in every sandbox alike (so a
-  group's prompts match and vLLM's prefix cache shares them); /tmp is a small tmpfs (TMPDIR is its
-  ``tmp/``). The project, the run folders, the task data and /opt are not there.
+  group's prompts match and vLLM's prefix cache shares them), TMPDIR at ``/var/tmp/agent`` (on disk,
+  counted by the quota); /tmp is a small tmpfs. The project, the run folders, the task data and /opt are not there.
   The network namespace has only its own loopback: the engine, the proxy's control traffic and
   every other port of the host are out of reach, and the one endpoint the sandbox may use (the
   capture proxy's agent routes, ``endpoint=``) is a Unix socket relayed to it by
@@ -63,13 +63,16 @@ from .sandbox_net import Relay, open_relay
 __all__ = ["SandboxLimits", "Sandbox", "SandboxProcess", "SandboxError", "Isolation", "bwrap_available",
            "MARKER_ENV", "resolve_isolation", "APP", "AGENT_HOME"]
 
-MARKER_ENV = "WORKBENCH_SANDBOX"  # set in every sandboxed process; close() sweeps /proc for it
+MARKER_ENV = "WORKBENCH_SANDBOX"  # the sandbox's host folder, in every sandboxed process; close() sweeps /proc for it
 Isolation = Literal["auto", "bwrap", "none"]
 _INIT = Path(__file__).resolve().with_name("_sandbox_init.py")
 # Where a bwrap sandbox sees its workspace and home (Harbor's /app): the same in every sandbox, so the
 # harness's system prompt (opencode names its working directory three times) is the same token for
 # token across a GRPO group and vLLM's prefix cache serves the whole shared prompt, not ~72 tokens.
-APP, AGENT_HOME = "/app", "/home/agent"
+# The same paths inside every bwrap sandbox: opencode writes the workspace, HOME and TMPDIR into its system
+# prompt, and one per-sandbox path there (TMPDIR was the host's /tmp/wb-sbx-<pid>-<start>-<random>/tmp) left a
+# group's 8 prompts sharing 290 of 3,053 tokens, so vLLM's prefix cache saved nothing.
+APP, AGENT_HOME, AGENT_TMP = "/app", "/home/agent", "/var/tmp/agent"
 _SOCKET_INSIDE = "/run/workbench/endpoint.sock"
 # /etc entries a harness needs (dynamic loader, users, name resolution, TLS roots, time zone); the
 # rest of /etc stays out.
@@ -370,6 +373,10 @@ class Sandbox:
         return APP if self.isolation == "bwrap" else str(self.workspace)
 
     @property
+    def inside_tmp(self) -> str:
+        return AGENT_TMP if self.isolation == "bwrap" else str(self.tmp)
+
+    @property
     def inside_home(self) -> str:
         return AGENT_HOME if self.isolation == "bwrap" else str(self.home)
 
@@ -380,8 +387,8 @@ class Sandbox:
             "PATH": f"{self.bin}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(h), "XDG_CONFIG_HOME": str(h / ".config"), "XDG_CACHE_HOME": str(h / ".cache"),
             "XDG_DATA_HOME": str(h / ".local" / "share"), "XDG_STATE_HOME": str(h / ".local" / "state"),
-            "TMPDIR": str(self.tmp), "LANG": "C.UTF-8", "TERM": "dumb",
-            MARKER_ENV: self.id,
+            "TMPDIR": self.inside_tmp, "LANG": "C.UTF-8", "TERM": "dumb",
+            MARKER_ENV: str(self.root),  # the full path: whoever made the folder can find its processes
         }
         env.update(extra or {})
         return env
@@ -392,7 +399,7 @@ class Sandbox:
             # The watchdog runs as us (it must be able to kill the sandbox uid); bwrap's
             # --die-with-parent and pid namespace do this below.
             inner = _limit_args(self.limits, self.uid) + _drop_to(self.uid) + list(argv)
-            return die_with_us(inner, marker=f"{MARKER_ENV}={self.id}", uid=self.uid)
+            return die_with_us(inner, marker=f"{MARKER_ENV}={self.root}", uid=self.uid)
         cmd = _limit_args(self.limits, self.uid) + _drop_to(self.uid) + [
             "bwrap", "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox",
@@ -411,7 +418,7 @@ class Sandbox:
         for p in [*self.ro_paths, *_outside_usr(self.python)]:
             cmd += ["--ro-bind", str(p), str(p)]
         cmd += ["--bind", str(self.workspace), APP, "--bind", str(self.home), AGENT_HOME,
-                "--bind", str(self.tmp), str(self.tmp)]
+                "--bind", str(self.tmp), AGENT_TMP]
         cmd += ["--ro-bind", str(self.bin), str(self.bin), "--ro-bind", str(_INIT), "/run/workbench/init.py"]
         python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else self.python
         if self._relay is not None and self._endpoint is not None:
@@ -464,7 +471,7 @@ class Sandbox:
     def strays(self) -> list[int]:
         """Pids of this sandbox's processes outside its process groups: carrying its marker, or (with a
         fresh uid) owned by its uid."""
-        needle = f"{MARKER_ENV}={self.id}".encode()
+        needle = f"{MARKER_ENV}={self.root}".encode()
         found = []
         for p in processes():
             if (self.uid is not None and p.uid == self.uid) or needle in environ(p.pid).split(b"\0"):

@@ -80,6 +80,8 @@ class TrainConfig:
         few_shot / agent_prompt: prompting for small models (see `workbench.rollout`).
         train_turns: ``tool_calls`` (the seed's `has_tool_call`) or ``all``.
         parallel_rollouts: rollouts run concurrently (2 cores: 2).
+        lead_s: a group's first rollout starts alone; the rest wait for its first answered call (at
+            most this long), so the engine prefills the shared prompt once (`RolloutConfig.lead_s`).
         isolation: sandbox mode for the harness and the grading (``auto`` = bwrap, which set-up installs).
         unsafe_no_sandbox: allow ``isolation`` to be (or resolve to) ``none``: the agent then shares
             the host's file system and network (see `workbench.sandbox`), so a policy can learn to read
@@ -155,6 +157,7 @@ class TrainConfig:
     agent_prompt: Literal["default", "short"] = "default"
     train_turns: Literal["tool_calls", "all"] = "tool_calls"
     parallel_rollouts: int = 2
+    lead_s: float = 60.0
     isolation: Isolation = "auto"
     unsafe_no_sandbox: bool = False
     train_threads: int = 0
@@ -185,7 +188,7 @@ class TrainConfig:
         two rollouts at a time."""
         levers = dict(shared_prefix="off", reuse_logps=False, activation_checkpointing=True, precision="fp32",
                       importance_sampling="sequence_mask", engine_dtype="float32", prefix_caching=True,
-                      title_max_tokens=0, every_row=False, parallel_rollouts=2)
+                      title_max_tokens=0, every_row=False, parallel_rollouts=2, lead_s=0.0)
         return cls(**{**levers, **overrides})
 
     @property
@@ -232,7 +235,8 @@ class TrainConfig:
     def rollout_config(self) -> RolloutConfig:
         return RolloutConfig(temperature=self.temperature, max_output_tokens=self.max_output_tokens,
                              max_model_calls=self.max_model_calls, timeout_s=self.rollout_timeout_s,
-                             isolation=self.isolation, few_shot=self.few_shot, **agent_prompt(self.agent_prompt))
+                             isolation=self.isolation, few_shot=self.few_shot, lead_s=self.lead_s,
+                             **agent_prompt(self.agent_prompt))
 
 
 @dataclass

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._compat import GRPO_LAST_LOADED_STEP
 from .policy_sync import LoraSync, NcclSync, SaveOnlySync
 
 if TYPE_CHECKING:
@@ -32,12 +33,11 @@ def score_only_labelled_positions_on_cpu() -> None:
     135 s of a 140 s step (profiled). Eager CPU has nothing to recompile, so take TRL's own compact
     path (score labelled positions only) there too. Same kernel, same numbers (tests/test_train.py)."""
     global _CPU_COMPACT_PATCHED
-    import trl.trainer.utils as trl_utils
+    from ._compat import patch_trl_use_triton
 
     if _CPU_COMPACT_PATCHED:
         return
-    original = trl_utils._use_triton
-    trl_utils._use_triton = lambda device: device.type == "cpu" or original(device)
+    patch_trl_use_triton(lambda device, original: device.type == "cpu" or original(device))
     _CPU_COMPACT_PATCHED = True
 
 
@@ -98,7 +98,7 @@ def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None,
     trainer.vllm_generation = (SaveOnlySync(run) if run.recording is not None
                                else NcclSync(run, group_port=cfg.nccl_group_port) if not lora
                                else LoraSync(run, shared=run.shared))
-    trainer._last_loaded_step = -1
+    setattr(trainer, GRPO_LAST_LOADED_STEP, -1)  # what TRL's vLLM init would set
     shared = cfg.shared_prefix == "on" or (cfg.shared_prefix == "auto" and cpu)  # TrainConfig.shared_prefix says why
     if shared or cfg.reuse_logps or (cpu and cfg.precision == "bf16") or cfg.every_row:
         from .group_step import install

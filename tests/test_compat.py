@@ -1,0 +1,59 @@
+"""workbench._compat: every private TRL/OpenEnv name we use exists, with the shape we use, in the pinned versions.
+
+An upgrade of TRL or OpenEnv fails here, naming what moved, instead of deep inside a training step or a relay."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from workbench import _compat
+
+
+def test_the_installed_versions_are_the_pinned_ones_and_others_are_refused():
+    _compat.check_versions()
+    with pytest.raises(RuntimeError, match=r"trl 1\.16\.0 .* 1\.17\.0 is installed: pip install trl==1\.16\.0"):
+        _compat.check_versions(lambda dist: "1.17.0" if dist == "trl" else _compat.OPENENV_VERSION)
+
+
+def test_grpo_trainer_has_the_methods_group_step_replaces_with_their_signatures():
+    from trl import GRPOTrainer
+
+    params = {name: list(inspect.signature(getattr(GRPOTrainer, name)).parameters) for name in
+              (_compat.GRPO_GET_LOGPS, _compat.GRPO_GENERATE, _compat.GRPO_COMPUTE_LOSS)}
+    assert params[_compat.GRPO_GET_LOGPS][:7] == ["self", "model", "input_ids", "attention_mask", "logits_to_keep",
+                                                 "batch_size", "compute_entropy"]
+    assert params[_compat.GRPO_GENERATE] == ["self", "inputs"]
+    assert params[_compat.GRPO_COMPUTE_LOSS][:3] == ["self", "model", "inputs"]
+    init = inspect.getsource(GRPOTrainer.__init__)
+    assert f"self.{_compat.GRPO_METRICS} = " in init and f"self.{_compat.GRPO_LAST_LOADED_STEP} = " in init
+
+
+def test_trl_use_triton_and_its_patch():
+    import torch
+    import trl.trainer.utils as trl_utils
+
+    before = trl_utils._use_triton
+    try:
+        _compat.patch_trl_use_triton(lambda device, original: device.type == "meta" or original(device))
+        assert _compat.trl_use_triton(torch.device("meta")) is True
+        assert _compat.trl_use_triton(torch.device("cpu")) == bool(before(torch.device("cpu")))
+    finally:
+        trl_utils._use_triton = before
+
+
+def test_async_rollout_loop_runs_sessions_by_the_name_we_call():
+    from trl.experimental.async_grpo.openenv_harness import _HarnessRolloutLoop
+
+    params = list(inspect.signature(getattr(_HarnessRolloutLoop, _compat.ASYNC_RUN_SESSION)).parameters)
+    assert params[:2] == ["self", "prompt"] and "group_id" in params
+
+
+def test_openenv_private_helpers_resolve_lazily_and_unknown_names_fail():
+    for name in _compat.OPENENV_PRIVATE:
+        assert callable(getattr(_compat, name)), name
+    assert _compat.system_digest([{"role": "system", "content": "x"}]) == _compat.system_digest(
+        [{"role": "system", "content": "x"}])
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        _compat.nothing  # noqa: B018

@@ -1,0 +1,88 @@
+"""Every private name of TRL and OpenEnv that workbench relies on, in one place, for the pinned versions.
+
+TRL's GRPOTrainer and OpenEnv's capture server have no public seam for what we do (score a group's shared
+prefix once, take the IS ratio from the loss pass, stream the capture proxy's relay), so we use a few of
+their private methods and helpers. They live here and nowhere else: importing this module checks that the
+installed versions are the pinned ones (pyproject.toml), and `tests/test_compat.py` checks that each name
+still exists with the shape we use, so an upgrade fails in one test with the name that moved, not deep in
+a training step.
+
+    from workbench import _compat
+    setattr(trainer, _compat.GRPO_GET_LOGPS, ours)          # a GRPOTrainer method name
+    _compat.trl_use_triton(device)                         # trl.trainer.utils._use_triton
+    _compat.budget_stop_response(...)                      # OpenEnv's, imported on first use
+
+Nothing heavy is imported here: TRL on first use of a TRL helper, OpenEnv's capture server (gradio,
+pandas: ~7 s) only when one of its names is first read (module ``__getattr__``), so the trainer's
+import stays light (tests/test_imports.py).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["TRL_VERSION", "OPENENV_VERSION", "check_versions", "GRPO_GET_LOGPS", "GRPO_GENERATE",
+           "GRPO_COMPUTE_LOSS", "GRPO_METRICS", "GRPO_LAST_LOADED_STEP", "ASYNC_RUN_SESSION",
+           "trl_use_triton", "patch_trl_use_triton", "OPENENV_PRIVATE"]
+
+TRL_VERSION = "1.16.0"
+OPENENV_VERSION = "0.10.0"
+
+# GRPOTrainer (trl 1.16.0) methods workbench.group_step replaces or wraps, and attributes it reads:
+GRPO_GET_LOGPS = "_get_per_token_logps_and_entropies"  # (model, input_ids, attention_mask, logits_to_keep,
+#     batch_size, compute_entropy, compute_aux_loss, **multimodal) -> (logps, entropies, aux_loss)
+GRPO_GENERATE = "_generate_and_score_completions"  # (inputs) -> the batch dict; reads the IS flag
+GRPO_COMPUTE_LOSS = "_compute_loss"  # (model, inputs) -> loss; reads inputs["importance_sampling_ratio"]
+GRPO_METRICS = "_metrics"  # {"train"|"eval": {name: [values]}}, averaged by GRPOTrainer.log
+GRPO_LAST_LOADED_STEP = "_last_loaded_step"  # set by GRPOTrainer's vLLM init, which we skip (workbench.trl_trainer)
+# trl.experimental.async_grpo.openenv_harness._HarnessRolloutLoop: what its spawned worker runs per rollout
+ASYNC_RUN_SESSION = "_run_session"  # (prompt, group_id=) -> (result, metrics)
+
+# OpenEnv 0.10.0's capture helpers the streaming relay reuses (workbench.capture_stream), by module:
+OPENENV_PRIVATE: dict[str, tuple[str, str]] = {
+    "budget_stop_response": ("openenv.core.harness.capture.server", "_budget_stop_response"),
+    "system_digest": ("openenv.core.harness.capture.server", "_system_digest"),
+    "retry_after_seconds": ("openenv.core.harness.capture.upstream", "_retry_after_seconds"),
+}
+
+
+def check_versions(installed: Callable[[str], str] = importlib.metadata.version) -> None:
+    """RuntimeError naming the package when the installed TRL or OpenEnv is not the pinned version."""
+    for dist, pinned in (("trl", TRL_VERSION), ("openenv", OPENENV_VERSION)):
+        have = installed(dist)
+        if have != pinned:
+            raise RuntimeError(f"workbench uses private names of {dist} {pinned} (workbench/_compat.py); "
+                               f"{have} is installed: pip install {dist}=={pinned}")
+
+
+check_versions()
+
+
+def trl_use_triton(device: Any) -> bool:
+    """trl.trainer.utils._use_triton: whether TRL's fused LM head takes its compact path (labelled
+    positions only) on `device`."""
+    import trl.trainer.utils as trl_utils
+
+    return bool(trl_utils._use_triton(device))
+
+
+def patch_trl_use_triton(decide: Callable[[Any, Callable[[Any], bool]], bool]) -> None:
+    """Replace trl.trainer.utils._use_triton by ``decide(device, original)``."""
+    import trl.trainer.utils as trl_utils
+
+    original = trl_utils._use_triton
+    trl_utils._use_triton = lambda device: decide(device, original)
+
+
+def __getattr__(name: str) -> Any:
+    """OpenEnv's private helpers by our name (`OPENENV_PRIVATE`), imported on first use."""
+    if name not in OPENENV_PRIVATE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, attr = OPENENV_PRIVATE[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
