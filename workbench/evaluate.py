@@ -70,7 +70,7 @@ class EvalConfig:
         max_model_calls: model calls per rollout before the proxy ends the agent's loop.
         timeout_s: wall-clock limit per rollout, in seconds.
         parallel: rollouts run at once.
-        lead_s: each task's first rollout starts alone, the rest wait for its first answered call (at
+        lead_s: each task's first rollout starts alone, the rest wait until its first agent call is at the engine (at
             most this long): the engine prefills the shared prompt once (`RolloutConfig.lead_s`).
         isolation: sandbox mode: auto (bwrap when installed), bwrap or none.
         unsafe_no_sandbox: allow isolation to be (or resolve to) none; recorded in eval.json.

@@ -90,8 +90,8 @@ class RolloutConfig:
         stop_on_upstream_error: end the rollout at the first failed engine call instead of letting
             the harness retry for minutes.
         lead_s: in `run_rollouts`, the first rollout of each task starts alone and the task's others
-            wait until its first agent call is answered (at most this many seconds; 0: all start at
-            once). The engine then holds that prompt in its prefix cache and the followers' identical
+            wait until its first agent call has reached the engine (at most this many seconds; 0: all
+            start at once). The engine then holds that prompt in its prefix cache and the followers' identical
             ~3k-token prompts (same harness, same task) are not prefilled again: 8 simultaneous
             SmolLM2 rollouts each prefilled 3,053 + 746 tokens (~116 s of the 2 cores, 12.3 s each
             alone), which put every first call at 210-250 s (benchmarks/group_start.py).
@@ -227,8 +227,8 @@ class HarnessSession:
 
         `stop` set (by `run_rollouts` on Ctrl-C: only the main thread receives KeyboardInterrupt)
         ends the agent as ``interrupted`` and raises KeyboardInterrupt in this thread too. `primed` is
-        set once the first agent call has its reply (the engine has its prompt cached), or when the
-        agent ends, whichever comes first (`RolloutConfig.lead_s`).
+        set once the first agent call is at the engine (its prompt is being computed and cached), or
+        when the agent ends, whichever comes first (`RolloutConfig.lead_s`).
         """
         # A task may set its own agent time limit (Harbor's agent.timeout_sec): the shorter one wins.
         limit = min(self.config.timeout_s, self.task.agent_timeout_s or float("inf")) if timeout_s is None else timeout_s
@@ -250,8 +250,10 @@ class HarnessSession:
                     return -1
                 if primed is not None and not primed.is_set():
                     with contextlib.suppress(ProxyError):
-                        if any(c.get("purpose") == "agent" and c.get("completion_token_ids")
-                               for c in self.client.trace(self.key)):
+                        # Its first agent call is at the engine: followers need 10-30 s to start opencode
+                        # (measured, 7 at once on 2 cores) and vLLM caches the prompt's blocks as it computes
+                        # them, so they arrive to a (nearly) computed prefix. Waiting for the reply cost 35 s.
+                        if any(c.get("purpose") == "agent" for c in self.client.trace(self.key)):
                             primed.set()
                 if self.config.stop_on_upstream_error:
                     with contextlib.suppress(ProxyError):

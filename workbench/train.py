@@ -80,7 +80,7 @@ class TrainConfig:
         few_shot / agent_prompt: prompting for small models (see `workbench.rollout`).
         train_turns: ``tool_calls`` (the seed's `has_tool_call`) or ``all``.
         parallel_rollouts: rollouts run concurrently (2 cores: 2).
-        lead_s: a group's first rollout starts alone; the rest wait for its first answered call (at
+        lead_s: a group's first rollout starts alone; the rest wait until its first agent call is at the engine (at
             most this long), so the engine prefills the shared prompt once (`RolloutConfig.lead_s`).
         isolation: sandbox mode for the harness and the grading (``auto`` = bwrap, which set-up installs).
         unsafe_no_sandbox: allow ``isolation`` to be (or resolve to) ``none``: the agent then shares
