@@ -65,7 +65,7 @@ def captured(folders: list[Path]) -> list[tuple[str, list[Turn]]]:
 def _code(rng: random.Random, lines: int) -> str:
     names = ["total", "items", "value", "result", "index", "count", "text", "parts", "left", "right"]
     body = []
-    for i in range(lines):
+    for _ in range(lines):
         a, b = rng.sample(names, 2)
         body.append(rng.choice([f"    {a} = {b} + {rng.randrange(100)}", f"    if {a} > {b}:\n        return {a}",
                                 f"    for {a} in range(len({b})):", f"    {a}.append({b}[{rng.randrange(9)}])"]))

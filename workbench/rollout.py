@@ -34,9 +34,9 @@ import traceback
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 from .capture_client import ProxyClient, ProxyError
 from .harnesses import HarnessOptions, HarnessRun, get_harness

@@ -489,7 +489,7 @@ class Sandbox:
                     proc.popen.wait(0.01)
             if self.uid is not None:
                 uid = self.uid
-                kill_matching(lambda p: p.uid == uid)
+                kill_matching(lambda p: p.uid == uid)  # noqa: B023 - called here, within the iteration
             strays = self.strays()
             for pid in strays:
                 with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -17,7 +17,6 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import IO, Any, Literal

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import traceback
 from typing import Any, Literal, NamedTuple
