@@ -17,7 +17,7 @@ artefact per rollout) and eval.json (what `run_eval` returns). The statistics:
 - ``solve_rate`` (reward == 1), ``tool_call_rate`` (at least one tool call in the trace),
   ``solution_written_rate``: fractions of the scored rollouts, each with a Wilson interval (rollouts
   taken as independent: the bootstrap above is the one that respects tasks).
-- Rollouts whose status is in `workbench.train.FAILED_STATUSES` (the infrastructure failed, not the
+- Rollouts whose status is in `workbench.rollout.FAILED_STATUSES` (the infrastructure failed, not the
   agent) or that have no reward are unscored: excluded from every statistic and counted by status.
 
 An adapter is checked against the model before anything starts (`check_adapter`): its rank, target
@@ -272,7 +272,7 @@ def check_adapter(path: str | Path, model: str, *, max_rank: int = 16) -> dict[s
 # -- the evaluation --------------------------------------------------------------------------------
 
 def _aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> dict[str, Any]:
-    from .train import FAILED_STATUSES
+    from .rollout import FAILED_STATUSES
 
     def count(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
         return {v: sum(r[key] == v for r in rows) for v in sorted({r[key] for r in rows})}

@@ -10,7 +10,7 @@ on `workbench.rollout.HarnessSession`, with the CPU route's training rules (`wor
   its tokens as context, loss mask 0 (TRL's chaining then trains only the others);
 - **token budget**: a row (turns chained as `workbench.turns.build_rows` chains them, which forks exactly
   where TRL's lossless capture forks) longer than ``token_budget`` gets mask 0 everywhere, so TRL drops it;
-- **unscored failures**: `workbench.train.FAILED_STATUSES` verify to ``env_reward=None`` (left out of the
+- **unscored failures**: `workbench.rollout.FAILED_STATUSES` verify to ``env_reward=None`` (left out of the
   group's baseline), never 0;
 - **artefacts**: each rollout writes the seed-format folder under ``out_root`` (`HarnessSession.write_artefact`,
   with the rows' counters in summary.json's ``train``), also for a failed set-up (summary.json only).
@@ -39,7 +39,7 @@ from openenv.core.harness import ResourceSession, ResourceSessionFactory, Traini
 from openenv.core.harness import VerifyResult as OpenEnvVerifyResult
 
 from .capture_client import ProxyClient, ProxyError
-from .rollout import HarnessSession, RolloutConfig, agent_entries
+from .rollout import FAILED_STATUSES, HarnessSession, RolloutConfig, agent_entries
 from .sandbox import SandboxError
 from .tasks import Task, load_task
 from .turns import analyse, has_tool_call
@@ -120,8 +120,6 @@ class OpenEnvSession(HarnessSession, ResourceSession):
     def verify(self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None) -> OpenEnvVerifyResult:
         """The hidden-test reward on a copy of the final workspace (the agent is stopped first); None for a
         failure that is not the agent's (FAILED_STATUSES). Writes the artefact folder."""
-        from .train import FAILED_STATUSES
-
         r = None
         try:
             r = self.grade()

@@ -49,7 +49,8 @@ from .verify import VerifyResult
 from .verify import verify as verify_workspace
 
 __all__ = ["SHORT_AGENT_PROMPT", "SHORT_AGENT_TOOLS", "STATUSES", "Status", "agent_prompt", "RolloutConfig",
-           "RolloutResult", "HarnessSession", "run_rollout", "run_rollouts", "agent_entries", "trace_tool_calls"]
+           "RolloutResult", "RolloutOutcome", "FAILED_STATUSES", "HarnessSession", "run_rollout", "run_rollouts",
+           "agent_entries", "trace_tool_calls"]
 
 # A short agent prompt (opencode's own is ~7.2k tokens; with this one a prompt is ~1.8k). The
 # harness is otherwise unchanged: same loop, same tools, same replay.
@@ -121,6 +122,24 @@ class RolloutResult:
     reward: float | None
     out_dir: Path | None
     summary: dict[str, Any]
+
+
+# The rollouts the infrastructure failed, not the agent: unscored (left out of a group's baseline and of an
+# evaluation's mean). Everything the agent caused (crashed, timeout, limit_exceeded) is scored, 0 where nothing passed.
+FAILED_STATUSES = ("setup_failed", "upstream_error", "interrupted", "verify_error")
+
+
+@dataclass
+class RolloutOutcome:
+    """What a reward function sees: the verified result and the rollout's own record."""
+
+    task: Task
+    result: RolloutResult
+    calls: list[dict[str, Any]]
+
+    @property
+    def verified_reward(self) -> float | None:
+        return None if self.result.status in FAILED_STATUSES else self.result.reward
 
 
 def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:

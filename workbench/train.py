@@ -41,10 +41,10 @@ from typing import Any, Callable, Literal
 from .capture_client import ProxyClient
 from .engine import Engine
 from .policy_sync import SharedFolder
-from .rollout import RolloutConfig, RolloutResult, agent_prompt, run_rollouts
+from .rollout import FAILED_STATUSES, RolloutConfig, RolloutOutcome, agent_prompt, run_rollouts
 from .runs import RunDir
 from .sandbox import Isolation, resolve_isolation
-from .tasks import Task, load_task, load_tasks
+from .tasks import load_task, load_tasks
 from .train_fields import step_fields
 from .train_rows import rows_for_trl
 from .turns import has_tool_call
@@ -56,9 +56,6 @@ __all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_S
 # from their group's baseline (reward None -> NaN in TRL, advantage 0), never scored 0. Everything
 # the agent can cause is scored on its workspace (a harness it crashed, a timeout) or 0 (a sandbox
 # limit it broke): otherwise a failing policy could learn to dodge its zeros.
-FAILED_STATUSES = ("setup_failed", "upstream_error", "interrupted", "verify_error")
-
-
 @dataclass
 class TrainConfig:
     """Every knob of a short GRPO run (what config.json records).
@@ -237,19 +234,6 @@ class TrainConfig:
                              max_model_calls=self.max_model_calls, timeout_s=self.rollout_timeout_s,
                              isolation=self.isolation, few_shot=self.few_shot, lead_s=self.lead_s,
                              **agent_prompt(self.agent_prompt))
-
-
-@dataclass
-class RolloutOutcome:
-    """What a reward function sees: the verified result and the rollout's own record."""
-
-    task: Task
-    result: RolloutResult
-    calls: list[dict[str, Any]]
-
-    @property
-    def verified_reward(self) -> float | None:
-        return None if self.result.status in FAILED_STATUSES else self.result.reward
 
 
 def check_isolation(isolation: Isolation, unsafe_no_sandbox: bool) -> str:

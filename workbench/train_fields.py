@@ -12,23 +12,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .rollout import RolloutResult
+from .rollout import FAILED_STATUSES, RolloutOutcome, RolloutResult
 from .tasks import Task
 from .train_rows import longest_row_fields, rollout_rows
 from .turns import Row, load_trace
 
 if TYPE_CHECKING:
-    from .train import RolloutOutcome, TrainConfig
+    from .train import TrainConfig
 
 __all__ = ["step_fields"]
 
 
 def step_fields(cfg: "TrainConfig", tasks: Sequence[Task], results: Sequence[RolloutResult],
-                reward_fn: Callable[["RolloutOutcome"], float | None], train_turn_fn: Callable[[dict[str, Any]], bool],
+                reward_fn: Callable[[RolloutOutcome], float | None], train_turn_fn: Callable[[dict[str, Any]], bool],
                 tokenizer: Any, *, policy: str | None) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     """`results` holds `cfg.group_size` rollouts per task of `tasks`, in order. Returns TRL's fields (one row per
     slot) and the counters. `policy`: the adapter the rollouts should have sampled from (stale-call check)."""
-    from .train import FAILED_STATUSES, RolloutOutcome
 
     g = cfg.group_size
     if len(results) != g * len(tasks):
