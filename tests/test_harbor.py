@@ -347,3 +347,14 @@ def test_shipped_long_capture_chains_into_one_row():
     assert (report["turns"], report["rows"], report["forks"]) == (7, 1, 0), report
     assert report["tokens_in_rows"] == 5622 and report["tokens_per_turn_rows"] == 31221
     assert json.loads((folder / "summary.json").read_text())["reward"] == 1.0
+
+
+def test_harbor_check_command_reports_oracle_and_start_per_task():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "workbench", "harbor", "check", "repo-tasks/inventory-fix"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    [report] = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert (report["oracle"], report["start"]) == (1.0, 0.0)

@@ -110,7 +110,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_harbor(args: argparse.Namespace) -> int:
-    from .harbor import main as harbor_main
+    from .verify.harbor import main as harbor_main
 
     return harbor_main([args.action, args.spec])
 

@@ -13,7 +13,7 @@ a ValueError naming the file and the field).
     load_tasks("repo-tasks")                     # the repository tasks shipped in workbench/data/repo_tasks
     load_task("repo-tasks/inventory-fix")
 
-    python -m workbench.harbor check PATH        # oracle -> 1.0 and the untouched start -> 0, per task
+    workbench harbor check PATH                  # oracle -> 1.0 and the untouched start -> 0 (workbench.verify.harbor)
 
 What a task becomes: ``instruction`` = instruction.md; ``files`` = what the Dockerfile copies into /app
 (`workbench.harbor_dockerfile` says which instructions are honoured); ``test_kind`` = ``"harbor"`` with
@@ -43,7 +43,6 @@ files, links, more than 2,000 files or 16 MiB in environment/, tests/ or solutio
 from __future__ import annotations
 
 import re
-import sys
 import tomllib
 import warnings
 from pathlib import Path
@@ -60,7 +59,6 @@ __all__ = [
     "load_harbor_tasks",
     "load_spec",
     "load_specs",
-    "main",
 ]
 
 REPO_TASKS = Path(__file__).resolve().parent / "data" / "repo_tasks"
@@ -276,29 +274,3 @@ def _hook_spec(spec: Any, folder: Path) -> str:
             raise HarborError(f"task.toml: metadata.workbench.verifier: no file {target} in the task folder")
         return f"{file}:{func}"
     return spec
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m workbench.harbor check PATH|repo-tasks``: per task, the oracle's reward (solve.sh on the
-    starting files; must be 1.0) and the untouched start's (should be 0)."""
-    import argparse
-    import json
-
-    from .verify.harbor import oracle_check
-
-    parser = argparse.ArgumentParser(prog="python -m workbench.harbor", description=main.__doc__)
-    parser.add_argument("action", choices=["check"])
-    parser.add_argument("spec", help="a Harbor task folder, a folder of them, or repo-tasks")
-    parser.add_argument("--sandbox", choices=["auto", "bwrap"], default="auto")
-    args = parser.parse_args(argv)
-    spec = args.spec if args.spec.startswith(("repo-tasks", "harbor:")) else f"harbor:{args.spec}"
-    ok = True
-    for task in load_specs(spec) if not spec.startswith("repo-tasks/") else [load_spec(spec)]:
-        report = oracle_check(task, sandbox=args.sandbox)
-        ok &= report["oracle"] == 1.0 and report["start"] == 0.0
-        print(json.dumps(report))
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -54,6 +54,7 @@ __all__ = [
     "jail_options",
     "oracle_check",
     "run_solution",
+    "main",
 ]
 
 TESTS_AT, LOGS_AT, SOLUTION_AT, BIN_AT, APP = "/tests", "/logs/verifier", "/solution", "/run/workbench/bin", "/app"
@@ -223,3 +224,24 @@ def _write_files(root: Path, files: dict[str, str]) -> None:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text, encoding="utf-8")
 
+
+def main(argv: list[str] | None = None) -> int:
+    """``workbench harbor check PATH|repo-tasks``: per task, the oracle's reward (solve.sh on the
+    starting files; must be 1.0) and the untouched start's (should be 0)."""
+    import argparse
+    import json
+
+    from ..harbor import load_spec, load_specs
+
+    parser = argparse.ArgumentParser(prog="workbench harbor", description=main.__doc__)
+    parser.add_argument("action", choices=["check"])
+    parser.add_argument("spec", help="a Harbor task folder, a folder of them, or repo-tasks")
+    parser.add_argument("--sandbox", choices=["auto", "bwrap"], default="auto")
+    args = parser.parse_args(argv)
+    spec = args.spec if args.spec.startswith(("repo-tasks", "harbor:")) else f"harbor:{args.spec}"
+    ok = True
+    for task in load_specs(spec) if not spec.startswith("repo-tasks/") else [load_spec(spec)]:
+        report = oracle_check(task, sandbox=args.sandbox)
+        ok &= report["oracle"] == 1.0 and report["start"] == 0.0
+        print(json.dumps(report))
+    return 0 if ok else 1
