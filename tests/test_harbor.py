@@ -358,3 +358,11 @@ def test_harbor_check_command_reports_oracle_and_start_per_task():
     assert out.returncode == 0, out.stderr[-2000:]
     [report] = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert (report["oracle"], report["start"]) == (1.0, 0.0)
+
+
+def test_train_rewards_every_task_with_the_given_verifier(tmp_path):
+    from workbench.train import GRPORun, TrainConfig
+
+    run = GRPORun(TrainConfig(tasks="easy-train[:3]", verifier="pkg.mod:score"), run_dir=tmp_path / "r")
+    assert [t.verifier for t in run.tasks] == ["pkg.mod:score"] * 3
+    assert all(t.verifier is None for t in GRPORun(TrainConfig(tasks="easy-train[:3]"), run_dir=tmp_path / "s").tasks)

