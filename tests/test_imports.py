@@ -33,3 +33,16 @@ def test_every_subcommands_help_renders():
         text = sub.format_help()
         assert name in text and "usage:" in text
     assert "--shared-prefix {auto,on,off}" in subs.choices["train"].format_help()
+
+
+def test_the_package_names_its_stages_and_loads_them_on_first_use():
+    code = ("import sys, workbench; before = sorted(m for m in sys.modules if m.startswith('workbench.')); "
+            "names = {n: getattr(workbench, n).__module__ for n in workbench.__all__}; "
+            "print(before); print(names)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    before, names = out.stdout.splitlines()
+    assert before == "[]"
+    assert "'load_task': 'workbench.tasks'" in names and "'GRPORun': 'workbench.train'" in names
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        import workbench
+        workbench.nothing  # noqa: B018
