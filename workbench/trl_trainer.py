@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._compat import GRPO_LAST_LOADED_STEP
-from .policy_sync import LoraSync, NcclSync, SaveOnlySync
+from .policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync
 
 if TYPE_CHECKING:
     from .train import GRPORun
@@ -59,7 +59,7 @@ def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None,
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    cfg, cpu, lora = run.config, run.device == "cpu", run.config.weight_sync == "lora"
+    cfg, cpu, lora = run.config, run.device == "cpu", run.config.weight_sync != "nccl"
     if cpu:
         score_only_labelled_positions_on_cpu()
         torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
@@ -97,6 +97,7 @@ def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None,
     trainer.use_vllm = True
     trainer.vllm_generation = (SaveOnlySync(run) if run.recording is not None
                                else NcclSync(run, group_port=cfg.nccl_group_port) if not lora
+                               else MergedSync(run) if cfg.weight_sync == "merged"
                                else LoraSync(run, shared=run.shared))
     setattr(trainer, GRPO_LAST_LOADED_STEP, -1)  # what TRL's vLLM init would set
     shared = cfg.shared_prefix == "on" or (cfg.shared_prefix == "auto" and cpu)  # TrainConfig.shared_prefix says why

