@@ -58,8 +58,10 @@ ROLLOUT_LEVERS = {
 }
 # name -> (preset, steps, overrides). "merged": every lever and the engine without LoRA layers, the policy reloaded
 # as merged weights each step (TrainConfig.weight_sync), against "all" (a hot-loaded adapter).
-FULL: dict[str, tuple[str, int, dict[str, Any]]] = {"baseline": ("baseline", 1, {}), "all": ("default", 3, {}),
-                                                   "merged": ("default", 3, {"weight_sync": "merged"})}
+# "all" runs the group's 8 rollouts at once (TrainConfig's default is 2: safe on any machine).
+FULL: dict[str, tuple[str, int, dict[str, Any]]] = {
+    "baseline": ("baseline", 1, {}), "all": ("default", 3, {"parallel_rollouts": 8}),
+    "merged": ("default", 3, {"parallel_rollouts": 8, "weight_sync": "merged"})}
 
 
 def _prefix_cache(engine: Any) -> dict[str, float]:
