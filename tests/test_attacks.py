@@ -429,7 +429,8 @@ def test_no_assert_guards_request_input():
     """`python -O` strips asserts: nothing a request sends may be checked with one."""
     import ast
 
-    for module in ("capture.py", "capture_gate.py", "capture_stream.py", "sandbox_net.py"):
+    for module in ("capture.py", "capture_gate.py", "capture_openenv.py", "capture_record.py", "capture_relay.py",
+                   "capture_stream.py", "capture_upstream.py", "capture_ingest.py", "sandbox_net.py"):
         tree = ast.parse((project_root() / "workbench" / module).read_text())
         asserts = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
         assert asserts == [], (module, asserts)

@@ -291,7 +291,7 @@ def test_unauthorised_requests_get_401_and_are_neither_forwarded_nor_recorded(up
             r = httpx.request(method, f"{proxy.url}{path}", headers=auth, json={"model": "evil"}, timeout=10)
             assert r.status_code == 401, (method, path, auth)
     assert upstream.requests == []
-    assert all(calls == [] for calls in proxy._calls.values())
+    assert all(calls == [] for calls in proxy.log.by_session.values())
     assert proxy.inner.state.registry.list_ids() == [key] and proxy.model == "scripted"
 
 
@@ -734,7 +734,7 @@ def test_soak_parallel_rollouts_leak_nothing(tmp_path, tmp_base):
             folders += [out for _, out in jobs]
             now = {**_snapshot(tmp_base), "rss_mib": _rss_mib()}
             peak = {k: max(v, peak.get(k, v)) for k, v in now.items()}
-        assert proxy._calls == {} and proxy.inner.state.registry.list_ids() == []
+        assert proxy.log.by_session == {} and proxy.inner.state.registry.list_ids() == []
     finally:
         client.close()
         proxy.stop()

