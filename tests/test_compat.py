@@ -57,3 +57,18 @@ def test_openenv_private_helpers_resolve_lazily_and_unknown_names_fail():
         [{"role": "system", "content": "x"}])
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         _compat.nothing  # noqa: B018
+
+
+def test_openenv_inference_client_policy_and_post_seam():
+    import inspect
+
+    from openenv.core.harness.capture.upstream import InferenceClient
+
+    from workbench.capture_openenv import _CheckedClient
+
+    policy = _compat.client_policy(InferenceClient)
+    assert policy.max_attempts >= 1 and 503 in policy.retry_statuses and policy.backoff_s > 0
+    assert policy.connect_timeout_s > 0 and policy.liveness_timeout_s > 0 and policy.max_retry_after_s > 0
+    theirs = getattr(InferenceClient, _compat.OPENENV_CLIENT_POST)
+    assert list(inspect.signature(theirs).parameters) == ["self", "path", "body", "headers"]
+    assert getattr(_CheckedClient, _compat.OPENENV_CLIENT_POST) is _CheckedClient.checked_post

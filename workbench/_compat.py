@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["TRL_VERSION", "OPENENV_VERSION", "check_versions", "GRPO_GET_LOGPS", "GRPO_GENERATE",
            "GRPO_COMPUTE_LOSS", "GRPO_METRICS", "GRPO_LAST_LOADED_STEP", "ASYNC_RUN_SESSION",
-           "trl_use_triton", "patch_trl_use_triton", "OPENENV_PRIVATE"]
+           "trl_use_triton", "patch_trl_use_triton", "OPENENV_PRIVATE", "OPENENV_CLIENT_POST", "ClientPolicy",
+           "client_policy"]
 
 TRL_VERSION = "1.16.0"
 OPENENV_VERSION = "0.10.0"
@@ -46,6 +48,33 @@ OPENENV_PRIVATE: dict[str, tuple[str, str]] = {
     "system_digest": ("openenv.core.harness.capture.server", "_system_digest"),
     "retry_after_seconds": ("openenv.core.harness.capture.upstream", "_retry_after_seconds"),
 }
+
+# openenv.core.harness.capture.upstream.InferenceClient (0.10.0): the method every engine POST goes through
+# (workbench.capture_openenv overrides it to count a non-JSON reply as an upstream error), and its retry policy,
+# kept as private class attributes, which the streamed relay (workbench.capture_upstream) follows too.
+OPENENV_CLIENT_POST = "_post_with_retries"  # async (self, path, body, *, headers=None) -> the reply's JSON
+_CLIENT_POLICY = {"max_attempts": "_MAX_ATTEMPTS", "retry_statuses": "_RETRY_STATUSES", "backoff_s": "_BACKOFF_S",
+                  "max_retry_after_s": "_MAX_RETRY_AFTER_S", "connect_timeout_s": "_CONNECT_TIMEOUT_S",
+                  "liveness_timeout_s": "_LIVENESS_TIMEOUT_S"}
+
+
+@dataclass(frozen=True)
+class ClientPolicy:
+    """OpenEnv's engine-client policy: attempts, which statuses are retried, the backoff and its cap, timeouts."""
+
+    max_attempts: int
+    retry_statuses: frozenset[int]
+    backoff_s: float
+    max_retry_after_s: float
+    connect_timeout_s: float
+    liveness_timeout_s: float
+
+
+def client_policy(client_cls: type) -> ClientPolicy:
+    """`ClientPolicy` read from OpenEnv's InferenceClient class (passed in: this module imports no OpenEnv)."""
+    values = {ours: getattr(client_cls, theirs) for ours, theirs in _CLIENT_POLICY.items()}
+    values["retry_statuses"] = frozenset(values["retry_statuses"])
+    return ClientPolicy(**values)
 
 
 def check_versions(installed: Callable[[str], str] = importlib.metadata.version) -> None:

@@ -31,6 +31,7 @@ from openenv.core.harness.capture.sessions import Session, SessionRegistry, extr
 from openenv.core.harness.capture.upstream import InferenceClient, UpstreamTransportError
 from starlette.requests import Request
 
+from ._compat import OPENENV_CLIENT_POST
 from .capture_record import CallLog, current_call
 
 __all__ = ["Upstream", "build_app"]
@@ -113,15 +114,18 @@ class _CheckedClient(InferenceClient):
     minutes. As an `UpstreamError` it takes OpenEnv's own path: counted, and a 502 naming the cause.
     """
 
-    async def _post_with_retries(self, path: str, body: dict[str, Any], *,
-                                 headers: dict[str, str] | None = None) -> dict[str, Any]:
+    async def checked_post(self, path: str, body: dict[str, Any], *,
+                           headers: dict[str, str] | None = None) -> dict[str, Any]:
         try:
-            payload = await super()._post_with_retries(path, body, headers=headers)
+            payload = await getattr(super(), OPENENV_CLIENT_POST)(path, body, headers=headers)
         except ValueError as exc:  # json.JSONDecodeError: an SSE line, HTML, a truncated body...
             raise UpstreamTransportError(f"the engine's reply is not JSON ({exc})") from exc
         if not isinstance(payload, dict):
             raise UpstreamTransportError(f"the engine's reply is JSON but not an object ({type(payload).__name__})")
         return payload
+
+
+setattr(_CheckedClient, OPENENV_CLIENT_POST, _CheckedClient.checked_post)  # the private seam, named in _compat
 
 
 def build_app(log: CallLog, upstream: Upstream, model: str, *, admin_key: str, max_output_tokens: int = 4096,

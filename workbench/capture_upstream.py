@@ -39,11 +39,12 @@ from openenv.core.harness.capture.upstream import (
     auth_headers,
 )
 
-from ._compat import retry_after_seconds  # OpenEnv 0.10.0's private helper
+from ._compat import client_policy, retry_after_seconds  # OpenEnv 0.10.0's private policy and helper
 
 __all__ = ["StreamingUpstream", "UPSTREAM_ERRORS", "transport_error"]
 
 logger = logging.getLogger("workbench.capture")
+POLICY = client_policy(InferenceClient)
 
 # What a read of the engine's connection raises; `transport_error` turns them into OpenEnv's errors.
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -125,8 +126,8 @@ class StreamingUpstream:
             self._proxy = _env_proxy(client.base_url)
             self._http = aiohttp.ClientSession(
                 headers=auth_headers(client.api_key, client.auth_header), connector=aiohttp.TCPConnector(limit=0),
-                timeout=aiohttp.ClientTimeout(total=None, connect=InferenceClient._CONNECT_TIMEOUT_S,
-                                              sock_read=InferenceClient._LIVENESS_TIMEOUT_S))
+                timeout=aiohttp.ClientTimeout(total=None, connect=POLICY.connect_timeout_s,
+                                              sock_read=POLICY.liveness_timeout_s))
         return self._http
 
     async def open(self, client: InferenceClient, body: dict[str, Any]) -> aiohttp.ClientResponse:
@@ -135,7 +136,7 @@ class StreamingUpstream:
         http = self._session(client)
         url = f"{client.base_url}/chat/completions"
         while True:
-            for attempt in range(1, InferenceClient._MAX_ATTEMPTS + 1):
+            for attempt in range(1, POLICY.max_attempts + 1):
                 try:
                     response = await http.post(url, data=json.dumps(body).encode(), proxy=self._proxy,
                                                headers={"content-type": "application/json"})
@@ -143,13 +144,13 @@ class StreamingUpstream:
                     raise transport_error(exc) from exc
                 if response.status < 300:
                     return response
-                if response.status not in InferenceClient._RETRY_STATUSES or attempt == InferenceClient._MAX_ATTEMPTS:
+                if response.status not in POLICY.retry_statuses or attempt == POLICY.max_attempts:
                     error = await _http_error(response)
                     break
                 delay = retry_after_seconds(response)
-                delay = InferenceClient._BACKOFF_S * 2 ** (attempt - 1) if delay is None else delay
+                delay = POLICY.backoff_s * 2 ** (attempt - 1) if delay is None else delay
                 response.release()
-                await asyncio.sleep(min(delay, InferenceClient._MAX_RETRY_AFTER_S))
+                await asyncio.sleep(min(delay, POLICY.max_retry_after_s))
             logprobs_refused = error.status_code == 403 and \
                 "You are not allowed to request logprobs from this model" in str(error.body)
             if (error.status_code != 400 and not logprobs_refused) or len(client.param_fixes) >= MAX_FIXES:
