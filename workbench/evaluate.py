@@ -173,13 +173,17 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
     jobs = [(t, run.path / "rollouts" / f"{t.id.replace('/', '-').replace(':', '-').replace('#', '-')}__{i:02d}")
             for t in tasks for i in range(config.n)]
     started = time.monotonic()
-    stack = local_stack(config.model, max_output_tokens=config.max_output_tokens) if engine is None else \
-        contextlib.nullcontext((engine, None, client))
+    # (engine, proxy, client): started here, or the given pair (checked above: both or neither)
+    stack: contextlib.AbstractContextManager[tuple[Engine, object, ProxyClient]]
+    if engine is None or client is None:
+        stack = local_stack(config.model, max_output_tokens=config.max_output_tokens)
+    else:
+        stack = contextlib.nullcontext((engine, None, client))
     with stack as (eng, _, cli):
         previous = cli.model
         name = f"eval-{uuid.uuid4().hex[:8]}" if adapter else None
         try:
-            if name:
+            if name and adapter:
                 eng.load_adapter(name, adapter["path"])
             policy = name or eng.served_name
             cli.set_model(policy)
@@ -190,6 +194,7 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
                 eng.unload_adapter(name)
     records = []
     for r in results:
+        assert r.out_dir is not None  # every job above names its rollout folder
         s, calls = (json.loads(f.read_text()) if f.exists() else default for f, default in
                     ((r.out_dir / "summary.json", r.summary), (r.out_dir / "trace.json", [])))
         records.append({"task_id": r.task_id, "rollout": r.rollout_id, "status": r.status, "reward": r.reward,
