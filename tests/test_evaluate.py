@@ -11,8 +11,9 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from workbench.evaluate import (AdapterMismatch, EvalConfig, add_eval_arguments, bootstrap_ci, check_adapter,
-                                compare, paired_bootstrap_ci, run_eval, sign_flip_p, wilson)
+from workbench.adapter_check import AdapterMismatch, check_adapter
+from workbench.eval_stats import bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
+from workbench.evaluate import EvalConfig, add_eval_arguments, compare, run_eval
 
 TINY = {"hidden": 64, "inter": 128, "q": 128, "kv": 64, "layers": 2}      # .cache/assets/tiny/config.json
 SMOL = {"hidden": 576, "inter": 1536, "q": 576, "kv": 192, "layers": 30}  # .cache/assets/smollm2

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import _compat, group_step
+from workbench import _compat, group_pack, group_step
 from workbench.assets import build, load
 from workbench.train import GRPORun, TrainConfig
 from workbench.turns import Row, analyse, load_trace
@@ -148,7 +148,7 @@ def padded(batch):
 
 def test_plan_packs_each_group_once_and_every_row_reads_its_own_tokens():
     ids, am, K = padded(BATCH)
-    plan = group_step.plan(ids, am, K)
+    plan = group_pack.plan(ids, am, K)
     assert sorted(sorted(p.rows) for p in plan.packs) == [[0], [1, 2], [3, 4]]
     shared = {tuple(sorted(p.rows)): p.n_shared for p in plan.packs}
     assert shared[(1, 2)] == 3106 and shared[(3, 4)] == 3076  # beyond the 3066/3067-token prompts: sampled tokens

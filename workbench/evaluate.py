@@ -20,8 +20,9 @@ artefact per rollout) and eval.json (what `run_eval` returns). The statistics:
 - Rollouts whose status is in `workbench.rollout.FAILED_STATUSES` (the infrastructure failed, not the
   agent) or that have no reward are unscored: excluded from every statistic and counted by status.
 
-An adapter is checked against the model before anything starts (`check_adapter`): its rank, target
-modules, layer indices and every LoRA matrix's shape against the asset's config.json.
+An adapter is checked against the model before anything starts (`workbench.adapter_check`): its rank,
+target modules, layer indices and every LoRA matrix's shape against the asset's config.json. The
+statistics themselves (pure functions of reward lists) are `workbench.eval_stats`.
 """
 
 from __future__ import annotations
@@ -29,17 +30,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import re
 import sys
 import time
 import types
 import uuid
-from collections.abc import Sequence
 from dataclasses import replace, asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from .adapter_check import check_adapter
+from .eval_stats import RESAMPLES, bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
 from .runs import RunDir
 from .sandbox import Isolation
 
@@ -47,11 +48,7 @@ if TYPE_CHECKING:
     from .capture_client import ProxyClient
     from .engine import Engine
 
-__all__ = ["EvalConfig", "AdapterMismatch", "check_adapter", "run_eval", "compare", "wilson", "bootstrap_ci",
-           "paired_bootstrap_ci", "sign_flip_p", "add_eval_arguments", "run_from_args", "cli_main"]
-
-Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
-RESAMPLES = 10_000
+__all__ = ["EvalConfig", "run_eval", "compare", "add_eval_arguments", "run_from_args", "cli_main"]
 
 
 @dataclass
@@ -102,171 +99,6 @@ class EvalConfig:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if not self.temperature > 0:
             raise ValueError("temperature must be > 0")
-
-
-# -- statistics (pure) -----------------------------------------------------------------------------
-
-def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a proportion; (0, 1) when there are no trials."""
-    if n == 0:
-        return (0.0, 1.0)
-    if not 0 <= successes <= n:
-        raise ValueError(f"successes must be within 0..{n}, got {successes}")
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def bootstrap_ci(groups: Sequence[Sequence[float]], *, resamples: int = RESAMPLES, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the mean of group means, by a two-stage bootstrap: groups (tasks) with
-    replacement, then each drawn group's values (rollouts) with replacement. Empty groups are dropped."""
-    import numpy as np
-
-    groups = [list(g) for g in groups if len(g)]
-    if not groups:
-        raise ValueError("no values to bootstrap")
-    rng, k = np.random.default_rng(seed), len(groups)
-    lens = np.array([len(g) for g in groups])
-    table = np.zeros((k, lens.max()))  # groups padded to the longest; the padding is never drawn
-    for i, g in enumerate(groups):
-        table[i, :len(g)] = g
-    pick = rng.integers(0, k, (resamples, k))  # stage 1: tasks
-    n = lens[pick][..., None]
-    pos = (rng.random((resamples, k, lens.max())) * n).astype(int)  # stage 2: rollouts of each drawn task
-    used = np.arange(lens.max()) < n
-    stat = ((table[pick[..., None], pos] * used).sum(-1) / n[..., 0]).mean(-1)
-    lo, hi = np.quantile(stat, [(1 - level) / 2, (1 + level) / 2])
-    return (float(lo), float(hi))
-
-
-def paired_bootstrap_ci(diffs: Sequence[float], *, resamples: int = RESAMPLES, seed: int = 0,
-                        level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the mean of paired differences (one per task), tasks drawn with replacement."""
-    import numpy as np
-
-    d = np.asarray(diffs, dtype=float)
-    if not len(d):
-        raise ValueError("no differences to bootstrap")
-    stat = d[np.random.default_rng(seed).integers(0, len(d), (resamples, len(d)))].mean(-1)
-    lo, hi = np.quantile(stat, [(1 - level) / 2, (1 + level) / 2])
-    return (float(lo), float(hi))
-
-
-def sign_flip_p(diffs: Sequence[float], *, permutations: int = 100_000, seed: int = 0) -> float:
-    """Two-sided p-value of a paired sign-flip permutation test of mean difference 0.
-
-    Under the null each task's difference is as likely negated: the p-value is the share of sign
-    patterns whose |mean| is at least the observed one. All 2^k patterns when k <= 16 (exact, 65,536 at
-    most); otherwise `permutations` random patterns (>= 10,000), p = (hits + 1) / (permutations + 1)."""
-    import numpy as np
-
-    if permutations < 10_000:
-        raise ValueError(f"permutations must be at least 10,000, got {permutations}")
-    d = np.asarray(diffs, dtype=float)
-    k = len(d)
-    if not k:
-        raise ValueError("no differences to test")
-    observed = abs(d.mean())
-    tol = 1e-12 * max(1.0, float(np.abs(d).max()))  # float sums of the same values in another order
-    if k <= 16:
-        signs = 1 - 2 * ((np.arange(2 ** k)[:, None] >> np.arange(k)) & 1)
-        return float((np.abs(signs @ d / k) >= observed - tol).mean())
-    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(permutations, k))
-    hits = int((np.abs(signs @ d / k) >= observed - tol).sum())
-    return (hits + 1) / (permutations + 1)
-
-
-# -- adapters --------------------------------------------------------------------------------------
-
-class AdapterMismatch(ValueError):
-    """The adapter was not trained for this model (or is no LoRA adapter at all)."""
-
-
-def _linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each LoRA-able linear layer of a Llama/Qwen-style decoder."""
-    h, heads = config["hidden_size"], config["num_attention_heads"]
-    kv = config.get("num_key_value_heads", heads)
-    head_dim = config.get("head_dim") or h // heads
-    inter = config["intermediate_size"]
-    return {"q_proj": (h, heads * head_dim), "k_proj": (h, kv * head_dim), "v_proj": (h, kv * head_dim),
-            "o_proj": (heads * head_dim, h), "gate_proj": (h, inter), "up_proj": (h, inter),
-            "down_proj": (inter, h), "lm_head": (h, config["vocab_size"])}
-
-
-def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
-    # The header alone (8-byte length, then JSON): no tensor is read, no torch import.
-    with open(path, "rb") as f:
-        try:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        except (ValueError, MemoryError, OverflowError):
-            raise AdapterMismatch(f"{path} is not a safetensors file") from None
-    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
-
-
-# PEFT's names: base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight (lm_head: no layer).
-_LORA_KEY = re.compile(r"\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
-_LAYER = re.compile(r"\.layers\.(\d+)\.")
-
-
-def check_adapter(path: str | Path, model: str, *, max_rank: int = 16) -> dict[str, Any]:
-    """Refuse (`AdapterMismatch`) a LoRA folder that does not fit `model`'s asset: rank above the
-    engine's `max_rank`, a target module the model lacks, a layer index past its depth, or any LoRA
-    matrix of the wrong shape. Returns what was checked (recorded in eval.json)."""
-    from .assets import ASSET_NAMES, load
-
-    folder = Path(path).expanduser()
-    cfg_file, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
-    if not cfg_file.is_file() or not weights.is_file():
-        raise AdapterMismatch(f"{folder} is not a PEFT adapter folder (needs adapter_config.json and "
-                              "adapter_model.safetensors, as save_pretrained writes them)")
-    cfg = json.loads(cfg_file.read_text())
-    if cfg.get("peft_type") != "LORA":
-        raise AdapterMismatch(f"{folder}: peft_type {cfg.get('peft_type')!r}, only LORA adapters are served")
-    model_cfg = json.loads((load(model).path / "config.json").read_text())
-    base = str(cfg.get("base_model_name_or_path") or "")
-    if Path(base).name in ASSET_NAMES and Path(base).name != model:
-        raise AdapterMismatch(f"{folder} was trained on {Path(base).name!r} ({base}), not {model!r}")
-    rank = int(cfg.get("r", 0))
-    if not 0 < rank <= max_rank:
-        raise AdapterMismatch(f"{folder}: rank {rank} is outside 1..{max_rank} (the engine's max LoRA rank)")
-    shapes, layers = _linear_shapes(model_cfg), model_cfg["num_hidden_layers"]
-    targets = cfg.get("target_modules") or []
-    unknown = sorted(set([targets] if isinstance(targets, str) else targets) - set(shapes))  # a str may be a regex
-    if unknown and not (isinstance(targets, str) and not targets.isidentifier()):
-        raise AdapterMismatch(f"{folder}: target modules {unknown} are not linear layers of {model!r} "
-                              f"(it has {sorted(shapes)})")
-    tensors = _safetensors_shapes(weights)
-    problems, seen_layers, seen_modules = [], set(), set()
-    for key, shape in tensors.items():
-        m, in_layer = _LORA_KEY.search(key), _LAYER.search(key)
-        if not m:
-            problems.append(f"{key}: not a LoRA matrix")
-            continue
-        module, which, layer = m.group(1), m.group(2), in_layer.group(1) if in_layer else None
-        if module not in shapes:
-            problems.append(f"{key}: {module!r} is not a linear layer of {model!r}")
-            continue
-        if layer is not None and int(layer) >= layers:
-            problems.append(f"{key}: layer {layer}, but {model!r} has {layers} layers")
-            continue
-        fan_in, fan_out = shapes[module]
-        r = rank if not cfg.get("rank_pattern") else (shape[0] if which == "A" else shape[-1])  # per-module ranks
-        want = [r, fan_in] if which == "A" else [fan_out, r]
-        if list(shape) != want:
-            problems.append(f"{key}: shape {list(shape)}, {model!r} needs {want}")
-        seen_modules.add(module)
-        if layer is not None:
-            seen_layers.add(int(layer))
-    if not tensors:
-        problems.append("no tensors")
-    if problems:
-        raise AdapterMismatch(f"{folder} does not fit {model!r} (hidden {model_cfg['hidden_size']}, {layers} layers): "
-                              + "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""))
-    return {"path": str(folder.resolve()), "rank": rank, "lora_alpha": cfg.get("lora_alpha"),
-            "target_modules": sorted(seen_modules), "layers": sorted(seen_layers), "tensors": len(tensors),
-            "base_model_name_or_path": base}
 
 
 # -- the evaluation --------------------------------------------------------------------------------
@@ -341,13 +173,17 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
     jobs = [(t, run.path / "rollouts" / f"{t.id.replace('/', '-').replace(':', '-').replace('#', '-')}__{i:02d}")
             for t in tasks for i in range(config.n)]
     started = time.monotonic()
-    stack = local_stack(config.model, max_output_tokens=config.max_output_tokens) if engine is None else \
-        contextlib.nullcontext((engine, None, client))
+    # (engine, proxy, client): started here, or the given pair (checked above: both or neither)
+    stack: contextlib.AbstractContextManager[tuple[Engine, object, ProxyClient]]
+    if engine is None or client is None:
+        stack = local_stack(config.model, max_output_tokens=config.max_output_tokens)
+    else:
+        stack = contextlib.nullcontext((engine, None, client))
     with stack as (eng, _, cli):
         previous = cli.model
         name = f"eval-{uuid.uuid4().hex[:8]}" if adapter else None
         try:
-            if name:
+            if name and adapter:
                 eng.load_adapter(name, adapter["path"])
             policy = name or eng.served_name
             cli.set_model(policy)
@@ -358,6 +194,7 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
                 eng.unload_adapter(name)
     records = []
     for r in results:
+        assert r.out_dir is not None  # every job above names its rollout folder
         s, calls = (json.loads(f.read_text()) if f.exists() else default for f, default in
                     ((r.out_dir / "summary.json", r.summary), (r.out_dir / "trace.json", [])))
         records.append({"task_id": r.task_id, "rollout": r.rollout_id, "status": r.status, "reward": r.reward,

@@ -17,7 +17,7 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    30 layers, 2 threads, 17 s blockwise vs 32 s dense). The gradient is exact: a shared position's logprob is one tensor element gathered into every
    row that scores it, so autograd sums every row's advantage-weighted gradient into the shared activations.
    Works with TRL's fused LM head (`shift_labels`) and with activation checkpointing (the layout travels as
-   a forward kwarg, so the checkpoint replay sees it).
+   a forward kwarg, so the checkpoint replay sees it). The layout and the attention: `workbench.group_pack`.
 2. **bf16 autocast** (`bf16`): the step under `torch.autocast("cpu", bfloat16)`; fp32 is the exact mode. Only for
    hosts with AVX512-BF16/AMX: on an AVX2-only CPU (the 2-core AMD EPYC here) torch takes its reference bf16
    GEMM, 29x slower than fp32 (benchmarks/README.md, section 7).
@@ -54,14 +54,12 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 # TRL 1.16.0's private names (pinned and checked in _compat): the methods replaced or wrapped, the metrics dict
 from ._compat import GRPO_COMPUTE_LOSS as _COMPUTE_LOSS
@@ -69,9 +67,10 @@ from ._compat import GRPO_GENERATE as _GENERATE
 from ._compat import GRPO_GET_LOGPS as _GET_LOGPS
 from ._compat import GRPO_METRICS as _METRICS
 from ._compat import trl_use_triton
+from .group_pack import ATTENTION, plan  # importing it registers ATTENTION with transformers
 from .turns import Row
 
-__all__ = ["ATTENTION", "OWNER_FIELD", "GroupStep", "Pack", "Plan", "install", "plan", "every_row_fields"]
+__all__ = ["OWNER_FIELD", "GroupStep", "install", "every_row_fields"]
 
 
 _IS_FLAG = "vllm_importance_sampling_correction"  # public attribute, read by both methods above; siblings read only
@@ -80,131 +79,24 @@ _IS_MODE, _IS_MIN, _IS_MAX = ("vllm_importance_sampling_mode", "vllm_importance_
 # Also: `model(..., shift_labels=, fused_lm_head=True)` (trl.trainer.utils.add_fused_lm_head's patched forward,
 # returning .log_probs/.entropy).
 
-ATTENTION = "wb_group_sdpa"  # sdpa, plus the blockwise tree attention when the forward carries `wb_shared`
 OWNER_FIELD = "wb_owner"  # rollout_func field: per row, the batch index of its rollout's lead row (-1: padding)
 
-
-def _group_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                     attention_mask: Tensor | None, wb_shared: int | None = None,
-                     **kwargs: object) -> tuple[Tensor, None]:
-    if wb_shared is None:  # every other forward (TRL's own, generation): plain sdpa, same mask function
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    n = wb_shared
-    assert attention_mask is not None and query.shape[0] == 1
-    tail, _ = sdpa_attention_forward(module, query[:, :, n:], key, value, attention_mask[:, :, n:], **kwargs)
-    if n == 0:
-        return tail, None
-    head, _ = sdpa_attention_forward(module, query[:, :, :n], key[:, :, :n], value[:, :, :n], None, **kwargs)
-    return torch.cat([head, tail], dim=1), None
+# GRPOTrainer.rollout_func as TRL 1.16 types it: (prompts, trainer) -> extra fields by name.
+RolloutFunc = Callable[[list[str], GRPOTrainer], dict[str, Any]]
 
 
-ALL_ATTENTION_FUNCTIONS.register(ATTENTION, _group_attention)
-ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+def _model(trainer: GRPOTrainer) -> torch.nn.Module:
+    # Trainer types .model optional (None until built); a GRPOTrainer always has one.
+    if trainer.model is None:
+        raise RuntimeError("the trainer has no model")
+    return trainer.model
 
 
-@dataclass
-class Pack:
-    """One cluster as one sequence: `n_shared` shared tokens, then each row's segment (its tokens from n_shared)."""
-
-    rows: list[int]
-    ids: Tensor        # (L,)
-    positions: Tensor  # (L,) TRL's: the padded index (prompts are left-padded)
-    labels: Tensor     # (L,) the token each position's hidden state predicts, -100 where nothing is scored
-    segment: Tensor    # (L,) -1 on the shared tokens, else the segment's number
-    n_shared: int
-
-    def mask(self) -> Tensor:
-        """(1, 1, L, L) bool tree mask: causal, and a segment sees only the shared tokens and itself."""
-        i = torch.arange(len(self.ids))
-        s = self.segment
-        return ((i[None, :] <= i[:, None]) & ((s[None, :] == -1) | (s[None, :] == s[:, None])))[None, None]
-
-
-@dataclass
-class Plan:
-    """How a TRL batch (B, P+K) is computed as packs, and where each row's K logprobs come from."""
-
-    packs: list[Pack]
-    index: Tensor      # (B, K) into the packs' concatenated positions; the extra last slot is a 0
-    row_tokens: int    # real tokens of the rows (what TRL forwards, without its padding)
-    padded_tokens: int  # B x (P+K): what TRL's own path forwards per pass
-
-    @property
-    def forwarded_tokens(self) -> int:
-        return sum(len(p.ids) for p in self.packs)
-
-
-def _lcp(a: Tensor, b: Tensor) -> int:
-    m = min(len(a), len(b))
-    diff = (a[:m] != b[:m]).nonzero()
-    return int(diff[0]) if len(diff) else m
-
-
-def plan(input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int) -> Plan:
-    """Cluster the rows by shared prefix and lay them out as packs.
-
-    Rows can share a position only with the same left padding (TRL's position ids are padded indices).
-    Sorted lexicographically, rows with long common prefixes are adjacent; the clusters are the contiguous
-    runs of that order maximising the tokens saved, (rows - 1) x (shared length), by a small dynamic program.
-    """
-    B, T = input_ids.shape
-    P = T - logits_to_keep
-    am = attention_mask.bool().cpu()
-    ids_cpu = input_ids.cpu()
-    start = am.int().argmax(1).tolist()
-    length = am.sum(1).tolist()
-    rows = [ids_cpu[b, start[b]:start[b] + length[b]] for b in range(B)]
-    for b in range(B):
-        if not am[b, start[b]:start[b] + length[b]].all():
-            raise ValueError(f"row {b}: its attention mask is not one contiguous run")
-    order = sorted(range(B), key=lambda b: (start[b], rows[b].tolist()))
-    adj = [_lcp(rows[a], rows[b]) if start[a] == start[b] else 0 for a, b in zip(order, order[1:])]
-    # best[j]: most tokens saved by the first j rows of `order`; cut[j]: where the last run begins
-    best, cut = [0] + [-1] * B, [0] * (B + 1)
-    for j in range(1, B + 1):
-        shared = math.inf
-        for i in range(j - 1, -1, -1):  # run order[i:j]
-            if i < j - 1:
-                shared = min(shared, adj[i])
-            gain = best[i] + ((j - i - 1) * (shared - 1) if i < j - 1 else 0)
-            if i < j - 1 and shared < 2:
-                break
-            if gain > best[j]:
-                best[j], cut[j] = gain, i
-    runs, j = [], B
-    while j > 0:
-        runs.append(order[cut[j]:j])
-        j = cut[j]
-    packs, index, offset = [], torch.empty(B, logits_to_keep, dtype=torch.long), 0
-    total = sum(length) + B  # upper bound on the packed length, so the zero slot is known up front
-    for run in reversed(runs):
-        s = start[run[0]]
-        c = min((_lcp(rows[run[0]], rows[b]) for b in run[1:]), default=length[run[0]])
-        n = c - 1  # the last common token opens every segment
-        ids, pos, lab, seg, seg_start = [rows[run[0]][:n]], [s + torch.arange(n)], [], [torch.full((n,), -1)], {}
-        nxt = rows[run[0]][1:n + 1].clone()
-        nxt[s + torch.arange(n) + 1 < P] = -100  # only completion tokens (padded index >= P) are scored
-        lab.append(nxt)
-        at = n
-        for k, b in enumerate(run):
-            x, m = rows[b], length[b] - n
-            seg_start[b] = at
-            ids.append(x[n:])
-            pos.append(s + n + torch.arange(m))
-            target = torch.cat([x[n + 1:], torch.tensor([-100])])
-            target[s + n + torch.arange(m) + 1 < P] = -100
-            lab.append(target)
-            seg.append(torch.full((m,), k))
-            at += m
-        packs.append(Pack(list(run), torch.cat(ids), torch.cat(pos), torch.cat(lab), torch.cat(seg), n))
-        for b in run:
-            real = P - s + torch.arange(logits_to_keep)  # real index of each completion slot's token
-            src = real - 1  # ... predicted from the previous position
-            local = torch.where(src < n, src, seg_start[b] + src - n)
-            index[b] = torch.where(real < length[b], offset + local, total)
-        offset += at
-    index[index == total] = offset  # the zero slot sits right after the last pack
-    return Plan(packs, index.to(input_ids.device), sum(length), B * T)
+def _base_model(trainer: GRPOTrainer) -> PreTrainedModel:
+    """The transformers model under the trainer's (PEFT-wrapped or plain) one: whose config picks the attention."""
+    model = _model(trainer)
+    get_base = getattr(model, "get_base_model", None)  # PeftModel's; nn.Module's __getattr__ would type it a Tensor
+    return cast(PreTrainedModel, get_base() if get_base is not None else model)
 
 
 @dataclass
@@ -217,16 +109,20 @@ class GroupStep:
     bf16: bool = False
     attention: str = "blockwise"  # or "dense": stock SDPA with the 4D tree mask (2x the attention FLOPs here)
     last: dict[str, int] = field(default_factory=dict)
-    _loss_inputs: dict[str, object] | None = None
+    _loss_inputs: dict[str, Any] | None = None
     _owners: list[int] | None = None
-    _rollout_func: Callable[..., dict[str, list[object]]] | None = None
+    _rollout_func: RolloutFunc | None = None
 
-    def _original(self, name: str) -> Callable[..., object]:
-        return getattr(type(self.trainer), name).__get__(self.trainer)
+    def _original(self, name: str) -> Callable[..., Any]:
+        # TRL's own method, looked up by its (private, version-checked) name: its signature is TRL's
+        return cast(Callable[..., Any], getattr(type(self.trainer), name).__get__(self.trainer))
 
     def _reusing(self) -> bool:
         t = self.trainer
-        weights_fixed = t.args.gradient_accumulation_steps % (t.args.steps_per_generation * t.num_iterations) == 0
+        args = cast(GRPOConfig, t.args)  # Trainer types it TrainingArguments; GRPOTrainer's is a GRPOConfig
+        steps = args.steps_per_generation
+        assert steps is not None  # GRPOConfig.__post_init__ always resolves it
+        weights_fixed = args.gradient_accumulation_steps % (steps * t.num_iterations) == 0
         return self.reuse_logps and t.use_vllm and getattr(t, _IS_FLAG) and weights_fixed
 
     @contextlib.contextmanager
@@ -240,6 +136,9 @@ class GroupStep:
         inputs, self._loss_inputs = self._loss_inputs, None  # set only for the loss pass's call
         ours = (self.shared_prefix and not compute_aux_loss and all(v is None for v in multimodal.values())
                 and getattr(model, "config", None) is not None and model.config._attn_implementation == ATTENTION)
+        logps: Tensor
+        entropies: Tensor | None
+        aux: Tensor | None
         with self._precision():
             if not ours:
                 logps, entropies, aux = self._original(_GET_LOGPS)(
@@ -273,11 +172,11 @@ class GroupStep:
                      "shared_tokens": sum(pk.n_shared for pk in p.packs)}
         return torch.cat([*logps, zero])[p.index], torch.cat([*entropies, zero.detach()])[p.index]
 
-    def _importance_ratio(self, inputs: dict[str, object], old: Tensor) -> None:
+    def _importance_ratio(self, inputs: dict[str, Any], old: Tensor) -> None:
         """TRL 1.16's vLLM IS ratio and its metrics (grpo_trainer.py ~2660-2895), from the loss pass's logprobs."""
         t = self.trainer
-        sampling = inputs["sampling_per_token_logps"]
-        mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+        sampling: Tensor = inputs["sampling_per_token_logps"]
+        mask: Tensor = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
         diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
         mode = getattr(t, _IS_MODE)
         sequence = mode in ("sequence_mask", "sequence_truncate")
@@ -289,7 +188,7 @@ class GroupStep:
             lo, hi = -math.inf if lo is None else lo, math.inf if hi is None else hi
             ratio = ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
         inputs["importance_sampling_ratio"] = ratio
-        metrics = getattr(t, _METRICS)["train" if t.model.training else "eval"]
+        metrics = getattr(t, _METRICS)["train" if _model(t).training else "eval"]
         delta = torch.abs(old - sampling)
         delta = delta[mask.bool() & ~torch.isnan(delta)]
         flat = ratio.flatten() if sequence else ratio[mask.bool()]
@@ -303,12 +202,12 @@ class GroupStep:
             metrics[f"sampling/importance_sampling_ratio/{stat}"].append(
                 (value.nanmean() if stat == "mean" else reduce(value[~value.isnan()])).item())
 
-    def generate_and_score(self, inputs: list[dict[str, object]]) -> dict[str, object]:
+    def generate_and_score(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         reusing = self._reusing()
         if reusing:  # TRL then skips its no-grad forward and the IS ratio; the loss pass supplies both
             setattr(self.trainer, _IS_FLAG, False)
         try:
-            out = self._original(_GENERATE)(inputs)
+            out: dict[str, Any] = self._original(_GENERATE)(inputs)
         finally:
             if reusing:
                 setattr(self.trainer, _IS_FLAG, True)
@@ -319,13 +218,13 @@ class GroupStep:
             out["advantages"] = adv[lead]
         return out
 
-    def compute_loss(self, model: PreTrainedModel, inputs: dict[str, object]) -> Tensor:
+    def compute_loss(self, model: PreTrainedModel, inputs: dict[str, Any]) -> Tensor:
         self._loss_inputs = inputs if self._reusing() and "importance_sampling_ratio" not in inputs else None
         try:
-            loss = self._original(_COMPUTE_LOSS)(model, inputs)
+            loss: Tensor = self._original(_COMPUTE_LOSS)(model, inputs)
         finally:
             self._loss_inputs = None
-        metrics = getattr(self.trainer, _METRICS)["train" if self.trainer.model.training else "eval"]
+        metrics = getattr(self.trainer, _METRICS)["train" if _model(self.trainer).training else "eval"]
         for k in ("row_tokens", "forwarded_tokens"):  # of the loss pass: what lever 1 saves
             metrics[f"group/{k}"].append(float(self.last.get(k, 0)))
         return loss
@@ -336,7 +235,7 @@ class GroupStep:
             t.__dict__.pop(name, None)
         if self._rollout_func is not None:
             t.rollout_func = self._rollout_func
-        base = t.model.get_base_model() if hasattr(t.model, "get_base_model") else t.model
+        base = _base_model(t)
         if base.config._attn_implementation == ATTENTION:
             base.config._attn_implementation = "sdpa"
         t.__dict__.pop("group_step", None)
@@ -354,7 +253,7 @@ def install(trainer: GRPOTrainer, *, shared_prefix: bool = True, reuse_logps: bo
     if getattr(trainer, "group_step", None) is not None:
         raise RuntimeError("group_step is already installed on this trainer (workbench.train installs it)")
     step = GroupStep(trainer, shared_prefix, reuse_logps, bf16, attention)
-    base = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+    base = _base_model(trainer)
     if shared_prefix:
         if base.config._attn_implementation not in ("sdpa", ATTENTION):
             raise ValueError(f"shared_prefix needs sdpa attention, not {base.config._attn_implementation!r}")
@@ -365,13 +264,13 @@ def install(trainer: GRPOTrainer, *, shared_prefix: bool = True, reuse_logps: bo
     if trainer.rollout_func is not None:
         step._rollout_func = rollout = trainer.rollout_func
 
-        def rollout_func(prompts: list[object], trainer_: GRPOTrainer) -> dict[str, list[object]]:
+        def rollout_func(prompts: list[str], trainer_: GRPOTrainer) -> dict[str, Any]:
             out = rollout(prompts, trainer_)
             step._owners = out.get(OWNER_FIELD)
             return out
 
         trainer.rollout_func = rollout_func
-    trainer.group_step = step
+    vars(trainer)["group_step"] = step  # ours on TRL's object (GRPOTrainer declares no such field); remove() pops it
     return step
 
 

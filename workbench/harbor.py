@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from .harbor_dockerfile import HarborError, read_text_tree, starting_files
-from .tasks import Limits, Task
+from .task_record import Limits, Task
 
 __all__ = [
     "REPO_TASKS",

@@ -25,7 +25,8 @@ from typing import Any
 
 from .capture_client import ProxyClient
 from .engine import Engine, EngineConfig
-from .evaluate import EvalConfig, compare, paired_bootstrap_ci, run_eval, sign_flip_p
+from .eval_stats import paired_bootstrap_ci, sign_flip_p
+from .evaluate import EvalConfig, compare, run_eval
 from .runs import RunDir
 from .train import GRPORun, TrainConfig
 

@@ -1,0 +1,156 @@
+"""The shared-prefix layout of a GRPO batch (lever 1 of `workbench.group_step`): packs, their tree mask and
+position ids, the index that gathers each row's logprobs back, and the attention that runs a pack blockwise.
+
+`plan` clusters a TRL batch's rows by common prefix and lays each cluster out as ONE sequence: the shared
+tokens once, then every row's own segment (opened by a copy of the last shared token, so each hidden
+state predicts exactly one next token), with TRL's position ids (padded indices) and labels (-100 where
+nothing is scored). A segment attends to the shared tokens and causally to itself (`Pack.mask`).
+Importing this module registers `ATTENTION` with transformers: plain sdpa for every other forward, and,
+when the forward carries ``wb_shared=n``, causal SDPA over the n shared positions plus masked SDPA of
+the segments against all keys (half the cost of one SDPA with the dense 4D mask here).
+
+    from workbench.group_pack import ATTENTION, plan
+    p = plan(input_ids, attention_mask, logits_to_keep)      # TRL's (B, P+K) batch
+    for pack in p.packs:                                      # model.config._attn_implementation = ATTENTION
+        out = model(input_ids=pack.ids[None], attention_mask=pack.mask(), position_ids=pack.positions[None],
+                    shift_labels=pack.labels[None], fused_lm_head=True, wb_shared=pack.n_shared)
+    # torch.cat([*per-pack log_probs, zero])[p.index] is TRL's (B, K) per-token logprobs
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+__all__ = ["ATTENTION", "Pack", "Plan", "plan"]
+
+ATTENTION = "wb_group_sdpa"  # sdpa, plus the blockwise tree attention when the forward carries `wb_shared`
+
+
+def _group_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                     attention_mask: Tensor | None, wb_shared: int | None = None,
+                     **kwargs: Any) -> tuple[Tensor, None]:  # kwargs: transformers' own (dropout, scaling, ...)
+    if wb_shared is None:  # every other forward (TRL's own, generation): plain sdpa, same mask function
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    n = wb_shared
+    assert attention_mask is not None and query.shape[0] == 1
+    tail, _ = sdpa_attention_forward(module, query[:, :, n:], key, value, attention_mask[:, :, n:], **kwargs)
+    if n == 0:
+        return tail, None
+    head, _ = sdpa_attention_forward(module, query[:, :, :n], key[:, :, :n], value[:, :, :n], None, **kwargs)
+    return torch.cat([head, tail], dim=1), None
+
+
+ALL_ATTENTION_FUNCTIONS.register(ATTENTION, _group_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+
+
+@dataclass
+class Pack:
+    """One cluster as one sequence: `n_shared` shared tokens, then each row's segment (its tokens from n_shared)."""
+
+    rows: list[int]
+    ids: Tensor        # (L,)
+    positions: Tensor  # (L,) TRL's: the padded index (prompts are left-padded)
+    labels: Tensor     # (L,) the token each position's hidden state predicts, -100 where nothing is scored
+    segment: Tensor    # (L,) -1 on the shared tokens, else the segment's number
+    n_shared: int
+
+    def mask(self) -> Tensor:
+        """(1, 1, L, L) bool tree mask: causal, and a segment sees only the shared tokens and itself."""
+        i = torch.arange(len(self.ids))
+        s = self.segment
+        return ((i[None, :] <= i[:, None]) & ((s[None, :] == -1) | (s[None, :] == s[:, None])))[None, None]
+
+
+@dataclass
+class Plan:
+    """How a TRL batch (B, P+K) is computed as packs, and where each row's K logprobs come from."""
+
+    packs: list[Pack]
+    index: Tensor      # (B, K) into the packs' concatenated positions; the extra last slot is a 0
+    row_tokens: int    # real tokens of the rows (what TRL forwards, without its padding)
+    padded_tokens: int  # B x (P+K): what TRL's own path forwards per pass
+
+    @property
+    def forwarded_tokens(self) -> int:
+        return sum(len(p.ids) for p in self.packs)
+
+
+def _lcp(a: Tensor, b: Tensor) -> int:
+    m = min(len(a), len(b))
+    diff = (a[:m] != b[:m]).nonzero()
+    return int(diff[0]) if len(diff) else m
+
+
+def plan(input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int) -> Plan:
+    """Cluster the rows by shared prefix and lay them out as packs.
+
+    Rows can share a position only with the same left padding (TRL's position ids are padded indices).
+    Sorted lexicographically, rows with long common prefixes are adjacent; the clusters are the contiguous
+    runs of that order maximising the tokens saved, (rows - 1) x (shared length), by a small dynamic program.
+    """
+    B, T = input_ids.shape
+    P = T - logits_to_keep
+    am = attention_mask.bool().cpu()
+    ids_cpu = input_ids.cpu()
+    start = am.int().argmax(1).tolist()
+    length = am.sum(1).tolist()
+    rows = [ids_cpu[b, start[b]:start[b] + length[b]] for b in range(B)]
+    for b in range(B):
+        if not am[b, start[b]:start[b] + length[b]].all():
+            raise ValueError(f"row {b}: its attention mask is not one contiguous run")
+    order = sorted(range(B), key=lambda b: (start[b], rows[b].tolist()))
+    adj = [_lcp(rows[a], rows[b]) if start[a] == start[b] else 0 for a, b in zip(order, order[1:])]
+    # best[j]: most tokens saved by the first j rows of `order`; cut[j]: where the last run begins
+    best, cut = [0] + [-1] * B, [0] * (B + 1)
+    for j in range(1, B + 1):
+        shared = T  # no run yet: every lcp is at most T, so the first min() below sets it
+        for i in range(j - 1, -1, -1):  # run order[i:j]
+            if i < j - 1:
+                shared = min(shared, adj[i])
+            gain = best[i] + ((j - i - 1) * (shared - 1) if i < j - 1 else 0)
+            if i < j - 1 and shared < 2:
+                break
+            if gain > best[j]:
+                best[j], cut[j] = gain, i
+    runs, j = [], B
+    while j > 0:
+        runs.append(order[cut[j]:j])
+        j = cut[j]
+    packs, index, offset = [], torch.empty(B, logits_to_keep, dtype=torch.long), 0
+    total = sum(length) + B  # upper bound on the packed length, so the zero slot is known up front
+    for run in reversed(runs):
+        s = start[run[0]]
+        c = min((_lcp(rows[run[0]], rows[b]) for b in run[1:]), default=length[run[0]])
+        n = c - 1  # the last common token opens every segment
+        ids, pos, lab, seg, seg_start = [rows[run[0]][:n]], [s + torch.arange(n)], [], [torch.full((n,), -1)], {}
+        nxt = rows[run[0]][1:n + 1].clone()
+        nxt[s + torch.arange(n) + 1 < P] = -100  # only completion tokens (padded index >= P) are scored
+        lab.append(nxt)
+        at = n
+        for k, b in enumerate(run):
+            x, m = rows[b], length[b] - n
+            seg_start[b] = at
+            ids.append(x[n:])
+            pos.append(s + n + torch.arange(m))
+            target = torch.cat([x[n + 1:], torch.tensor([-100])])
+            target[s + n + torch.arange(m) + 1 < P] = -100
+            lab.append(target)
+            seg.append(torch.full((m,), k))
+            at += m
+        packs.append(Pack(list(run), torch.cat(ids), torch.cat(pos), torch.cat(lab), torch.cat(seg), n))
+        for b in run:
+            real = P - s + torch.arange(logits_to_keep)  # real index of each completion slot's token
+            src = real - 1  # ... predicted from the previous position
+            local = torch.where(src < n, src, seg_start[b] + src - n)
+            index[b] = torch.where(real < length[b], offset + local, total)
+        offset += at
+    index[index == total] = offset  # the zero slot sits right after the last pack
+    return Plan(packs, index.to(input_ids.device), sum(length), B * T)
