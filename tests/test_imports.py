@@ -27,6 +27,7 @@ def test_every_subcommands_help_renders():
     from workbench.cli import build_parser
 
     parser = build_parser()
+    assert "train" in parser.format_help()  # the top level lists every subcommand's help line
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert {"train", "eval", "rollout", "verify"} <= set(subs.choices)
     for name, sub in subs.choices.items():

@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .evaluate import add_eval_arguments
 
     add_eval_arguments(add("eval", _cmd_eval, "evaluate a model or LoRA adapter: N rollouts per task -> mean "
-                           "reward, solve rate, 95% intervals (runs/<stamp>__eval)"))
+                           "reward, solve rate, 95%% intervals (runs/<stamp>__eval)"))
     add_diff_arguments(add("diff", _cmd_diff, "compare two rollout folders turn by turn: first diverging "
                            "prompt/sampled token, tool calls, outcome"))
 
