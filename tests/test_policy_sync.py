@@ -168,3 +168,33 @@ def test_a_merged_run_trains_on_what_the_engine_serves_after_an_update(plain_eng
     assert metrics[1]["sampling/sampling_logp_difference/mean"] < 1e-4, metrics[1]
     assert summary["policy"] == engine.served_name and not (run.dir.path / "merged").exists()
     assert (run.dir.path / "adapters" / "final" / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.engine
+@pytest.mark.opencode
+def test_a_merged_evaluation_serves_the_adapter_then_the_base_model_again(plain_engine, tmp_path):
+    """`EvalConfig(serving="merged")`: the adapter's weights are served for the rollouts (every agent call under
+    the engine's own name, none stale), then the base weights are reloaded and the merged copy removed."""
+    from transformers import AutoModelForCausalLM
+
+    from workbench.capture import CaptureProxy
+    from workbench.evaluate import EvalConfig, run_eval
+
+    path, peft = _peft_tiny(seed=2)
+    peft.save_pretrained(tmp_path / "adapter")
+    engine = plain_engine
+    config = EvalConfig(model="tiny", adapter=str(tmp_path / "adapter"), tasks="easy-eval[:1]", n=1, temperature=0.7,
+                        max_output_tokens=16, max_model_calls=2, timeout_s=120, serving="merged")
+    with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
+        result = run_eval(config, run_dir=tmp_path / "run", engine=engine, client=proxy.client(), progress=False)
+    assert result["policy"] == f"{engine.served_name}+adapter (merged)" and result["stale_calls"] == 0
+    assert result["rollouts"] == 1 and not (tmp_path / "run" / "merged").exists()
+    messages = [{"role": "user", "content": "Count to five."}]
+    out = engine.chat(messages, max_tokens=8, temperature=1.0)["choices"][0]
+    prompt, completion = engine.tokenize(messages), out["token_ids"]
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        logits = base(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
+    want = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
+    got = [t["logprob"] for t in out["logprobs"]["content"]]
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4  # the base model again

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .runs import RunDir
 
 __all__ = ["SharedFolder", "SyncHost", "LoraSync", "MergedSync", "NcclSync", "SaveOnlySync", "merged_state_dict",
-           "authenticated_vllm_client"]
+           "write_merged", "merge_adapter_folder", "authenticated_vllm_client"]
 
 
 class SyncHost(Protocol):
@@ -172,6 +172,29 @@ def merged_state_dict(peft_model: Any) -> dict[str, Any]:
     return out
 
 
+def write_merged(peft_model: Any, folder: Path) -> Path:
+    """`merged_state_dict` as ``folder/model.safetensors`` (written aside and renamed: a reader never sees half a
+    file); returns the folder, ready for `Engine.reload_weights`."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".model-{uuid.uuid4().hex[:6]}.tmp"
+    save_file(merged_state_dict(peft_model), str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, folder / "model.safetensors")
+    return folder
+
+
+def merge_adapter_folder(model_path: Path, adapter: Path, folder: Path) -> Path:
+    """A saved PEFT adapter merged into the model it was trained on (a checkpoint folder), written as `write_merged`
+    writes it: how `workbench eval --serving merged` serves an adapter without vLLM's LoRA layers."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    return write_merged(PeftModel.from_pretrained(base, str(adapter)), folder)
+
+
 class MergedSync:
     """Save the adapter (the run's record, for resume and `workbench eval`), write the merged weights, have the
     engine reload them in place. The engine must run on this host (it opens the run folder) with its development
@@ -182,17 +205,11 @@ class MergedSync:
         self.current: str | None = None
 
     def sync_weights(self) -> None:
-        from safetensors.torch import save_file
-
         host = self.host
         assert host.engine is not None and host.client is not None, "MergedSync needs an engine and a proxy"
         t = time.monotonic()
         step, _ = _save_adapter(host)
-        folder = host.dir.path / "merged"
-        folder.mkdir(exist_ok=True)
-        tmp = folder / f".model-{uuid.uuid4().hex[:6]}.tmp"
-        save_file(merged_state_dict(host.trainer.model), str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, folder / "model.safetensors")  # the engine never reads half a file
+        folder = write_merged(host.trainer.model, host.dir.path / "merged")
         write_s = time.monotonic() - t
         reload_s = host.engine.reload_weights(folder)
         if self.current is None:
