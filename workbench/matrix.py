@@ -194,6 +194,8 @@ def run_matrix(config: MatrixConfig, *, run_dir: Path | None = None, engines: di
     records: list[dict[str, Any]] = []
     for model in config.models:
         with local_stack(model, engine=engines.get(model)) as (engine, _, client):
+            if engine.asset is None:  # an external engine: no local folder to read the tokenizer from
+                raise ValueError(f"matrix: the engine for {model!r} has no local model asset (its tokenizer)")
             tokenizer = AutoTokenizer.from_pretrained(str(engine.asset.path))
             for harness in config.harnesses:
                 cell = run.path / model / harness

@@ -83,7 +83,7 @@ class RescoreResult:
                     "mean_abs_delta": sum(abs(t.delta) for t in ts) / n if n else None}
 
         ranked = sorted(self.tokens, key=lambda t: t.delta)
-        brief = [{"text": t.text, "part": t.part, "turn": t.turn, "index": t.index, "delta": t.delta, "a": t.a,
+        brief: list[dict[str, Any]] = [{"text": t.text, "part": t.part, "turn": t.turn, "index": t.index, "delta": t.delta, "a": t.a,
                   "b": t.b} for t in ranked]
         return {**stats(self.tokens), "by_part": {p: stats([t for t in self.tokens if t.part == p]) for p in PARTS
                                                   if any(t.part == p for t in self.tokens)},
@@ -177,8 +177,8 @@ def rescore(rollout: Path | str | list[dict[str, Any]], model_path: Path | str, 
     calls = load_trace(Path(rollout) / "trace.json") if isinstance(rollout, (str, Path)) else rollout
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
     if temperature is None:
-        temps = {(c.get("sampling_params") or {}).get("temperature") for c in calls if c.get("purpose", "agent") == "agent"
-                 and c.get("per_token_logps") is not None} - {None}
+        temps = {t for c in calls if c.get("purpose", "agent") == "agent" and c.get("per_token_logps") is not None
+                 and (t := (c.get("sampling_params") or {}).get("temperature")) is not None}
         if len(temps) > 1:
             raise ValueError(f"the trace was sampled at several temperatures {sorted(temps)}: pass temperature=")
         temperature = float(temps.pop()) if temps else 1.0
