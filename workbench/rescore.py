@@ -36,10 +36,12 @@ from typing import Any, Literal, Sequence
 from .turns import analyse, load_trace
 from .views import STYLE, token_texts
 
-__all__ = ["TokenDelta", "RescoreResult", "rescore", "token_parts", "render_delta", "delta_widget", "PARTS",
-           "CODE_KEYS"]
+__all__ = ["TokenDelta", "RescoreResult", "rescore", "token_parts", "render_delta", "delta_widget", "PARTS", "Part",
+           "Positions", "CODE_KEYS"]
 
-PARTS = ("tool_name", "arguments", "code", "tool_syntax", "text", "special")
+Part = Literal["tool_name", "arguments", "code", "tool_syntax", "text", "special"]
+PARTS: tuple[Part, ...] = ("tool_name", "arguments", "code", "tool_syntax", "text", "special")
+Positions = Literal["trained", "sampled"]  # which tokens are scored: the trained (masked) ones or every sampled one
 CODE_KEYS = ("content", "newString", "oldString", "new_string", "old_string")
 # Positions scored per forward: 512 x 152k vocabulary x 4 bytes = 311 MB of logits at most (a whole
 # 3k-token row would be 1.8 GB). A row's trained tokens are fewer than this, so it is one forward.
@@ -56,7 +58,7 @@ class TokenDelta:
     index: int          # in its turn's sampled output
     id: int
     text: str
-    part: str
+    part: Part
     captured: float     # the engine's logprob when it was sampled
     a: float
     b: float
@@ -72,7 +74,7 @@ class RescoreResult:
     policy_a: str
     policy_b: str
     temperature: float
-    positions: str
+    positions: Positions
     tokens: list[TokenDelta]
 
     def summary(self, top: int = 10) -> dict[str, Any]:
@@ -102,8 +104,8 @@ _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 _STRING = r'"((?:[^"\\]|\\.)*)'  # a JSON string's body (to its end, or the text's end when cut short)
 
 
-def _char_parts(text: str) -> list[str]:
-    parts = ["text"] * len(text)
+def _char_parts(text: str) -> list[Part]:
+    parts: list[Part] = ["text"] * len(text)
     for block in _BLOCK.finditer(text):
         lo, hi = block.span()
         parts[lo:hi] = ["tool_syntax"] * (hi - lo)
@@ -123,7 +125,7 @@ def _char_parts(text: str) -> list[str]:
     return parts
 
 
-def token_parts(tokenizer: Any, ids: Sequence[int]) -> tuple[list[str], list[str]]:
+def token_parts(tokenizer: Any, ids: Sequence[int]) -> tuple[list[str], list[Part]]:
     """Per token of one sampled output: its own text and its part (see the module docstring)."""
     texts = token_texts(tokenizer, ids)
     special = set(tokenizer.all_special_ids)
@@ -132,7 +134,7 @@ def token_parts(tokenizer: Any, ids: Sequence[int]) -> tuple[list[str], list[str
     bounds = [len(tokenizer.decode(list(ids[:k]), skip_special_tokens=False)) for k in range(len(ids) + 1)]
     full = tokenizer.decode(list(ids), skip_special_tokens=False)
     chars = _char_parts(full)
-    parts = []
+    parts: list[Part] = []
     for k, tid in enumerate(ids):
         span = chars[bounds[k]:max(bounds[k], bounds[k + 1])]
         parts.append("special" if tid in special else Counter(span).most_common(1)[0][0] if span else "text")
@@ -167,7 +169,7 @@ def _score(model: Any, input_ids: list[int], targets: list[int], temperature: fl
 
 def rescore(rollout: Path | str | list[dict[str, Any]], model_path: Path | str, adapter_a: Path | str | None = None,
             adapter_b: Path | str | None = None, tokenizer: Any | None = None, *,
-            positions: Literal["trained", "sampled"] = "trained", temperature: float | None = None) -> RescoreResult:
+            positions: Positions = "trained", temperature: float | None = None) -> RescoreResult:
     """Score every labelled token of the trace's rows under A (`adapter_a`, or the base model when None)
     and B (`adapter_b`, or the base model). `tokenizer` decodes (default: `model_path`'s); the trace's
     sampling temperature is used unless `temperature` is given."""
@@ -209,7 +211,7 @@ def rescore(rollout: Path | str | list[dict[str, Any]], model_path: Path | str, 
             with _policy(model, names[side]):
                 scores[side] = _score(model, row.input_ids, targets, temperature)
         where: dict[int, tuple[int, int]] = {}
-        decoded: dict[int, tuple[list[str], list[str]]] = {}
+        decoded: dict[int, tuple[list[str], list[Part]]] = {}
         for t_index, (_, out_start, end) in zip(row.turns, row.spans):
             for i in range(out_start, end):
                 where[i] = (t_index, i - out_start)
