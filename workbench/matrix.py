@@ -32,6 +32,7 @@ from .rollout import RolloutConfig, RolloutResult, run_rollouts
 from .stack import local_stack
 from .runs import RunDir
 from .tasks import load_tasks
+from .tokenizer import Tokenizer
 from .turns import TraceError, analyse, load_trace
 from .views import render_table
 
@@ -80,7 +81,7 @@ def exact_prompt_ids(call: dict[str, Any], engine: Engine) -> bool | None:
         return None
 
 
-def measure_rollout(result: RolloutResult, engine: Engine, tokenizer: Any) -> dict[str, Any]:
+def measure_rollout(result: RolloutResult, engine: Engine, tokenizer: Tokenizer) -> dict[str, Any]:
     """One rollout's measurements, from its artefact folder and the engine's tokenisation."""
     summary = result.summary
     timings = summary.get("timings") or {}

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from .turns import analyse, load_trace
+from .tokenizer import Tokenizer, decode_text
 from .views import STYLE, token_texts
 
 __all__ = ["TokenDelta", "RescoreResult", "rescore", "token_parts", "render_delta", "delta_widget", "PARTS", "Part",
@@ -125,14 +126,14 @@ def _char_parts(text: str) -> list[Part]:
     return parts
 
 
-def token_parts(tokenizer: Any, ids: Sequence[int]) -> tuple[list[str], list[Part]]:
+def token_parts(tokenizer: Tokenizer, ids: Sequence[int]) -> tuple[list[str], list[Part]]:
     """Per token of one sampled output: its own text and its part (see the module docstring)."""
     texts = token_texts(tokenizer, ids)
     special = set(tokenizer.all_special_ids)
     # Character offsets from prefix decodes: a token's own decode can differ from its share of the
     # whole (a multi-byte character split over two tokens decodes as U+FFFD alone).
-    bounds = [len(tokenizer.decode(list(ids[:k]), skip_special_tokens=False)) for k in range(len(ids) + 1)]
-    full = tokenizer.decode(list(ids), skip_special_tokens=False)
+    bounds = [len(decode_text(tokenizer, ids[:k], skip_special_tokens=False)) for k in range(len(ids) + 1)]
+    full = decode_text(tokenizer, ids, skip_special_tokens=False)
     chars = _char_parts(full)
     parts: list[Part] = []
     for k, tid in enumerate(ids):
@@ -168,7 +169,7 @@ def _score(model: Any, input_ids: list[int], targets: list[int], temperature: fl
 
 
 def rescore(rollout: Path | str | list[dict[str, Any]], model_path: Path | str, adapter_a: Path | str | None = None,
-            adapter_b: Path | str | None = None, tokenizer: Any | None = None, *,
+            adapter_b: Path | str | None = None, tokenizer: Tokenizer | None = None, *,
             positions: Positions = "trained", temperature: float | None = None) -> RescoreResult:
     """Score every labelled token of the trace's rows under A (`adapter_a`, or the base model when None)
     and B (`adapter_b`, or the base model). `tokenizer` decodes (default: `model_path`'s); the trace's

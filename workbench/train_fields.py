@@ -15,7 +15,8 @@ from typing import Any
 from .rollout import FAILED_STATUSES, RolloutOutcome, RolloutResult
 from .tasks import Task
 from .train_rows import longest_row_fields, rollout_rows
-from .train_types import StepConfig, Tokenizer, token_id
+from .tokenizer import Tokenizer, token_id
+from .train_types import StepConfig
 from .turns import Row, load_trace
 
 __all__ = ["step_fields"]

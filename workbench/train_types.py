@@ -24,26 +24,11 @@ if TYPE_CHECKING:
     from .runs import RunDir
     from .tasks import Task
 
-__all__ = ["TurnPolicy", "WeightSync", "Device", "Tokenizer", "StepConfig", "AsyncTrainConfig", "AsyncRun",
-           "token_id"]
+__all__ = ["TurnPolicy", "WeightSync", "Device", "StepConfig", "AsyncTrainConfig", "AsyncRun"]
 
 TurnPolicy = Literal["tool_calls", "all"]  # TrainConfig.train_turns: which agent turns are trained
 WeightSync = Literal["lora", "nccl"]       # TrainConfig.weight_sync: how the policy reaches the engine
 Device = Literal["cpu", "cuda"]            # a run's resolved trainer device (`workbench.train.resolve_device`)
-
-
-class Tokenizer(Protocol):
-    """The part of a Hugging Face tokenizer the row builders call (its own, broad, return types)."""
-
-    def convert_tokens_to_ids(self, tokens: str | list[str]) -> int | list[int]: ...
-
-
-def token_id(tokenizer: Tokenizer, token: str) -> int:
-    """One token's id (HF returns a list only for a list of tokens)."""
-    got = tokenizer.convert_tokens_to_ids(token)
-    if not isinstance(got, int):
-        raise TypeError(f"the tokenizer gave {got!r} for the single token {token!r}")
-    return got
 
 
 class StepConfig(Protocol):
