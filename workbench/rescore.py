@@ -86,8 +86,8 @@ class RescoreResult:
                     "mean_abs_delta": sum(abs(t.delta) for t in ts) / n if n else None}
 
         ranked = sorted(self.tokens, key=lambda t: t.delta)
-        brief: list[dict[str, Any]] = [{"text": t.text, "part": t.part, "turn": t.turn, "index": t.index, "delta": t.delta, "a": t.a,
-                  "b": t.b} for t in ranked]
+        brief: list[dict[str, Any]] = [{"text": t.text, "part": t.part, "turn": t.turn, "index": t.index,
+                                        "delta": t.delta, "a": t.a, "b": t.b} for t in ranked]
         return {**stats(self.tokens), "by_part": {p: stats([t for t in self.tokens if t.part == p]) for p in PARTS
                                                   if any(t.part == p for t in self.tokens)},
                 "max_abs_captured_vs_a": max((abs(t.captured - t.a) for t in self.tokens), default=None),

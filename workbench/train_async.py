@@ -1,8 +1,8 @@
 """``workbench train --trainer async``: TRL's AsyncGRPOTrainer + HarnessRolloutWorker over our sessions.
 
-The same `workbench.train.TrainConfig` drives it (typed here as `workbench.train_types.AsyncTrainConfig`; this
-module never imports workbench.train, which dispatches to it): TRL's loop-owning worker (``harness_adapter=None``) runs our
-OpenEnv sessions (`workbench.openenv_session`) through the capture proxy, with the CPU route's turn policy
+The same `workbench.train.TrainConfig` drives it (typed here as `workbench.train_types.AsyncTrainConfig`: this
+module never imports workbench.train, which dispatches to it): TRL's loop-owning worker (``harness_adapter=None``)
+runs our OpenEnv sessions (`workbench.openenv_session`) through the capture proxy, with the CPU route's turn policy
 (``train_turns``), token budget, few-shot prompt, `FAILED_STATUSES` unscored and one seed-format artefact folder
 per rollout under ``<run>/rollouts/``. TRL chains the sessions' turns into rows, computes the group advantages
 and trains PPO-clip against the engine's logprobs; metrics.jsonl gets every TRL log line.
