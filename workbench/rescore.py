@@ -34,12 +34,15 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from .turns import analyse, load_trace
+from .tokenizer import Tokenizer, decode_text
 from .views import STYLE, token_texts
 
-__all__ = ["TokenDelta", "RescoreResult", "rescore", "token_parts", "render_delta", "delta_widget", "PARTS",
-           "CODE_KEYS"]
+__all__ = ["TokenDelta", "RescoreResult", "rescore", "token_parts", "render_delta", "delta_widget", "PARTS", "Part",
+           "Positions", "CODE_KEYS"]
 
-PARTS = ("tool_name", "arguments", "code", "tool_syntax", "text", "special")
+Part = Literal["tool_name", "arguments", "code", "tool_syntax", "text", "special"]
+PARTS: tuple[Part, ...] = ("tool_name", "arguments", "code", "tool_syntax", "text", "special")
+Positions = Literal["trained", "sampled"]  # which tokens are scored: the trained (masked) ones or every sampled one
 CODE_KEYS = ("content", "newString", "oldString", "new_string", "old_string")
 # Positions scored per forward: 512 x 152k vocabulary x 4 bytes = 311 MB of logits at most (a whole
 # 3k-token row would be 1.8 GB). A row's trained tokens are fewer than this, so it is one forward.
@@ -56,7 +59,7 @@ class TokenDelta:
     index: int          # in its turn's sampled output
     id: int
     text: str
-    part: str
+    part: Part
     captured: float     # the engine's logprob when it was sampled
     a: float
     b: float
@@ -72,7 +75,7 @@ class RescoreResult:
     policy_a: str
     policy_b: str
     temperature: float
-    positions: str
+    positions: Positions
     tokens: list[TokenDelta]
 
     def summary(self, top: int = 10) -> dict[str, Any]:
@@ -83,8 +86,8 @@ class RescoreResult:
                     "mean_abs_delta": sum(abs(t.delta) for t in ts) / n if n else None}
 
         ranked = sorted(self.tokens, key=lambda t: t.delta)
-        brief = [{"text": t.text, "part": t.part, "turn": t.turn, "index": t.index, "delta": t.delta, "a": t.a,
-                  "b": t.b} for t in ranked]
+        brief: list[dict[str, Any]] = [{"text": t.text, "part": t.part, "turn": t.turn, "index": t.index,
+                                        "delta": t.delta, "a": t.a, "b": t.b} for t in ranked]
         return {**stats(self.tokens), "by_part": {p: stats([t for t in self.tokens if t.part == p]) for p in PARTS
                                                   if any(t.part == p for t in self.tokens)},
                 "max_abs_captured_vs_a": max((abs(t.captured - t.a) for t in self.tokens), default=None),
@@ -102,8 +105,8 @@ _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 _STRING = r'"((?:[^"\\]|\\.)*)'  # a JSON string's body (to its end, or the text's end when cut short)
 
 
-def _char_parts(text: str) -> list[str]:
-    parts = ["text"] * len(text)
+def _char_parts(text: str) -> list[Part]:
+    parts: list[Part] = ["text"] * len(text)
     for block in _BLOCK.finditer(text):
         lo, hi = block.span()
         parts[lo:hi] = ["tool_syntax"] * (hi - lo)
@@ -123,16 +126,16 @@ def _char_parts(text: str) -> list[str]:
     return parts
 
 
-def token_parts(tokenizer: Any, ids: Sequence[int]) -> tuple[list[str], list[str]]:
+def token_parts(tokenizer: Tokenizer, ids: Sequence[int]) -> tuple[list[str], list[Part]]:
     """Per token of one sampled output: its own text and its part (see the module docstring)."""
     texts = token_texts(tokenizer, ids)
     special = set(tokenizer.all_special_ids)
     # Character offsets from prefix decodes: a token's own decode can differ from its share of the
     # whole (a multi-byte character split over two tokens decodes as U+FFFD alone).
-    bounds = [len(tokenizer.decode(list(ids[:k]), skip_special_tokens=False)) for k in range(len(ids) + 1)]
-    full = tokenizer.decode(list(ids), skip_special_tokens=False)
+    bounds = [len(decode_text(tokenizer, ids[:k], skip_special_tokens=False)) for k in range(len(ids) + 1)]
+    full = decode_text(tokenizer, ids, skip_special_tokens=False)
     chars = _char_parts(full)
-    parts = []
+    parts: list[Part] = []
     for k, tid in enumerate(ids):
         span = chars[bounds[k]:max(bounds[k], bounds[k + 1])]
         parts.append("special" if tid in special else Counter(span).most_common(1)[0][0] if span else "text")
@@ -166,8 +169,8 @@ def _score(model: Any, input_ids: list[int], targets: list[int], temperature: fl
 
 
 def rescore(rollout: Path | str | list[dict[str, Any]], model_path: Path | str, adapter_a: Path | str | None = None,
-            adapter_b: Path | str | None = None, tokenizer: Any | None = None, *,
-            positions: Literal["trained", "sampled"] = "trained", temperature: float | None = None) -> RescoreResult:
+            adapter_b: Path | str | None = None, tokenizer: Tokenizer | None = None, *,
+            positions: Positions = "trained", temperature: float | None = None) -> RescoreResult:
     """Score every labelled token of the trace's rows under A (`adapter_a`, or the base model when None)
     and B (`adapter_b`, or the base model). `tokenizer` decodes (default: `model_path`'s); the trace's
     sampling temperature is used unless `temperature` is given."""
@@ -177,8 +180,8 @@ def rescore(rollout: Path | str | list[dict[str, Any]], model_path: Path | str, 
     calls = load_trace(Path(rollout) / "trace.json") if isinstance(rollout, (str, Path)) else rollout
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
     if temperature is None:
-        temps = {(c.get("sampling_params") or {}).get("temperature") for c in calls if c.get("purpose", "agent") == "agent"
-                 and c.get("per_token_logps") is not None} - {None}
+        temps = {t for c in calls if c.get("purpose", "agent") == "agent" and c.get("per_token_logps") is not None
+                 and (t := (c.get("sampling_params") or {}).get("temperature")) is not None}
         if len(temps) > 1:
             raise ValueError(f"the trace was sampled at several temperatures {sorted(temps)}: pass temperature=")
         temperature = float(temps.pop()) if temps else 1.0
@@ -209,7 +212,7 @@ def rescore(rollout: Path | str | list[dict[str, Any]], model_path: Path | str, 
             with _policy(model, names[side]):
                 scores[side] = _score(model, row.input_ids, targets, temperature)
         where: dict[int, tuple[int, int]] = {}
-        decoded: dict[int, tuple[list[str], list[str]]] = {}
+        decoded: dict[int, tuple[list[str], list[Part]]] = {}
         for t_index, (_, out_start, end) in zip(row.turns, row.spans):
             for i in range(out_start, end):
                 where[i] = (t_index, i - out_start)

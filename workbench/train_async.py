@@ -1,7 +1,8 @@
 """``workbench train --trainer async``: TRL's AsyncGRPOTrainer + HarnessRolloutWorker over our sessions.
 
-The same `workbench.train.TrainConfig` drives it: TRL's loop-owning worker (``harness_adapter=None``) runs our
-OpenEnv sessions (`workbench.openenv_session`) through the capture proxy, with the CPU route's turn policy
+The same `workbench.train.TrainConfig` drives it (typed here as `workbench.train_types.AsyncTrainConfig`: this
+module never imports workbench.train, which dispatches to it): TRL's loop-owning worker (``harness_adapter=None``)
+runs our OpenEnv sessions (`workbench.openenv_session`) through the capture proxy, with the CPU route's turn policy
 (``train_turns``), token budget, few-shot prompt, `FAILED_STATUSES` unscored and one seed-format artefact folder
 per rollout under ``<run>/rollouts/``. TRL chains the sessions' turns into rows, computes the group advantages
 and trains PPO-clip against the engine's logprobs; metrics.jsonl gets every TRL log line.
@@ -25,11 +26,12 @@ Not run end to end here (no GPU vLLM anywhere this project can reach); tests/tes
 from __future__ import annotations
 
 import functools
+import os
 import time
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import requests
 import trl
@@ -37,11 +39,10 @@ from trl.experimental.async_grpo.vllm_client import VLLMClient as AsyncVLLMClien
 
 from .openenv_session import HarnessSessionFactory, ProxyAddress
 from .policy_sync import SharedFolder
+from .train_types import AsyncRun, AsyncTrainConfig
 
 if TYPE_CHECKING:
     from trl.experimental.async_grpo.openenv_harness import HarnessRolloutOutcome
-
-    from .train import GRPORun, TrainConfig
 
 __all__ = ["EngineClient", "harness_reward", "session_factory", "train_async", "MAX_STALENESS"]
 
@@ -62,7 +63,8 @@ def harness_reward(outcome: "HarnessRolloutOutcome") -> float | None:
     return outcome.env_reward
 
 
-def session_factory(address: ProxyAddress, cfg: "TrainConfig", out_root: Path) -> functools.partial:
+def session_factory(address: ProxyAddress, cfg: AsyncTrainConfig,
+                    out_root: Path) -> functools.partial[HarnessSessionFactory]:
     """What TRL's worker calls as ``factory(sampling=...)`` in its spawned process (picklable)."""
     return functools.partial(HarnessSessionFactory, address, cfg.rollout_config(), out_root=out_root,
                              train_turns=cfg.train_turns, token_budget=cfg.token_budget)
@@ -111,7 +113,11 @@ class EngineClient(AsyncVLLMClient):
             self._published = self._published[i:]
 
 
-def train_async(run: "GRPORun", *, resume: bool = False) -> dict[str, Any]:
+class _SavesPretrained(Protocol):
+    def save_pretrained(self, save_directory: str | os.PathLike[str]) -> Any: ...
+
+
+def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
     """Run `run.config` through AsyncGRPOTrainer against `run.engine` (an external vLLM) and `run.client`."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -153,8 +159,10 @@ def train_async(run: "GRPORun", *, resume: bool = False) -> dict[str, Any]:
     peft_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                              "down_proj"]) if lora else None
+    # TRL 1.16's RolloutWorkerProtocol declares its queues as writable `queue.Queue | mp.Queue` attributes, which its
+    # own HarnessRolloutWorker (mp.Queue ones) cannot match: writable attributes are invariant.
     trainer = AsyncGRPOTrainer(model=str(asset.path), args=args, train_dataset=dataset, processing_class=tokenizer,
-                               peft_config=peft_config, rollout_worker=worker)
+                               peft_config=peft_config, rollout_worker=worker)  # type: ignore[arg-type]
     if getattr(trainer, _LORA_SYNC):
         trainer.vllm_client = EngineClient(run.engine.url, run.engine.api_key, address, shared=run.shared)
         setattr(trainer, _LORA_NAME, f"policy-{uuid.uuid4().hex[:6]}")  # vLLM refuses a name twice per server
@@ -175,7 +183,9 @@ def train_async(run: "GRPORun", *, resume: bool = False) -> dict[str, Any]:
     checkpoint = run._last_checkpoint() if resume else None
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     final = run.dir.path / "adapters" / "final"
-    trainer.model.save_pretrained(final)
+    # TRL types .model as whatever it accepts (PreTrainedModel | nn.Module | None); after __init__ it is the
+    # PeftModel (LoRA) or the PreTrainedModel it loaded from the path, both with save_pretrained.
+    cast(_SavesPretrained, trainer.model).save_pretrained(final)
     metrics = run.dir.read_metrics()
     summary = {"steps": trainer.state.global_step, "wall_s": round(time.monotonic() - started, 1), "trainer": "async",
                "device": run.device, "isolation": run.isolation, "final_adapter": str(final),

@@ -10,29 +10,28 @@ Shared by the live path (rollouts run this step, `workbench.train.GRPORun.rollou
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .rollout import FAILED_STATUSES, RolloutOutcome, RolloutResult
 from .tasks import Task
 from .train_rows import longest_row_fields, rollout_rows
+from .tokenizer import Tokenizer, token_id
+from .train_types import StepConfig
 from .turns import Row, load_trace
-
-if TYPE_CHECKING:
-    from .train import TrainConfig
 
 __all__ = ["step_fields"]
 
 
-def step_fields(cfg: "TrainConfig", tasks: Sequence[Task], results: Sequence[RolloutResult],
+def step_fields(cfg: StepConfig, tasks: Sequence[Task], results: Sequence[RolloutResult],
                 reward_fn: Callable[[RolloutOutcome], float | None], train_turn_fn: Callable[[dict[str, Any]], bool],
-                tokenizer: Any, *, policy: str | None) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+                tokenizer: Tokenizer, *, policy: str | None) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     """`results` holds `cfg.group_size` rollouts per task of `tasks`, in order. Returns TRL's fields (one row per
     slot) and the counters. `policy`: the adapter the rollouts should have sampled from (stale-call check)."""
 
     g = cfg.group_size
     if len(results) != g * len(tasks):
         raise ValueError(f"{len(results)} rollouts for {len(tasks)} tasks x group_size {g}")
-    pad_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad_id = token_id(tokenizer, "<|im_end|>")
     c = {"rollouts": len(results), "rollouts_failed": 0, "rollouts_no_trainable_turn": 0, "rows": 0,
          "forks": 0, "rows_dropped_fork": 0, "rows_dropped_budget": 0, "rows_dropped_slots": 0,
          "rows_trained": 0, "trained_tokens": 0, "stale_calls": 0, "excluded_calls": 0, "tool_calls": 0,
@@ -61,11 +60,9 @@ def step_fields(cfg: "TrainConfig", tasks: Sequence[Task], results: Sequence[Rol
             c["rollouts_no_trainable_turn"] += 1
         per_rollout.append(rows)
         rewards.append(reward)
+    fields_: dict[str, list[Any]]  # TRL's columns, one entry per row (ids, masks, logprobs, rewards)
     if cfg.every_row:
-        from .group_step import every_row_fields
-
-        fields_, dropped = every_row_fields([per_rollout[i:i + g] for i in range(0, len(per_rollout), g)],
-                                            [rewards[i:i + g] for i in range(0, len(rewards), g)], cfg.slots, pad_id)
+        fields_, dropped = _every_row_fields(per_rollout, rewards, g, cfg.slots, pad_id)
         c["rows_dropped_slots"] = dropped
     else:
         fields_, dropped = longest_row_fields(per_rollout, rewards, pad_id)
@@ -86,3 +83,13 @@ def step_fields(cfg: "TrainConfig", tasks: Sequence[Task], results: Sequence[Rol
         rewards=rewards,
     )
     return fields_, stats
+
+
+def _every_row_fields(per_rollout: list[list[Row]], rewards: list[float | None], g: int, slots: int,
+                      pad_id: int) -> tuple[dict[str, list[Any]], int]:
+    """`workbench.group_step.every_row_fields` over the step's groups of `g` rollouts (it types its columns as
+    ``list[object]``; they are the same TRL columns as `longest_row_fields`')."""
+    from .group_step import every_row_fields
+
+    return every_row_fields([per_rollout[i:i + g] for i in range(0, len(per_rollout), g)],
+                            [rewards[i:i + g] for i in range(0, len(rewards), g)], slots, pad_id)

@@ -19,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .tokenizer import Tokenizer
 from .turns import Row, analyse
 
 __all__ = ["rollout_rows", "trl_row", "longest_row_fields", "rows_for_trl"]
 
 
 def rollout_rows(calls: list[dict[str, Any]], train_turn_fn: Callable[[dict[str, Any]], bool], token_budget: int,
-                 tokenizer: Any | None = None) -> tuple[list[Row], dict[str, int]]:
+                 tokenizer: Tokenizer | None = None) -> tuple[list[Row], dict[str, int]]:
     """A rollout's rows that fit `token_budget`, and counters (rows, forks, dropped for the budget...)."""
     a = analyse(calls, tokenizer, train_turn_fn)
     fitting = [r for r in a.rows if len(r.input_ids) <= token_budget]
@@ -60,7 +61,7 @@ def longest_row_fields(rollouts: Sequence[Sequence[Row]], rewards: Sequence[floa
 
 
 def rows_for_trl(calls: list[dict[str, Any]], train_turn_fn: Callable[[dict[str, Any]], bool],
-                 token_budget: int, tokenizer: Any | None = None) -> tuple[dict[str, Any] | None, dict[str, int]]:
+                 token_budget: int, tokenizer: Tokenizer | None = None) -> tuple[dict[str, Any] | None, dict[str, int]]:
     """One TRL row for a rollout (its row with the most trained tokens, or None) and its counters."""
     rows, counts = rollout_rows(calls, train_turn_fn, token_budget, tokenizer)
     counts["rows_dropped_fork"] = max(0, len(rows) - 1)

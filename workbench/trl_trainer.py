@@ -15,12 +15,15 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._compat import GRPO_LAST_LOADED_STEP
 from .policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync
 
 if TYPE_CHECKING:
+    from trl import GRPOTrainer
+    from trl.generation.vllm_generation import VLLMGeneration
+
     from .train import GRPORun
 
 __all__ = ["build_trainer", "score_only_labelled_positions_on_cpu"]
@@ -49,7 +52,7 @@ def _reward(prompts: list[Any], completions: list[Any], wb_reward: list[float | 
 
 
 def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None,
-                  checkpointing_kwargs: dict[str, Any] | None = None) -> Any:
+                  checkpointing_kwargs: dict[str, Any] | None = None) -> GRPOTrainer:
     """The trainer for `run` (its config, device, recording, shared folder). `model`: a model object to train
     instead of the asset's; the tokenizer is the asset's either way. `checkpointing_kwargs`: TRL's
     ``gradient_checkpointing_kwargs`` (e.g. `workbench.experimental.checkpointing.selective_checkpointing_kwargs`)."""
@@ -95,10 +98,13 @@ def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None,
     # The seam (trl==1.16.0): with use_vllm, TRL feeds our logprobs to its IS correction and calls
     # vllm_generation.sync_weights() before each step's generation.
     trainer.use_vllm = True
-    trainer.vllm_generation = (SaveOnlySync(run) if run.recording is not None
-                               else NcclSync(run, group_port=cfg.nccl_group_port) if not lora
-                               else MergedSync(run) if cfg.weight_sync == "merged"
-                               else LoraSync(run, shared=run.shared))
+    sync = (SaveOnlySync(run) if run.recording is not None
+            else NcclSync(run, group_port=cfg.nccl_group_port) if not lora
+            else MergedSync(run) if cfg.weight_sync == "merged"
+            else LoraSync(run, shared=run.shared))
+    # TRL types the seam as its own VLLMGeneration; with a rollout_func TRL only calls sync_weights() on it,
+    # which each policy_sync object implements (duck typing TRL's annotation cannot express).
+    trainer.vllm_generation = cast("VLLMGeneration", sync)
     setattr(trainer, GRPO_LAST_LOADED_STEP, -1)  # what TRL's vLLM init would set
     shared = cfg.shared_prefix == "on" or (cfg.shared_prefix == "auto" and cpu)  # TrainConfig.shared_prefix says why
     if shared or cfg.reuse_logps or (cpu and cfg.precision == "bf16") or cfg.every_row:

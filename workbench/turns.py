@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .tokenizer import Tokenizer, decode_text, token_id
+
 __all__ = ["Turn", "Row", "Fork", "TraceError", "has_tool_call", "load_trace", "load_turns", "derive_turns",
            "build_rows", "diagnose", "rollout_report", "run_report", "analyse", "RolloutTurns", "write_turns", "CAUSES",
            "rollout_model", "tokenizer_for_rollout"]
@@ -243,17 +245,17 @@ def _tool_blocks(text: str) -> list[tuple[str, Any]]:
     return out
 
 
-def diagnose(forks: list[Fork], turns: list[Turn], calls: list[dict[str, Any]], tokenizer: Any,
+def diagnose(forks: list[Fork], turns: list[Turn], calls: list[dict[str, Any]], tokenizer: Tokenizer,
              context_tokens: int = 12) -> list[Fork]:
     """Classify each fork's cause (see `CAUSES`) from the token ids, their text and the trace."""
     by_index = {t.index: t for t in turns}
-    end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    end_id = token_id(tokenizer, "<|im_end|>")
     for f in forks:
         prev, cur = by_index[f.prev_turn], by_index[f.turn]
         left_ids = prev.prompt_ids + prev.output_ids
         i = f.index
-        f.left = tokenizer.decode(left_ids[max(0, i - context_tokens): i + context_tokens])
-        f.right = tokenizer.decode(cur.prompt_ids[max(0, i - context_tokens): i + context_tokens])
+        f.left = decode_text(tokenizer, left_ids[max(0, i - context_tokens): i + context_tokens])
+        f.right = decode_text(tokenizer, cur.prompt_ids[max(0, i - context_tokens): i + context_tokens])
         between = [c.get("purpose") for c in calls[prev.call + 1: cur.call]]
         if i < f.prev_prompt_len:
             if "compaction" in between:
@@ -265,8 +267,8 @@ def diagnose(forks: list[Fork], turns: list[Turn], calls: list[dict[str, Any]], 
         start = f.prev_prompt_len
         rest = cur.prompt_ids[start:]
         replay = rest[: rest.index(end_id) + 1] if end_id in rest else rest
-        sampled_text = tokenizer.decode(prev.output_ids, skip_special_tokens=False)
-        replay_text = tokenizer.decode(replay, skip_special_tokens=False)
+        sampled_text = decode_text(tokenizer, prev.output_ids, skip_special_tokens=False)
+        replay_text = decode_text(tokenizer, replay, skip_special_tokens=False)
         call = calls[prev.call]
         message = ((call.get("response") or {}).get("choices") or [{}])[0].get("message") or {}
         s_blocks, r_blocks = _tool_blocks(sampled_text), _tool_blocks(replay_text)
@@ -333,7 +335,7 @@ class RolloutTurns:
     report: dict[str, Any]
 
 
-def analyse(calls: list[dict[str, Any]], tokenizer: Any | None = None,
+def analyse(calls: list[dict[str, Any]], tokenizer: Tokenizer | None = None,
             train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call) -> RolloutTurns:
     """Turns, rows, forks (diagnosed when a tokenizer is given) and the report for one trace."""
     turns, excluded = derive_turns(calls, train_turn_fn)

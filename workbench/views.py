@@ -20,6 +20,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from .tokenizer import Tokenizer, decode_text
 from .turns import Fork, Row, Turn, analyse, load_trace
 
 __all__ = ["token_texts", "render_tokens", "render_turn", "render_row", "render_drift", "render_trace",
@@ -47,9 +48,9 @@ _LEGEND = ('<div class="wb-legend"><span class="wb-tok wb-ctx">context (mask 0)<
            '<span>intensity = probability of the sampled token</span></div>')
 
 
-def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+def token_texts(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     """Each token's own text (byte-level tokens that split a character show as U+FFFD)."""
-    return [tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids]
+    return [decode_text(tokenizer, [i], skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids]
 
 
 def _special_ids(tokenizer: Any) -> set[int]:

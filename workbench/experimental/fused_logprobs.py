@@ -26,7 +26,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
     """logp[i] = (h[i] @ W.T)[y[i]] - logsumexp(h[i] @ W.T), chunked over i; saves h, W, y and the logsumexp."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int
     ) -> Tensor:
         logp = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
@@ -41,7 +41,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         return logp
 
     @staticmethod
-    def backward(ctx, grad_logp: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:  # type: ignore[override]
+    def backward(ctx, grad_logp: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         hidden, weight, targets, lse = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         # Accumulated in float32 across chunks: a bf16 running sum would round away small chunk contributions.

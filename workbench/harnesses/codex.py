@@ -72,7 +72,9 @@ class Codex(Harness):
                 ("exec_command", {"cmd": 'python -c "from solution import hello; print(hello())"'}))
 
     def parse_events(self, stdout: str) -> HarnessRun:
-        steps, tools, failures, errors, texts = 0, {}, {}, [], []
+        steps, errors, texts = 0, [], []
+        tools: dict[str, int] = {}
+        failures: dict[str, int] = {}
         events = json_events(stdout)
         for event in events:
             kind = event.get("type")

@@ -63,7 +63,9 @@ class OpenCode(Harness):
         return Launch(argv=argv, env=env, stdin=prompt.encode())
 
     def parse_events(self, stdout: str) -> HarnessRun:
-        steps, tools, failures, errors, texts = 0, {}, {}, [], []
+        steps, errors, texts = 0, [], []
+        tools: dict[str, int] = {}
+        failures: dict[str, int] = {}
         events = json_events(stdout)
         for event in events:
             kind = event.get("type")

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, cast
 
 from ..procs import exit_signal, signal_name
 from .jail import Jail
@@ -54,7 +54,7 @@ class Child:
         self.over: str | None = None  # which stream passed the output cap
         self.stopped = False
         self.sel = selectors.DefaultSelector()
-        for f in (self.proc.stdout, self.proc.stderr):
+        for f in (_pipe(self.proc.stdout), _pipe(self.proc.stderr)):
             os.set_blocking(f.fileno(), False)
             self.sel.register(f, selectors.EVENT_READ)
 
@@ -78,8 +78,8 @@ class Child:
             for key, _ in self.sel.select(min(left, 0.1)):
                 if key.fileobj is self.proc.stdin:
                     self._write()
-                else:
-                    self._read(key.fileobj)
+                else:  # one of the output pipes registered in __init__ (selectors types it as a bare fileno holder)
+                    self._read(cast(IO[bytes], key.fileobj))
 
     def finish(self, deadline: float) -> None:
         """Wait for the process to end, raising `Failed` for a timeout or too much output."""
@@ -97,7 +97,7 @@ class Child:
     def send(self, data: bytes) -> None:
         self.pending += data
         if self.proc.stdin not in [k.fileobj for k in self.sel.get_map().values()]:
-            self.sel.register(self.proc.stdin, selectors.EVENT_WRITE)
+            self.sel.register(_pipe(self.proc.stdin), selectors.EVENT_WRITE)
 
     def stop(self) -> None:
         """Kill the process, its group and everything else the sandbox started; reap it."""
@@ -123,7 +123,7 @@ class Child:
         rc = self.proc.returncode
         lines = [ln.strip() for ln in self.err.decode("utf-8", errors="replace").splitlines() if ln.strip()]
         last = lines[-1] if lines else ""
-        sig = exit_signal(rc, bwrap=self.box.bwrap)
+        sig = exit_signal(rc, bwrap=bool(self.box.bwrap))
         if sig:
             name = signal_name(sig)
             return clip(f"killed by {name}{SIGNAL_HINTS.get(name, '')}" + (f": {last}" if last else ""))
@@ -131,14 +131,14 @@ class Child:
 
     def _write(self) -> None:
         try:
-            n = os.write(self.proc.stdin.fileno(), self.pending[:65536])
+            n = os.write(_pipe(self.proc.stdin).fileno(), self.pending[:65536])
             self.pending = self.pending[n:]
         except BlockingIOError:
             return
         except OSError:
             self.pending = b""  # it died (broken pipe); the missing answer says so
         if not self.pending:
-            self.sel.unregister(self.proc.stdin)
+            self.sel.unregister(_pipe(self.proc.stdin))
 
     def _read(self, f: IO[bytes]) -> None:
         try:
@@ -159,6 +159,13 @@ class Child:
                 self.over = "stderr"
 
 
+def _pipe(f: IO[bytes] | None) -> IO[bytes]:
+    """A pipe of the test process: `Jail.spawn` always opens stdout and stderr, `Runner` stdin too."""
+    if f is None:
+        raise RuntimeError("the test process has no such pipe")
+    return f
+
+
 SIGNAL_HINTS = {"SIGXFSZ": " (file size limit)", "SIGXCPU": " (CPU time limit)", "SIGSEGV": " (segfault)",
                  "SIGKILL": "", "SIGABRT": " (abort)"}
 
@@ -168,7 +175,7 @@ class Runner(Child):
 
     def __init__(self, box: Jail, entry: str, deadline: float) -> None:
         super().__init__(box, [box.python, *PYTHON_FLAGS, str(box.runner), entry], stdin=subprocess.PIPE)
-        os.set_blocking(self.proc.stdin.fileno(), False)
+        os.set_blocking(_pipe(self.proc.stdin).fileno(), False)
         self.used = 0  # bytes of stdout already taken as answers
         try:
             ready = self._answer(deadline)

@@ -60,7 +60,7 @@ def grade(box: Jail, task: Task, test: dict, deadline: float) -> Graded:
         return Graded("crash", f"the solution's value could not be compared: {type(exc).__name__}")
 
 
-def _grade_stdin(box: Jail, test: dict, deadline: float) -> tuple[str, str]:
+def _grade_stdin(box: Jail, test: dict, deadline: float) -> tuple[Outcome, str]:
     with tempfile.TemporaryFile(dir=box.root) as stdin:  # unlinked at once; the process keeps its fd
         stdin.write(test["input"].encode())
         stdin.seek(0)
@@ -78,7 +78,7 @@ def _grade_stdin(box: Jail, test: dict, deadline: float) -> tuple[str, str]:
     return "wrong", f"expected {clip(repr(_normalise(test['output'])), 60)}, got {got}"
 
 
-def _grade_call(box: Jail, entry: str, test: dict, deadline: float) -> tuple[str, str]:
+def _grade_call(box: Jail, entry: str, test: dict, deadline: float) -> tuple[Outcome, str]:
     runner = Runner(box, entry, deadline)
     try:
         value = runner.call(test["input"], {}, deadline)
@@ -91,7 +91,7 @@ def _grade_call(box: Jail, entry: str, test: dict, deadline: float) -> tuple[str
     return "wrong", f"returned {clip(repr(value), 60)}, expected {clip(repr(shown), 60)}"
 
 
-def _grade_check(box: Jail, entry: str, test: dict, deadline: float) -> tuple[str, str]:
+def _grade_check(box: Jail, entry: str, test: dict, deadline: float) -> tuple[Outcome, str]:
     # check() and the prompt's helpers (poly, encode_cyclic...) are the task's own trusted code: they run
     # here, and only the candidate's calls cross into the sandbox.
     source = f"{test['prelude']}\n\n{test['check']}"

@@ -146,7 +146,7 @@ def _read_small(path: Path) -> str | None:
         return f.read(_REWARD_FILE_BYTES).decode("utf-8", errors="replace")
 
 
-def _tail(output: bytes) -> str:
+def _tail(output: bytes | bytearray) -> str:
     lines = [ln.strip() for ln in output.decode("utf-8", errors="replace").splitlines() if ln.strip()]
     return clip(" | ".join(lines[-3:]), 200)
 

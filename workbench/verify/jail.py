@@ -209,7 +209,7 @@ class Jail:
         """The workspace copy's path as the test processes see it."""
         return self.workspace_at or str(self.ws)
 
-    def spawn(self, cmd: list[str], stdin: IO[bytes] | int) -> subprocess.Popen:
+    def spawn(self, cmd: list[str], stdin: IO[bytes] | int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self._argv(cmd), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=self.ws, env=self._env(), start_new_session=True, close_fds=True)
 
@@ -228,7 +228,7 @@ class Jail:
         argv = [self.host.prlimit, f"--as={lim.memory_mb << 20}", f"--fsize={lim.file_mb << 20}",
                 f"--nproc={nproc}", f"--cpu={math.ceil(lim.time_s) + 1}", "--core=0", "--"]
         if self.bwrap:
-            argv += self._bwrap_args()
+            argv += self._bwrap_args(self.bwrap)
         elif self.host.unshare:
             argv += [self.host.unshare, "--net", "--"]
         argv += [self.host.setpriv, "--nnp"]
@@ -241,8 +241,8 @@ class Jail:
             argv += ["--pdeathsig=KILL"]  # the tests die with the grader (bwrap: --die-with-parent)
         return argv + ["--", *cmd]
 
-    def _bwrap_args(self) -> list[str]:
-        args = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
+    def _bwrap_args(self, bwrap: str) -> list[str]:
+        args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
                 "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--proc", "/proc", "--dev", "/dev",
                 "--perms", "1777", "--size", str(4 * self.limits.file_mb << 20), "--tmpfs", "/tmp",
                 "--ro-bind", "/usr", "/usr"]
@@ -255,9 +255,9 @@ class Jail:
         for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives"):
             args += ["--ro-bind-try", etc, etc]
         bound, made = ["/usr"], {"/tmp", "/proc", "/dev"}
-        for path in python_dirs():
-            if not _under(path, bound):
-                args += _mount("--ro-bind", path, bound, made)
+        for pydir in python_dirs():
+            if not _under(pydir, bound):
+                args += _mount("--ro-bind", pydir, bound, made)
         args += _mount("--bind", str(self.ws), bound, made, self.workspace_at)
         args += _mount("--ro-bind", str(self.runner), bound, made)
         for inside, src in self.extra_ro.items():

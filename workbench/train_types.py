@@ -1,0 +1,112 @@
+"""What the trainer modules read from a run, as Protocols: they are typed against these, never against
+`workbench.train`.
+
+`workbench.train` owns `TrainConfig` and `GRPORun` and dispatches to the trainers (`workbench.train_async`);
+those, and the step helpers (`workbench.train_fields`), take a `StepConfig` / `AsyncTrainConfig` / `AsyncRun`,
+which TrainConfig and GRPORun satisfy structurally (mypy checks it at the dispatch). The imports go one way:
+train -> train_async -> train_types, train -> train_fields -> train_types.
+
+    def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]: ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import Field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+if TYPE_CHECKING:
+    from .capture_client import ProxyClient
+    from .engine import Engine
+    from .policy_sync import SharedFolder
+    from .rollout import RolloutConfig
+    from .runs import RunDir
+    from .tasks import Task
+
+__all__ = ["TurnPolicy", "WeightSync", "Device", "StepConfig", "AsyncTrainConfig", "AsyncRun"]
+
+TurnPolicy = Literal["tool_calls", "all"]  # TrainConfig.train_turns: which agent turns are trained
+WeightSync = Literal["lora", "merged", "nccl"] # TrainConfig.weight_sync: how the policy reaches the engine
+Device = Literal["cpu", "cuda"]            # a run's resolved trainer device (`workbench.train.resolve_device`)
+
+
+class StepConfig(Protocol):
+    """What `workbench.train_fields.step_fields` reads of a TrainConfig."""
+
+    @property
+    def group_size(self) -> int: ...
+    @property
+    def token_budget(self) -> int: ...
+    @property
+    def every_row(self) -> bool: ...
+    @property
+    def slots(self) -> int: ...
+
+
+class AsyncTrainConfig(Protocol):
+    """What `workbench.train_async` reads of a TrainConfig (a dataclass: its config.json is ``asdict`` of it)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def group_size(self) -> int: ...
+    @property
+    def token_budget(self) -> int: ...
+    @property
+    def weight_sync(self) -> WeightSync: ...
+    @property
+    def tasks_per_step(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def lora_rank(self) -> int: ...
+    @property
+    def lora_alpha(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def max_output_tokens(self) -> int: ...
+    @property
+    def parallel_rollouts(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def report_to(self) -> str: ...
+    @property
+    def activation_checkpointing(self) -> bool: ...
+    @property
+    def train_turns(self) -> TurnPolicy: ...
+
+    def rollout_config(self) -> RolloutConfig: ...
+
+
+class AsyncRun(Protocol):
+    """What `workbench.train_async.train_async` reads of a GRPORun, and the one thing it sets (``trainer``)."""
+
+    trainer: object  # set to the trainer it builds (the run's callers read it back)
+
+    @property
+    def config(self) -> AsyncTrainConfig: ...
+    @property
+    def device(self) -> Device: ...
+    @property
+    def engine(self) -> Engine | None: ...
+    @property
+    def client(self) -> ProxyClient | None: ...
+    @property
+    def dir(self) -> RunDir: ...
+    @property
+    def isolation(self) -> str: ...
+    @property
+    def tasks(self) -> Sequence[Task]: ...
+    @property
+    def shared(self) -> SharedFolder | None: ...
+
+    def _last_checkpoint(self) -> Path | None: ...
