@@ -44,7 +44,8 @@ from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.paths import harness_bin, project_root
 from workbench.rollout import STATUSES, RolloutConfig, run_rollout, run_rollouts
-from workbench.sandbox import Sandbox, bwrap_available
+from workbench.sandbox import Sandbox
+from workbench.sandbox_spec import bwrap_available
 from workbench.tasks import Limits, Task, load_task
 from workbench.train import FAILED_STATUSES, RolloutOutcome
 from workbench.turns import TraceError, load_trace, load_turns, write_turns

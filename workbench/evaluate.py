@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from .runs import RunDir
-from .sandbox import Isolation
+from .sandbox_spec import Isolation
 
 if TYPE_CHECKING:
     from .capture_client import ProxyClient

@@ -40,7 +40,7 @@ from openenv.core.harness import VerifyResult as OpenEnvVerifyResult
 
 from .capture_client import ProxyClient, ProxyError
 from .rollout import FAILED_STATUSES, HarnessSession, RolloutConfig, agent_entries
-from .sandbox import SandboxError
+from .sandbox_spec import SandboxError
 from .tasks import Task, load_task
 from .turns import analyse, has_tool_call
 

@@ -43,7 +43,8 @@ from .harnesses import HarnessOptions, HarnessRun, get_harness
 from .paths import project_root
 from .procs import exit_signal, signal_name
 from .bounded_copy import CopyLimitError
-from .sandbox import Isolation, Sandbox, SandboxError, SandboxLimits
+from .sandbox import Sandbox
+from .sandbox_spec import Isolation, SandboxError, SandboxLimits
 from .tasks import Task
 from .verify import VerifyResult
 from .verify import verify as verify_workspace

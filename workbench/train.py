@@ -43,7 +43,7 @@ from .engine import Engine
 from .policy_sync import SharedFolder
 from .rollout import FAILED_STATUSES, RolloutConfig, RolloutOutcome, agent_prompt, run_rollouts
 from .runs import RunDir
-from .sandbox import Isolation, resolve_isolation
+from .sandbox_spec import Isolation, resolve_isolation
 from .tasks import load_task, load_tasks
 from .train_fields import step_fields
 from .train_rows import rows_for_trl
