@@ -28,13 +28,11 @@ whatever it did to its process group or environment. Two isolation modes:
 Writes are bounded in total: RLIMIT_FSIZE per file, and the folders' allocated size and entry count
 (`SandboxLimits.disk_mb`, ``max_entries``), which `over_quota` measures (the rollout polls it every
 0.25 s and ends the agent over it). A watchdog (`procs.die_with_us`; bwrap: ``--die-with-parent``)
-kills everything within 0.5 s if this process dies without closing. Folders left by a runner that
-died are removed by the next `Sandbox.create` in that dir.
+kills everything within 0.5 s if this process dies without closing; the next `Sandbox.create` in
+that dir removes the folders it left.
 
-The parts: `workbench.sandbox_spec` (isolation modes, `SandboxLimits`, `SandboxError`, the inside
-paths), `workbench.sandbox_command` (the prlimit/setpriv/bwrap command line), `workbench.sandbox_cleanup`
-(killing and removing, the stale-folder sweep), `workbench.sandbox_net` (the endpoint's relay). This
-module is the session: the folders, the processes, the quota, the snapshot, the close.
+This module is the session (folders, processes, quota, snapshot, close); `sandbox_spec` holds the modes,
+limits and error, `sandbox_command` the prlimit/setpriv/bwrap argv, `sandbox_cleanup` the kill and removal.
 
     from workbench.sandbox_spec import SandboxLimits
     sb = Sandbox.create({"README.md": "..."}, limits=SandboxLimits(wall_s=300), endpoint=proxy_url)
@@ -61,13 +59,12 @@ from pathlib import Path
 from typing import IO
 
 from .bounded_copy import CopyLimits, copy_tree
-from .paths import exposed_paths
 from .procs import stop_group
 from .sandbox_cleanup import force_remove, kill_all, new_folder, remove_stale, strays
 from .sandbox_command import wrap
 from .sandbox_net import Relay, open_relay
 from .sandbox_spec import (AGENT_HOME, AGENT_TMP, APP, MARKER_ENV, Isolation, IsolationMode, SandboxError,
-                           SandboxLimits, resolve_isolation)
+                           SandboxLimits, check_plain_mode, resolve_isolation)
 
 __all__ = ["Sandbox", "SandboxProcess"]
 
@@ -168,7 +165,7 @@ class Sandbox:
         try:
             sb._materialise(files, git_init)
             if mode == "none" and uid is not None:
-                _check_plain_mode(root, interpreter)
+                check_plain_mode(root, interpreter)
             if target is not None:
                 sb._open_endpoint(*target)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
@@ -389,16 +386,3 @@ def _parse_endpoint(url: str) -> tuple[str, int]:
         raise SandboxError(f"endpoint {url!r} must be http://HOST:PORT")
     return parts.hostname, parts.port
 
-
-def _check_plain_mode(root: Path, python: str) -> None:
-    """In plain mode the fresh uid must walk to its folders and run the interpreter on its own rights,
-    and must not be able to enter the folders that hold answers (`paths.private_paths`)."""
-    exposed = exposed_paths()
-    if exposed:
-        raise SandboxError(f"plain mode: {', '.join(map(str, exposed))} can be read by other users (and so by "
-                           "the agent); run scripts/setup.sh (it makes them 0700) or use bwrap")
-    for path in (root, Path(os.path.realpath(python))):
-        for p in [path, *path.parents]:
-            if p.is_dir() and not p.stat().st_mode & stat.S_IXOTH:
-                raise SandboxError(f"plain mode: the sandbox uid cannot enter {p} (mode "
-                                   f"{stat.filemode(p.stat().st_mode)}); use bwrap, or a temp dir others can enter")

@@ -1,20 +1,26 @@
-"""What a sandbox is allowed: its isolation modes, resource limits, error type and fixed inside paths.
+"""What a sandbox is allowed: its isolation modes (and what plain mode needs), limits, error type, inside paths.
 
 The vocabulary every sandbox module shares, and what callers configure a sandbox with (a rollout's
 `RolloutConfig`, `workbench train`, `workbench eval`); `workbench.sandbox` is the session itself.
 
     mode = resolve_isolation("auto")                  # "bwrap" when bubblewrap is installed, else "none"
+    check_plain_mode(root, python)                    # what "none" needs (SandboxError when it cannot hold)
     limits = SandboxLimits(wall_s=300, disk_mb=256)   # per process (setrlimit) and in all (quota)
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
+from .paths import exposed_paths
+
 __all__ = ["Isolation", "IsolationMode", "SandboxError", "SandboxLimits", "bwrap_available", "resolve_isolation",
-           "MARKER_ENV", "APP", "AGENT_HOME", "AGENT_TMP"]
+           "check_plain_mode", "MARKER_ENV", "APP", "AGENT_HOME", "AGENT_TMP"]
 
 Isolation = Literal["auto", "bwrap", "none"]   # what a caller asks for
 IsolationMode = Literal["bwrap", "none"]       # what a sandbox runs in (`auto` resolved)
@@ -46,6 +52,20 @@ def resolve_isolation(isolation: Isolation) -> IsolationMode:
     if isolation == "bwrap" or isolation == "none":
         return isolation
     raise SandboxError(f"unknown isolation {isolation!r}: use auto, bwrap or none")  # an unchecked caller's str
+
+
+def check_plain_mode(root: Path, python: str) -> None:
+    """In plain mode the fresh uid must walk to its folders and run the interpreter on its own rights,
+    and must not be able to enter the folders that hold answers (`paths.private_paths`)."""
+    exposed = exposed_paths()
+    if exposed:
+        raise SandboxError(f"plain mode: {', '.join(map(str, exposed))} can be read by other users (and so by "
+                           "the agent); run scripts/setup.sh (it makes them 0700) or use bwrap")
+    for path in (root, Path(os.path.realpath(python))):
+        for p in [path, *path.parents]:
+            if p.is_dir() and not p.stat().st_mode & stat.S_IXOTH:
+                raise SandboxError(f"plain mode: the sandbox uid cannot enter {p} (mode "
+                                   f"{stat.filemode(p.stat().st_mode)}); use bwrap, or a temp dir others can enter")
 
 
 @dataclass(frozen=True)
