@@ -33,7 +33,7 @@ __all__ = ["Task", "load_task", "load_tasks", "Sandbox", "SandboxLimits", "Engin
 
 _HOME = {"Task": "tasks", "load_task": "tasks", "load_tasks": "tasks", "Sandbox": "sandbox",
          "SandboxLimits": "sandbox_spec", "Engine": "engine", "EngineConfig": "engine", "CaptureProxy": "capture",
-         "ProxyClient": "capture_client", "local_stack": "stack", "RolloutConfig": "rollout", "run_rollout": "rollout",
+         "ProxyClient": "capture_client", "local_stack": "stack", "RolloutConfig": "rollout_types", "run_rollout": "rollout",
          "run_rollouts": "rollout", "analyse": "turns", "load_trace": "turns",
          "VerifyResult": "verify", "GRPORun": "train", "TrainConfig": "train", "EvalConfig": "evaluate",
          "run_eval": "evaluate", "compare": "evaluate"}

@@ -272,7 +272,7 @@ def check_adapter(path: str | Path, model: str, *, max_rank: int = 16) -> dict[s
 # -- the evaluation --------------------------------------------------------------------------------
 
 def _aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> dict[str, Any]:
-    from .rollout import FAILED_STATUSES
+    from .rollout_types import FAILED_STATUSES
 
     def count(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
         return {v: sum(r[key] == v for r in rows) for v in sorted({r[key] for r in rows})}
@@ -313,7 +313,8 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
     refused (adapter, isolation, tasks, agent prompt) is checked before any of them starts."""
     from .assets import load
     from .engine import EngineConfig
-    from .rollout import RolloutConfig, agent_prompt, run_rollouts
+    from .rollout import run_rollouts
+    from .rollout_types import RolloutConfig, agent_prompt
     from .stack import local_stack
     from .tasks import load_tasks
     from .train import check_isolation
