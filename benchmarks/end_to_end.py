@@ -40,7 +40,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "end_to_end.json"
 
 
 def rollout_part(client: Any, out: Path) -> dict[str, Any]:
-    from workbench.rollout import RolloutConfig, run_rollout
+    from workbench.rollout import run_rollout
+    from workbench.rollout_types import RolloutConfig
     from workbench.tasks import load_task
 
     t0_epoch, t0 = time.time(), time.perf_counter()

@@ -32,7 +32,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from workbench.sandbox import MARKER_ENV, Sandbox, bwrap_available
+from workbench.sandbox import Sandbox
+from workbench.sandbox_spec import MARKER_ENV, bwrap_available
 
 RESULTS = ROOT / "benchmarks" / "results" / "sandbox_lifecycle.json"
 COMMAND = ["sh", "-c", "sleep 60 & echo ready"]

@@ -28,7 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from workbench.sandbox import Sandbox, bwrap_available
+from workbench.sandbox import Sandbox
+from workbench.sandbox_spec import bwrap_available
 
 RESULTS = ROOT / "benchmarks" / "results" / "sandbox_relay.json"
 CLIENT = """

@@ -28,8 +28,10 @@ from workbench.bounded_copy import CopyLimitError
 from workbench.capture import CaptureProxy
 from workbench.paths import exposed_paths, private_paths, project_root
 from workbench.procs import processes
-from workbench.rollout import RolloutConfig, run_rollout
-from workbench.sandbox import Sandbox, SandboxLimits, bwrap_available
+from workbench.rollout import run_rollout
+from workbench.rollout_types import RolloutConfig
+from workbench.sandbox import Sandbox
+from workbench.sandbox_spec import SandboxLimits, bwrap_available
 from workbench.tasks import Limits, Task, load_task
 from workbench.train import check_isolation
 from workbench.verify import verify, verify_many
@@ -439,7 +441,7 @@ def test_no_assert_guards_request_input():
 def test_removing_a_sandbox_tree_changes_no_mode_above_it(tmp_path):
     """A sweep and a close racing on one sandbox root once chmodded its parent (/tmp) to 0700, and every
     later sandbox's uid was refused its workspace. A tree the agent locked (000) still goes."""
-    from workbench.sandbox import _force_remove
+    from workbench.sandbox_cleanup import force_remove
 
     base = tmp_path / "base"
     locked = base / "root" / "ws" / "locked"
@@ -447,8 +449,8 @@ def test_removing_a_sandbox_tree_changes_no_mode_above_it(tmp_path):
     (locked / "f").write_text("x")
     locked.chmod(0o000)
     base.chmod(0o1777)
-    _force_remove(base / "root")
+    force_remove(base / "root")
     assert not (base / "root").exists()
-    _force_remove(base / "root")  # already gone (the race): nothing to do, and nothing chmodded
-    _force_remove(base / "never-was")
+    force_remove(base / "root")  # already gone (the race): nothing to do, and nothing chmodded
+    force_remove(base / "never-was")
     assert (base.stat().st_mode & 0o7777) == 0o1777

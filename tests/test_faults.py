@@ -43,8 +43,10 @@ import pytest
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.paths import harness_bin, project_root
-from workbench.rollout import STATUSES, RolloutConfig, run_rollout, run_rollouts
-from workbench.sandbox import Sandbox, bwrap_available
+from workbench.rollout import run_rollout, run_rollouts
+from workbench.rollout_types import STATUSES, RolloutConfig
+from workbench.sandbox import Sandbox
+from workbench.sandbox_spec import bwrap_available
 from workbench.tasks import Limits, Task, load_task
 from workbench.train import FAILED_STATUSES, RolloutOutcome
 from workbench.turns import TraceError, load_trace, load_turns, write_turns
@@ -757,12 +759,12 @@ def test_soak_parallel_rollouts_leak_nothing(tmp_path, tmp_base):
 def test_verification_that_raises_still_writes_the_artefact(tmp_path, tmp_base, upstream, proxy, monkeypatch):
     """The grader itself failing (ours, not the agent's) leaves the rollout unscored as `verify_error`
     with its reason, and trace.json and the rest of the artefact are written all the same."""
-    import workbench.rollout as rollout
+    import workbench.rollout_session as rollout_session
 
     def broken(*args, **kwargs):
         raise RuntimeError("the grader broke")
 
-    monkeypatch.setattr(rollout, "verify_workspace", broken)
+    monkeypatch.setattr(rollout_session, "verify_workspace", broken)
     upstream.untooled = "text"
     result = run_rollout(load_task("humaneval/0"), proxy.client(), FAST, tmp_path / "r0")
     summary = _summary(tmp_path / "r0")

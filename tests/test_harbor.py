@@ -18,7 +18,8 @@ import pytest
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.harbor import REPO_TASKS, HarborError, load_harbor_task
-from workbench.rollout import RolloutConfig, run_rollout
+from workbench.rollout import run_rollout
+from workbench.rollout_types import RolloutConfig
 from workbench.sandbox import Sandbox
 from workbench.tasks import Limits, Task, load_task, load_tasks
 from workbench.verify import sandbox_guards, verify

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from workbench.matrix import COLUMNS, MatrixConfig, load_matrix, markdown_table, run_matrix, summarise_cell
-from workbench.rollout import RolloutConfig
+from workbench.rollout_types import RolloutConfig
 
 
 @pytest.mark.engine

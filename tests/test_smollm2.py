@@ -7,7 +7,8 @@ import json
 import pytest
 
 from workbench.assets import build
-from workbench.rollout import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig, run_rollout
+from workbench.rollout import run_rollout
+from workbench.rollout_types import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig
 from workbench.stack import local_stack
 from workbench.tasks import load_task
 

@@ -32,8 +32,8 @@ __all__ = ["Task", "load_task", "load_tasks", "Sandbox", "SandboxLimits", "Engin
            "VerifyResult", "GRPORun", "TrainConfig", "EvalConfig", "run_eval", "compare"]
 
 _HOME = {"Task": "tasks", "load_task": "tasks", "load_tasks": "tasks", "Sandbox": "sandbox",
-         "SandboxLimits": "sandbox", "Engine": "engine", "EngineConfig": "engine", "CaptureProxy": "capture",
-         "ProxyClient": "capture_client", "local_stack": "stack", "RolloutConfig": "rollout", "run_rollout": "rollout",
+         "SandboxLimits": "sandbox_spec", "Engine": "engine", "EngineConfig": "engine", "CaptureProxy": "capture",
+         "ProxyClient": "capture_client", "local_stack": "stack", "RolloutConfig": "rollout_types", "run_rollout": "rollout",
          "run_rollouts": "rollout", "analyse": "turns", "load_trace": "turns",
          "VerifyResult": "verify", "GRPORun": "train", "TrainConfig": "train", "EvalConfig": "evaluate",
          "run_eval": "evaluate", "compare": "evaluate"}

@@ -46,7 +46,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from .capture_client import ProxyClient
-    from .rollout import RolloutConfig, agent_prompt, run_rollouts
+    from .rollout import run_rollouts
+    from .rollout_types import RolloutConfig, agent_prompt
     from .stack import local_stack
     from .tasks import load_task
 
@@ -113,7 +114,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .matrix import MatrixConfig, markdown_table, run_matrix
-    from .rollout import RolloutConfig, agent_prompt
+    from .rollout_types import RolloutConfig, agent_prompt
 
     rollout = RolloutConfig(temperature=args.temperature, max_output_tokens=args.max_output_tokens,
                             max_model_calls=args.max_calls, timeout_s=args.timeout, few_shot=args.few_shot,

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get
 from .adapter_check import check_adapter
 from .eval_stats import RESAMPLES, bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
 from .runs import RunDir
-from .sandbox import Isolation
+from .sandbox_spec import Isolation
 
 if TYPE_CHECKING:
     from .capture_client import ProxyClient
@@ -112,7 +112,7 @@ class EvalConfig:
 # -- the evaluation --------------------------------------------------------------------------------
 
 def _aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> dict[str, Any]:
-    from .rollout import FAILED_STATUSES
+    from .rollout_types import FAILED_STATUSES
 
     def count(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
         return {v: sum(r[key] == v for r in rows) for v in sorted({r[key] for r in rows})}
@@ -153,7 +153,8 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
     refused (adapter, isolation, tasks, agent prompt) is checked before any of them starts."""
     from .assets import load
     from .engine import EngineConfig
-    from .rollout import RolloutConfig, agent_prompt, run_rollouts
+    from .rollout import run_rollouts
+    from .rollout_types import RolloutConfig, agent_prompt
     from .stack import local_stack
     from .tasks import load_tasks
     from .train import check_isolation

@@ -28,7 +28,8 @@ from typing import Any
 
 from .engine import Engine, EngineError
 from .harnesses import get_harness
-from .rollout import RolloutConfig, RolloutResult, run_rollouts
+from .rollout import run_rollouts
+from .rollout_types import RolloutConfig, RolloutResult
 from .stack import local_stack
 from .runs import RunDir
 from .tasks import load_tasks

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .rollout import RolloutResult
+from .rollout_types import RolloutResult
 from .turns import load_trace
 
 __all__ = ["Recording", "load_recording", "NOT_RECORDED"]

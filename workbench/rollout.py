@@ -1,23 +1,13 @@
-"""One loop-owning rollout end to end, and N of them in parallel.
+"""Rollouts that never raise for their own failures: one (`run_rollout`), or a group in parallel (`run_rollouts`).
 
-task -> sandbox -> harness (unmodified opencode) <-> capture proxy <-> engine -> verify -> artefact.
+A rollout's failure (the sandbox could not be made, the agent crashed, the grader broke) is recorded
+in its folder and its `RolloutResult`, never raised; only Ctrl-C is (after the agent is stopped and
+the artefact written). The session itself is `workbench.rollout_session.HarnessSession`; the config,
+statuses and result types are `workbench.rollout_types`. In a group the first rollout of each task
+leads: the others wait until its first agent call is at the engine (`RolloutConfig.lead_s`), so
+they find their shared prompt in the engine's prefix cache.
 
-The unit is `HarnessSession`: create it (sandbox + proxy session + the harness started), wait for
-the agent to exit, read its calls, grade the workspace, write the artefact, close. OpenEnv's harness
-protocols over it (so TRL's `HarnessRolloutWorker(harness_adapter=None)` can drive these sessions)
-are in `workbench.openenv_session`; this module imports nothing of OpenEnv's (its capture server
-alone brings ~3,400 modules): the trainer, the notebooks and the CLI import it cheaply.
-
-Each rollout writes the seed artefact's folder (`../shared/seeds/004_*`):
-
-    trace.json          every captured call, in order, as recorded (purpose-tagged, exact ids)
-    task.json           instruction and task id (no hidden tests)
-    visible_tests.txt   examples the agent could see
-    held_out_tests.json the reward's tests (never inside the sandbox)
-    summary.json        status, reason, reward, call/turn/tool counts, timings
-    events.jsonl        the harness's own event stream; harness.stderr.txt its log
-    workspace/          the final workspace, as verified
-
+    from workbench.rollout_types import RolloutConfig
     client = proxy.client()                  # or workbench.stack.local_stack(model) -> (engine, proxy, client)
     result = run_rollout(load_task("humaneval/0"), client, RolloutConfig(), out_dir=Path("runs/x/r0"))
     results = run_rollouts([(task, out) for ...], client, config, parallel=2)
@@ -26,416 +16,20 @@ Each rollout writes the seed artefact's folder (`../shared/seeds/004_*`):
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import shutil
 import threading
-import traceback
 import time
-import uuid
+import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from .capture_client import ProxyClient, ProxyError
-from .harnesses import HarnessOptions, HarnessRun, get_harness
-from .paths import project_root
-from .procs import exit_signal, signal_name
-from .bounded_copy import CopyLimitError
-from .sandbox import Isolation, Sandbox, SandboxError, SandboxLimits
+from .rollout_session import HarnessSession, atomic_json
+from .rollout_types import RolloutConfig, RolloutResult
+from .sandbox_spec import SandboxError
 from .tasks import Task
-from .verify import VerifyResult
-from .verify import verify as verify_workspace
 
-__all__ = ["SHORT_AGENT_PROMPT", "SHORT_AGENT_TOOLS", "STATUSES", "Status", "agent_prompt", "RolloutConfig",
-           "RolloutResult", "RolloutOutcome", "FAILED_STATUSES", "HarnessSession", "run_rollout", "run_rollouts",
-           "agent_entries", "trace_tool_calls"]
-
-# A short agent prompt (opencode's own is ~7.2k tokens; with this one a prompt is ~1.8k). The
-# harness is otherwise unchanged: same loop, same tools, same replay.
-SHORT_AGENT_PROMPT = "You are a coding agent. Use the tools to complete the task."
-SHORT_AGENT_TOOLS = ("bash", "write", "read", "edit")
-
-
-def agent_prompt(name: str) -> dict[str, Any]:
-    """`RolloutConfig` fields for an agent prompt by name: ``default`` (the harness as shipped) or
-    ``short`` (`SHORT_AGENT_PROMPT` with `SHORT_AGENT_TOOLS`)."""
-    if name == "default":
-        return {"system_prompt": None, "tools": None}
-    if name == "short":
-        return {"system_prompt": SHORT_AGENT_PROMPT, "tools": SHORT_AGENT_TOOLS}
-    raise ValueError(f"agent_prompt must be 'default' or 'short', got {name!r}")
-
-STATUSES = ("ok", "timeout", "limit_exceeded", "crashed", "harness_error", "upstream_error", "interrupted",
-            "setup_failed", "verify_error")
-Status = Literal["running", "ok", "timeout", "limit_exceeded", "crashed", "harness_error", "upstream_error",
-                 "interrupted", "setup_failed", "verify_error"]
-
-
-@dataclass
-class RolloutConfig:
-    """Knobs of one rollout (shared by every rollout of a run).
-
-    Attributes:
-        harness: which agent to run (``opencode``).
-        temperature: pinned by the proxy for every call (also what the trainer scores at).
-        max_output_tokens: per-call output cap (harness budget and proxy clamp).
-        max_model_calls: the proxy ends the agent's loop after this many calls (0 = unlimited).
-        timeout_s: wall-clock limit for the harness process.
-        isolation: ``auto`` (bwrap when installed), ``bwrap`` or ``none`` (unsafe: see `workbench.sandbox`).
-        system_prompt / tools: harness options (None keeps the harness as shipped).
-        few_shot: prefix the instruction with two worked tool-call turns in ChatML, in the harness's
-            own tool schema (`Harness.few_shot_prompt`): what makes SmolLM2-135M call tools at all.
-        context_tokens: the context window the harness is told (drives its compaction).
-        stop_on_upstream_error: end the rollout at the first failed engine call instead of letting
-            the harness retry for minutes.
-        lead_s: in `run_rollouts`, the first rollout of each task starts alone and the task's others
-            wait until its first agent call has reached the engine (at most this many seconds; 0: all
-            start at once). The engine then holds that prompt in its prefix cache and the followers' identical
-            ~3k-token prompts (same harness, same task) are not prefilled again: 8 simultaneous
-            SmolLM2 rollouts each prefilled 3,053 + 746 tokens (~116 s of the 2 cores, 12.3 s each
-            alone), which put every first call at 210-250 s (benchmarks/group_start.py).
-    """
-
-    harness: str = "opencode"
-    temperature: float = 1.0
-    max_output_tokens: int = 512
-    max_model_calls: int = 12
-    timeout_s: float = 300.0
-    isolation: Isolation = "auto"
-    system_prompt: str | None = None
-    tools: tuple[str, ...] | None = None
-    few_shot: bool = False
-    context_tokens: int = 16384
-    stop_on_upstream_error: bool = True
-    lead_s: float = 60.0
-    limits: SandboxLimits = field(default_factory=SandboxLimits)
-
-
-@dataclass
-class RolloutResult:
-    rollout_id: str
-    task_id: str
-    status: str
-    reason: str | None
-    reward: float | None
-    out_dir: Path | None
-    summary: dict[str, Any]
-
-
-# The rollouts the infrastructure failed, not the agent: unscored (left out of a group's baseline and of an
-# evaluation's mean). Everything the agent caused (crashed, timeout, limit_exceeded) is scored, 0 where nothing passed.
-FAILED_STATUSES = ("setup_failed", "upstream_error", "interrupted", "verify_error")
-
-
-@dataclass
-class RolloutOutcome:
-    """What a reward function sees: the verified result and the rollout's own record."""
-
-    task: Task
-    result: RolloutResult
-    calls: list[dict[str, Any]]
-
-    @property
-    def verified_reward(self) -> float | None:
-        return None if self.result.status in FAILED_STATUSES else self.result.reward
-
-
-def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenEnv `TraceEntry` dicts for the agent calls of a trace (what `fetch_proxy_trace` returns)."""
-    entries = []
-    for c in calls:
-        if c["purpose"] != "agent" or c["status"] != "ok" or c.get("per_token_logps") is None:
-            continue
-        prompt, out = c["prompt_token_ids"], c["completion_token_ids"]
-        entries.append({
-            "request": c["request"], "response": c["response"], "prompt_token_ids": prompt,
-            "completion_token_ids": out, "per_token_logps": c["per_token_logps"],
-            "loss_mask": [0] * len(prompt) + [1] * len(out),
-            "metadata": {"node_id": c["node_id"], "turn": c["turn"], "sampling_params": c["sampling_params"]},
-        })
-    return entries
-
-
-def _workspace_files(task: Task) -> dict[str, str]:
-    """The task's starting files, plus visible_tests.txt when the instruction points the agent at it
-    (HumanEval and DeepCoder do: it was only ever written to the run folder, not where the agent looks)."""
-    files = dict(task.files)
-    if task.visible_tests and "visible_tests.txt" in task.instruction and "visible_tests.txt" not in files:
-        files["visible_tests.txt"] = task.visible_tests
-    return files
-
-
-def trace_tool_calls(calls: list[dict[str, Any]]) -> dict[str, int]:
-    """Tool calls by name in the agent turns the engine answered (what the model asked for)."""
-    counts: dict[str, int] = {}
-    for c in calls:
-        if c.get("purpose") != "agent" or c.get("status") != "ok":
-            continue
-        for call in (c["response"]["choices"][0].get("message") or {}).get("tool_calls") or []:
-            name = str((call.get("function") or {}).get("name") or "")
-            counts[name] = counts.get(name, 0) + 1
-    return counts
-
-
-def _atomic_json(path: Path, data: Any, *, mode: int = 0o644) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(fd, mode)
-        f.write(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
-
-
-class HarnessSession:
-    """One loop-owning rollout: the agent runs to completion on its own; we read back what it did."""
-
-    def __init__(self, task: Task, client: ProxyClient, config: RolloutConfig, *,
-                 out_dir: Path | None = None, episode_id: str | None = None) -> None:
-        self.task, self.client, self.config = task, client, config
-        self.rollout_id = episode_id or uuid.uuid4().hex[:12]
-        self.out_dir = out_dir
-        self.harness = get_harness(config.harness)
-        self.status: Status = "running"
-        self.reason: str | None = None
-        self.exit_code: int | None = None
-        self.timings: dict[str, float] = {}
-        self.verify_result: VerifyResult | None = None
-        self.run_info: HarnessRun | None = None
-        self._calls: list[dict[str, Any]] | None = None
-        self._closed = False
-        t0 = time.monotonic()
-        # Fail fast, before any sandbox exists, when the engine behind the proxy is down.
-        self.client.check_engine()
-        self.key = self.client.open_session(
-            harness=config.harness, temperature=config.temperature, max_model_calls=config.max_model_calls,
-            max_output_tokens=config.max_output_tokens,
-            metadata={"task_id": task.id, "rollout_id": self.rollout_id})
-        try:
-            self.sandbox = Sandbox.create(_workspace_files(task), isolation=config.isolation, limits=config.limits,
-                                          ro_paths=[project_root() / "tools" / "node_modules"],
-                                          endpoint=self.client.url)
-        except SandboxError:
-            self.client.close_session(self.key)
-            raise
-        try:
-            self.timings["setup_s"] = time.monotonic() - t0
-            prompt = self.harness.few_shot_prompt(task.instruction) if config.few_shot else task.instruction
-            launch = self.harness.launch(
-                base_url=self.sandbox.reach(self.client.agent_base_url), api_key=self.key, model=self.client.model, prompt=prompt,
-                options=HarnessOptions(max_output_tokens=config.max_output_tokens, context_tokens=config.context_tokens,
-                                       system_prompt=config.system_prompt, tools=config.tools))
-            for rel, text in launch.files.items():
-                self.sandbox.write_home(rel, text)
-            self._logs = self.sandbox.logs
-            self._started = time.monotonic()
-            self.proc = self.sandbox.spawn(launch.argv, stdin=launch.stdin, env=launch.env,
-                                           stdout=self._logs / "events.jsonl", stderr=self._logs / "stderr.txt")
-        except BaseException:
-            # The caller never gets this half-made session to close (e.g. ENOSPC writing the logs,
-            # a missing harness binary, Ctrl-C): close the sandbox and the proxy session here.
-            self.close()
-            raise
-
-    # -- the agent --------------------------------------------------------------------------------
-
-    def wait_for_completion(self, timeout_s: float | None = None, *, stop: threading.Event | None = None,
-                            primed: threading.Event | None = None) -> int:
-        """Wait for the agent to exit; TimeoutError at the wall-clock limit (the agent is killed).
-
-        `stop` set (by `run_rollouts` on Ctrl-C: only the main thread receives KeyboardInterrupt)
-        ends the agent as ``interrupted`` and raises KeyboardInterrupt in this thread too. `primed` is
-        set once the first agent call is at the engine (its prompt is being computed and cached), or
-        when the agent ends, whichever comes first (`RolloutConfig.lead_s`).
-        """
-        # A task may set its own agent time limit (Harbor's agent.timeout_sec): the shorter one wins.
-        limit = min(self.config.timeout_s, self.task.agent_timeout_s or float("inf")) if timeout_s is None else timeout_s
-        deadline = self._started + limit
-        try:
-            while True:
-                if stop is not None and stop.is_set():
-                    raise KeyboardInterrupt
-                code = self.proc.poll()
-                if code is not None:
-                    self.exit_code = code
-                    break
-                if time.monotonic() >= deadline:
-                    self._end("timeout", f"no exit after {limit:.0f} s (wall-clock limit)")
-                    raise TimeoutError(self.reason)
-                over = self.sandbox.over_quota()
-                if over:  # the agent's own doing: scored 0, like a timeout that solved nothing
-                    self._end("limit_exceeded", f"{over}: the agent was stopped")
-                    return -1
-                if primed is not None and not primed.is_set():
-                    with contextlib.suppress(ProxyError):
-                        # Its first agent call is at the engine: followers need 10-30 s to start opencode
-                        # (measured, 7 at once on 2 cores) and vLLM caches the prompt's blocks as it computes
-                        # them, so they arrive to a (nearly) computed prefix. Waiting for the reply cost 35 s.
-                        if any(c.get("purpose") == "agent" for c in self.client.trace(self.key)):
-                            primed.set()
-                if self.config.stop_on_upstream_error:
-                    with contextlib.suppress(ProxyError):
-                        errors = self.client.status(self.key).get("upstream_errors", 0)
-                        if errors:
-                            self._end("upstream_error", "the engine failed a call (see trace.json); "
-                                      "stopped instead of letting the harness retry")
-                            return -1
-                time.sleep(0.25)
-        except KeyboardInterrupt:
-            self._end("interrupted", "interrupted by the user")
-            raise
-        finally:
-            if primed is not None:
-                primed.set()  # ended, however: the followers go
-            self.timings["harness_s"] = time.monotonic() - self._started
-            # Also after a timeout or a stop: what the harness reported so far.
-            self.run_info = self.harness.parse_events(self._read_log("events.jsonl"))
-        if self.status == "running":
-            # The harness may give up on a failed engine call before the poll above sees the error
-            # (opencode exits on a 400 within a poll interval): still the engine's failure, which
-            # the trainer must not score (harness_error would be scored, upstream_error is not).
-            upstream_errors = 0
-            with contextlib.suppress(ProxyError):
-                upstream_errors = self.client.status(self.key).get("upstream_errors", 0)
-            if upstream_errors and (self.config.stop_on_upstream_error or self.run_info.errors or code != 0):
-                self.status = "upstream_error"
-                self.reason = "the engine failed a call (see trace.json); the harness then exited: " + \
-                    (self.run_info.errors[0][:300] if self.run_info.errors else f"exit code {code}")
-            elif self.run_info.errors:
-                self.status, self.reason = "harness_error", self.run_info.errors[0][:500]
-            elif code != 0:
-                self.status = "crashed"
-                sig = exit_signal(code, bwrap=self.sandbox.isolation == "bwrap")
-                self.reason = (f"killed by signal {sig} ({signal_name(sig)})" if sig else f"exit code {code}") + \
-                    f": {self._read_log('stderr.txt')[-300:].strip()}"
-            else:
-                self.status = "ok"
-        return code
-
-    def _end(self, status: Status, reason: str) -> None:
-        self.status, self.reason = status, reason
-        self._stop_agent()
-
-    def _stop_agent(self) -> None:
-        """Kill the agent and everything it started, and wait until all of it is gone: a pid
-        namespace takes a moment to die after its first process (its init waits for the rest)."""
-        self.proc.kill()
-        self.sandbox.kill_all()
-        self.exit_code = self.proc.poll()
-
-    def _read_log(self, name: str) -> str:
-        with contextlib.suppress(OSError):
-            return (self._logs / name).read_text(errors="replace")
-        return ""
-
-    def calls(self) -> list[dict[str, Any]]:
-        """Every captured call of this rollout (cached once the agent has stopped)."""
-        if self._calls is not None:
-            return self._calls
-        calls = self.client.trace(self.key)
-        if self.status == "running":
-            return calls
-        # The harness may exit with a call in flight (opencode does not wait for its title call);
-        # give it a moment to land or be cancelled, so the trace records how it ended.
-        deadline = time.monotonic() + 5
-        while any(c["status"] == "pending" for c in calls) and time.monotonic() < deadline:
-            time.sleep(0.2)
-            calls = self.client.trace(self.key)
-        self._calls = calls
-        return calls
-
-    def fetch_proxy_trace(self) -> list[dict[str, Any]]:
-        return agent_entries(self.calls())
-
-    # -- the reward --------------------------------------------------------------------------------
-
-    def grade(self) -> VerifyResult:
-        """Hidden-test reward on a copy of the final workspace (the agent is stopped first)."""
-        if self.proc.poll() is None or self.sandbox.strays():
-            self._stop_agent()
-        t = time.monotonic()
-        try:
-            self.verify_result = verify_workspace(self.task, self.sandbox.workspace, sandbox=self.sandbox.isolation)
-        finally:
-            self.timings["verify_s"] = time.monotonic() - t
-        return self.verify_result
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.sandbox.close()
-        finally:
-            with contextlib.suppress(ProxyError):
-                self.client.close_session(self.key)
-
-    # -- the artefact ------------------------------------------------------------------------------
-
-    def summary(self) -> dict[str, Any]:
-        calls = self._calls if self._calls is not None else []
-        by_purpose: dict[str, int] = {}
-        for c in calls:
-            by_purpose[c["purpose"]] = by_purpose.get(c["purpose"], 0) + 1
-        agent = [c for c in calls if c["purpose"] == "agent" and c["status"] == "ok"]
-        with_tools = sum(1 for c in agent if (c["response"]["choices"][0]["message"] or {}).get("tool_calls"))
-        run = self.run_info
-        r = self.verify_result
-        return {
-            "rollout_id": self.rollout_id, "task_id": self.task.id, "harness": self.config.harness,
-            "model": self.client.model, "status": self.status, "reason": self.reason, "exit_code": self.exit_code,
-            "reward": self.reward,
-            "tests_passed": r.passed if r is not None else None, "tests_total": r.total if r is not None else None,
-            "calls": len(calls), "calls_by_purpose": by_purpose,
-            "calls_by_status": {s: sum(1 for c in calls if c["status"] == s) for s in {c["status"] for c in calls}},
-            "agent_turns": len(agent), "agent_turns_with_tool_calls": with_tools,
-            "sampled_tokens": sum(len(c["completion_token_ids"]) for c in agent),
-            # From the engine's own answers as captured: the agent can write anything into the harness's
-            # event stream (it runs as the same uid), never into the trace.
-            "tool_calls": trace_tool_calls(calls),
-            # What the harness's event stream says (its own account; shown, never used for rewards).
-            "harness_tool_calls": run.tool_calls if run else {}, "tool_failures": run.tool_failures if run else {},
-            "harness_steps": run.steps if run else 0, "harness_errors": run.errors if run else [],
-            "solution_written": (self.sandbox.workspace / "solution.py").exists() if not self.sandbox.closed else None,
-            "temperature": self.config.temperature, "timings": {k: round(v, 3) for k, v in self.timings.items()},
-            "isolation": self.sandbox.isolation,
-        }
-
-    @property
-    def reward(self) -> float | None:
-        """The hidden-test reward; 0 when the agent broke a sandbox limit (its own doing)."""
-        if self.verify_result is None:
-            return None
-        return 0.0 if self.status == "limit_exceeded" else self.verify_result.reward
-
-    def write_artefact(self, out_dir: Path) -> dict[str, Any]:
-        """Write the seed-format folder. Safe after a timeout or an interrupt (partial trace kept).
-        The folder is ours alone (0700; held_out_tests.json 0600): no sandbox uid can read it."""
-        out_dir.mkdir(parents=True, exist_ok=True)
-        out_dir.chmod(0o700)
-        with contextlib.suppress(ProxyError):
-            self.calls()
-        summary = self.summary()
-        _atomic_json(out_dir / "trace.json", self._calls or [])
-        _atomic_json(out_dir / "task.json", self.task.public_json())
-        (out_dir / "visible_tests.txt").write_text(self.task.visible_tests)
-        _atomic_json(out_dir / "held_out_tests.json", self.task.held_out_tests, mode=0o600)
-        for name in ("events.jsonl", "stderr.txt"):
-            with contextlib.suppress(OSError):
-                shutil.copyfile(self._logs / name, out_dir / ("harness.stderr.txt" if name == "stderr.txt" else name))
-        ws = out_dir / "workspace"
-        if not self.sandbox.closed and not ws.exists():
-            try:
-                self.sandbox.snapshot(ws)
-            except CopyLimitError as exc:  # kept as far as it fits; the summary says why not whole
-                summary["workspace_truncated"] = str(exc)
-            except OSError:
-                pass
-        if self.verify_result is not None:
-            _atomic_json(out_dir / "verify.json", self.verify_result.to_json())
-        _atomic_json(out_dir / "summary.json", summary)  # last: its presence marks a complete folder
-        return summary
+__all__ = ["run_rollout", "run_rollouts"]
 
 
 def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir: Path,
@@ -454,10 +48,10 @@ def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir:
     try:
         session = HarnessSession(task, client, config, out_dir=out_dir, episode_id=rid)
     except (SandboxError, ProxyError, OSError) as exc:
-        summary = {"rollout_id": rid, "task_id": task.id, "status": "setup_failed", "reason": str(exc),
-                   "reward": None, "calls": 0}
-        _atomic_json(out_dir / "summary.json", summary)
-        return RolloutResult(rid, task.id, "setup_failed", str(exc), None, out_dir, summary)
+        failed: dict[str, Any] = {"rollout_id": rid, "task_id": task.id, "status": "setup_failed",
+                                  "reason": str(exc), "reward": None, "calls": 0}
+        atomic_json(out_dir / "summary.json", failed)
+        return RolloutResult(rid, task.id, "setup_failed", str(exc), None, out_dir, failed)
     try:
         with contextlib.suppress(TimeoutError):
             session.wait_for_completion(stop=stop, primed=primed)
@@ -511,19 +105,20 @@ def run_rollouts(jobs: list[tuple[Task, Path]], client: ProxyClient, config: Rol
             while not primed[task.id].wait(0.25) and time.monotonic() < deadline and not stop.is_set():
                 pass
         try:
-            results[i] = run_rollout(task, client, config, out, stop=stop,
-                                     primed=primed[task.id] if lead and config.lead_s > 0 else None)
+            result = results[i] = run_rollout(task, client, config, out, stop=stop,
+                                              primed=primed[task.id] if lead and config.lead_s > 0 else None)
         except Exception as exc:  # recorded: a rollout failing must not sink the group
-            results[i] = RolloutResult(out.name, task.id, "crashed", f"{type(exc).__name__}: {exc}", None, out, {})
-            _atomic_json(out / "summary.json", {"rollout_id": out.name, "task_id": task.id, "status": "crashed",
-                                                "reason": results[i].reason, "reward": None})
+            result = results[i] = RolloutResult(out.name, task.id, "crashed", f"{type(exc).__name__}: {exc}", None,
+                                                out, {})
+            atomic_json(out / "summary.json", {"rollout_id": out.name, "task_id": task.id, "status": "crashed",
+                                               "reason": result.reason, "reward": None})
             (out / "crash.txt").write_text(traceback.format_exc())  # ours, not the agent's: where it broke
         finally:
             if lead:
                 primed[task.id].set()  # a leader that never got going must not hold its followers
         with lock:
             bar.update(1)
-            bar.set_postfix_str(f"last={results[i].status}")
+            bar.set_postfix_str(f"last={result.status}")
 
     pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="rollout")
     try:

@@ -28,9 +28,13 @@ whatever it did to its process group or environment. Two isolation modes:
 Writes are bounded in total: RLIMIT_FSIZE per file, and the folders' allocated size and entry count
 (`SandboxLimits.disk_mb`, ``max_entries``), which `over_quota` measures (the rollout polls it every
 0.25 s and ends the agent over it). A watchdog (`procs.die_with_us`; bwrap: ``--die-with-parent``)
-kills everything within 0.5 s if this process dies without closing. Folders left by a runner that
-died are removed by the next `Sandbox.create` in that dir.
+kills everything within 0.5 s if this process dies without closing; the next `Sandbox.create` in
+that dir removes the folders it left.
 
+This module is the session (folders, processes, quota, snapshot, close); `sandbox_spec` holds the modes,
+limits and error, `sandbox_command` the prlimit/setpriv/bwrap argv, `sandbox_cleanup` the kill and removal.
+
+    from workbench.sandbox_spec import SandboxLimits
     sb = Sandbox.create({"README.md": "..."}, limits=SandboxLimits(wall_s=300), endpoint=proxy_url)
     proc = sb.spawn(["opencode", "run"], stdin=b"prompt", env={"OPENCODE_CONFIG_CONTENT": "..."})
     code = proc.wait(timeout_s=300)     # TimeoutError at the wall-clock limit
@@ -44,7 +48,6 @@ import contextlib
 import os
 import random
 import shutil
-import signal
 import stat
 import subprocess
 import tempfile
@@ -53,125 +56,17 @@ import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import IO
 
 from .bounded_copy import CopyLimits, copy_tree
-from .paths import exposed_paths
-from .procs import die_with_us, environ, group_alive, kill_group, kill_matching, proc_stat, processes, stop_group
+from .procs import stop_group
+from .sandbox_cleanup import force_remove, kill_all, new_folder, remove_stale, strays
+from .sandbox_command import wrap
 from .sandbox_net import Relay, open_relay
+from .sandbox_spec import (AGENT_HOME, AGENT_TMP, APP, MARKER_ENV, Isolation, IsolationMode, SandboxError,
+                           SandboxLimits, check_plain_mode, resolve_isolation)
 
-__all__ = ["SandboxLimits", "Sandbox", "SandboxProcess", "SandboxError", "Isolation", "bwrap_available",
-           "MARKER_ENV", "resolve_isolation", "APP", "AGENT_HOME"]
-
-MARKER_ENV = "WORKBENCH_SANDBOX"  # the sandbox's host folder, in every sandboxed process; close() sweeps /proc for it
-Isolation = Literal["auto", "bwrap", "none"]
-_INIT = Path(__file__).resolve().with_name("_sandbox_init.py")
-# Where a bwrap sandbox sees its workspace and home (Harbor's /app): the same in every sandbox, so the
-# harness's system prompt (opencode names its working directory three times) is the same token for
-# token across a GRPO group and vLLM's prefix cache serves the whole shared prompt, not ~72 tokens.
-# The same paths inside every bwrap sandbox: opencode writes the workspace, HOME and TMPDIR into its system
-# prompt, and one per-sandbox path there (TMPDIR was the host's /tmp/wb-sbx-<pid>-<start>-<random>/tmp) left a
-# group's 8 prompts sharing 290 of 3,053 tokens, so vLLM's prefix cache saved nothing.
-APP, AGENT_HOME, AGENT_TMP = "/app", "/home/agent", "/var/tmp/agent"
-_SOCKET_INSIDE = "/run/workbench/endpoint.sock"
-# /etc entries a harness needs (dynamic loader, users, name resolution, TLS roots, time zone); the
-# rest of /etc stays out.
-_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "hosts",
-        "localtime", "alternatives", "ssl", "ca-certificates", "ca-certificates.conf", "gitconfig", "mime.types")
-
-
-class SandboxError(RuntimeError):
-    """A sandbox could not be created (nothing is left behind when this is raised)."""
-
-
-def bwrap_available() -> bool:
-    return shutil.which("bwrap") is not None
-
-
-def resolve_isolation(isolation: Isolation) -> Literal["bwrap", "none"]:
-    """The mode `auto` means here (bwrap when installed); refuses a mode that cannot run."""
-    if isolation == "auto":
-        return "bwrap" if bwrap_available() else "none"
-    if isolation == "bwrap" and not bwrap_available():
-        raise SandboxError("isolation='bwrap' but bwrap is not installed (run scripts/setup.sh, or: apt-get "
-                           "install bubblewrap)")
-    if isolation not in ("bwrap", "none"):
-        raise SandboxError(f"unknown isolation {isolation!r}: use auto, bwrap or none")
-    return isolation
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits for every process in a sandbox (setrlimit, inherited by children), and in all.
-
-    Attributes:
-        cpu_s: CPU seconds per process (RLIMIT_CPU).
-        memory_mb: address space per process (RLIMIT_AS). opencode is a Bun binary that reserves
-            a lot of virtual memory up front: keep this >= 16 GiB or it fails to start.
-        file_size_mb: largest file a process may write (RLIMIT_FSIZE).
-        nproc: processes and threads of the sandbox's uid (RLIMIT_NPROC; exact with a fresh uid,
-            i.e. when the workbench runs as root; otherwise added to the user's current count).
-            opencode alone runs ~40 threads.
-        open_files: RLIMIT_NOFILE.
-        wall_s: wall-clock limit for a waited process.
-        disk_mb: allocated size of ws/, home/ and tmp/ together (opencode's own state is ~5 MB).
-        max_entries: files and folders in them together.
-        max_connections: connections at once to the sandbox's endpoint (bwrap).
-    """
-
-    cpu_s: int = 900
-    memory_mb: int = 32768
-    file_size_mb: int = 64
-    nproc: int = 1024
-    open_files: int = 4096
-    wall_s: float = 600.0
-    disk_mb: int = 512
-    max_entries: int = 20000
-    max_connections: int = 16
-
-
-def _process_key(pid: int) -> str | None:
-    """``pid-starttime`` of a live process (start time in clock ticks after boot, /proc/PID/stat field
-    22), None when it is gone: a reused pid has another start time."""
-    fields = proc_stat(pid)
-    return None if fields is None else f"{pid}-{fields[19]}"
-
-
-def _remove_stale(base: Path) -> None:
-    """Remove the sandbox folders in `base` whose creator process is gone (see `Sandbox.create`).
-    Folders named before creators were recorded (``wb-sbx-XXXXXXXX``) are left alone."""
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return
-    for entry in entries:
-        parts = entry.name.split("-")  # wb, sbx, pid, starttime, random
-        if len(parts) == 5 and entry.name.startswith("wb-sbx-") and parts[2].isdigit() and parts[3].isdigit():
-            if _process_key(int(parts[2])) != f"{parts[2]}-{parts[3]}":
-                _force_remove(Path(entry.path))
-
-
-def _force_remove(path: Path) -> None:
-    """Remove a sandbox tree the agent may have chmodded to 000 (we own it as root, or as the same user).
-
-    Only modes inside `path` are touched: a failure on `path` itself (already gone: a sweep and a close
-    racing; or its parent refusing) once chmodded the parent, /tmp, to 0700, and every later sandbox's
-    uid was refused its workspace ("bwrap: Can't find source path ...: Permission denied")."""
-    top = os.path.abspath(path)
-
-    def unlock(func, failed, exc_info):  # noqa: ANN001 - shutil's onerror signature
-        if isinstance(exc_info[1], FileNotFoundError):
-            return
-        failed = os.path.abspath(failed)
-        with contextlib.suppress(OSError):
-            parent = os.path.dirname(failed)
-            if parent == top or parent.startswith(top + os.sep):
-                os.chmod(parent, 0o700)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, 0o700)
-            func(failed)
-
-    shutil.rmtree(path, onerror=unlock)
+__all__ = ["Sandbox", "SandboxProcess"]
 
 
 def _fresh_uid() -> int | None:
@@ -179,30 +74,11 @@ def _fresh_uid() -> int | None:
     return random.SystemRandom().randrange(1_000_000, 2_000_000_000) if os.geteuid() == 0 else None
 
 
-def _limit_args(limits: SandboxLimits, uid: int | None) -> list[str]:
-    """`prlimit` flags for `limits`. prlimit (util-linux) rather than preexec_fn: the proxy runs in
-    threads of this process, and running Python between fork and exec is unsafe with threads."""
-    mb = 1024 * 1024
-    # RLIMIT_NPROC counts the real uid's processes: exact for a fresh uid; our own uid already runs some.
-    nproc = limits.nproc if uid is not None else limits.nproc + sum(1 for p in processes() if p.uid == os.getuid())
-    return ["prlimit", f"--cpu={limits.cpu_s}", f"--as={limits.memory_mb * mb}",
-            f"--fsize={limits.file_size_mb * mb}", f"--nproc={nproc}",
-            f"--nofile={limits.open_files}", "--core=0", "--"]
-
-
-def _drop_to(uid: int | None) -> list[str]:
-    """setpriv to `uid` with no capabilities (and none to regain): empty when we are not root."""
-    if uid is None:
-        return ["setpriv", "--no-new-privs", "--"]
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-            "--bounding-set=-all", "--no-new-privs", "--"]
-
-
 @dataclass
 class SandboxProcess:
     """A process started in a sandbox, leader of its own process group."""
 
-    popen: subprocess.Popen
+    popen: subprocess.Popen[bytes]
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -227,7 +103,7 @@ class SandboxProcess:
 class Sandbox:
     """One rollout's isolated folder and processes. Use `Sandbox.create`, always `close()`."""
 
-    def __init__(self, root: Path, isolation: Literal["bwrap", "none"], limits: SandboxLimits,
+    def __init__(self, root: Path, isolation: IsolationMode, limits: SandboxLimits,
                  ro_paths: list[Path], uid: int | None, python: str) -> None:
         self.root = root
         self.workspace = root / "ws"
@@ -277,13 +153,11 @@ class Sandbox:
         if interpreter is None:
             raise SandboxError("no python3 found for the sandbox")
         target = _parse_endpoint(endpoint) if endpoint else None
-        # The folder's name carries its creator (pid and start time), so that a later create() can
-        # tell the folders of a runner that died without close() (SIGKILL, a kernel restart) and
-        # remove them; their processes died with that runner.
+        # The folders of a runner that died without close() go first (`sandbox_cleanup.new_folder`).
         base = Path(base_dir or tempfile.gettempdir())
-        _remove_stale(base)
+        remove_stale(base)
         try:
-            root = Path(tempfile.mkdtemp(prefix=f"wb-sbx-{_process_key(os.getpid())}-", dir=base))
+            root = new_folder(base)
         except OSError as exc:
             raise SandboxError(f"could not create a sandbox folder in {base}: {exc}") from exc
         uid = _fresh_uid()
@@ -291,7 +165,7 @@ class Sandbox:
         try:
             sb._materialise(files, git_init)
             if mode == "none" and uid is not None:
-                _check_plain_mode(root, interpreter)
+                check_plain_mode(root, interpreter)
             if target is not None:
                 sb._open_endpoint(*target)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
@@ -336,8 +210,7 @@ class Sandbox:
             return
         sock_dir = self.root / "sock"
         if len(str(sock_dir / "p")) > 100:  # AF_UNIX paths are limited to 107 bytes
-            sock_dir = self._extra_dir = Path(tempfile.mkdtemp(prefix=f"wb-sbx-{_process_key(os.getpid())}-",
-                                                               dir="/tmp"))
+            sock_dir = self._extra_dir = new_folder("/tmp")
         else:
             sock_dir.mkdir()
         sock_dir.chmod(0o711)
@@ -394,39 +267,11 @@ class Sandbox:
         return env
 
     def command(self, argv: list[str]) -> list[str]:
-        """`argv` wrapped for this sandbox's isolation mode, uid and limits."""
-        if self.isolation == "none":
-            # The watchdog runs as us (it must be able to kill the sandbox uid); bwrap's
-            # --die-with-parent and pid namespace do this below.
-            inner = _limit_args(self.limits, self.uid) + _drop_to(self.uid) + list(argv)
-            return die_with_us(inner, marker=f"{MARKER_ENV}={self.root}", uid=self.uid)
-        cmd = _limit_args(self.limits, self.uid) + _drop_to(self.uid) + [
-            "bwrap", "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-            "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-            "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--ro-bind", "/usr", "/usr",
-            # /tmp first (later mounts may lie below it): small, because a tmpfs is host memory;
-            # TMPDIR points at tmp/, on disk, counted by over_quota.
-            "--perms", "1777", "--size", str(self.limits.file_size_mb << 20), "--tmpfs", "/tmp"]
-        for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):  # merged-/usr Debian: symlinks
-            target = Path("/") / link
-            if target.is_symlink():
-                cmd += ["--symlink", os.readlink(target), f"/{link}"]
-            elif target.is_dir():
-                cmd += ["--ro-bind", str(target), str(target)]
-        for name in _ETC:
-            cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        for p in [*self.ro_paths, *_outside_usr(self.python)]:
-            cmd += ["--ro-bind", str(p), str(p)]
-        cmd += ["--bind", str(self.workspace), APP, "--bind", str(self.home), AGENT_HOME,
-                "--bind", str(self.tmp), AGENT_TMP]
-        cmd += ["--ro-bind", str(self.bin), str(self.bin), "--ro-bind", str(_INIT), "/run/workbench/init.py"]
-        python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else self.python
-        if self._relay is not None and self._endpoint is not None:
-            cmd += ["--bind", str(self._relay.path), _SOCKET_INSIDE, "--chdir", APP, "--",
-                    python, "-I", "-S", "/run/workbench/init.py", str(self._inside_port), _SOCKET_INSIDE, "--"]
-        else:
-            cmd += ["--chdir", APP, "--"]
-        return cmd + list(argv)
+        """`argv` wrapped for this sandbox's isolation mode, uid and limits (`sandbox_command.wrap`)."""
+        relay = self._relay.path if self._relay is not None and self._endpoint is not None else None
+        return wrap(argv, mode=self.isolation, root=self.root, limits=self.limits, uid=self.uid,
+                    workspace=self.workspace, home=self.home, tmp=self.tmp, bin_dir=self.bin,
+                    ro_paths=self.ro_paths, python=self.python, relay_socket=relay, inside_port=self._inside_port)
 
     def spawn(self, argv: list[str], *, stdin: bytes | None = None, env: dict[str, str] | None = None,
               stdout: Path | None = None, stderr: Path | None = None) -> SandboxProcess:
@@ -434,8 +279,8 @@ class Sandbox:
         `stderr` are opened here and inherited: the sandbox itself cannot open them by name."""
         if self.closed:
             raise SandboxError("sandbox is closed")
-        out = open(stdout, "wb") if stdout else subprocess.DEVNULL
-        err = out if stderr == stdout else open(stderr, "wb") if stderr else subprocess.DEVNULL
+        out: IO[bytes] | int = open(stdout, "wb") if stdout else subprocess.DEVNULL
+        err: IO[bytes] | int = out if stderr == stdout else open(stderr, "wb") if stderr else subprocess.DEVNULL
         try:
             popen = subprocess.Popen(
                 self.command(argv), cwd=self.workspace, env=self.env(env),
@@ -444,7 +289,7 @@ class Sandbox:
             )
         finally:
             for f in {id(out): out, id(err): err}.values():
-                if f is not subprocess.DEVNULL:
+                if not isinstance(f, int):  # DEVNULL
                     f.close()
         if stdin is not None and popen.stdin is not None:
             with contextlib.suppress(BrokenPipeError):
@@ -471,34 +316,12 @@ class Sandbox:
     def strays(self) -> list[int]:
         """Pids of this sandbox's processes outside its process groups: carrying its marker, or (with a
         fresh uid) owned by its uid."""
-        needle = f"{MARKER_ENV}={self.root}".encode()
-        found = []
-        for p in processes():
-            if (self.uid is not None and p.uid == self.uid) or needle in environ(p.pid).split(b"\0"):
-                found.append(p.pid)
-        return found
+        return strays(self.root, self.uid)
 
     def kill_all(self, timeout_s: float = 10.0) -> bool:
         """Kill every process group started here, every process of the sandbox's uid and every marked
         stray; True when all are gone."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for proc in self.processes:
-                kill_group(proc.pgid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.popen.wait(0.01)
-            if self.uid is not None:
-                uid = self.uid
-                kill_matching(lambda p: p.uid == uid)  # noqa: B023 - called here, within the iteration
-            strays = self.strays()
-            for pid in strays:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            if not strays and not any(group_alive(p.pgid) for p in self.processes):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
+        return kill_all([p.popen for p in self.processes], root=self.root, uid=self.uid, timeout_s=timeout_s)
 
     # -- files -----------------------------------------------------------------------------------
 
@@ -537,8 +360,8 @@ class Sandbox:
         if self._relay is not None:
             self._relay.close()
         if self._extra_dir is not None:
-            _force_remove(self._extra_dir)
-        _force_remove(self.root)
+            force_remove(self._extra_dir)
+        force_remove(self.root)
 
     def close(self) -> None:
         """Kill everything started here and remove the folder. Safe to call twice."""
@@ -563,22 +386,3 @@ def _parse_endpoint(url: str) -> tuple[str, int]:
         raise SandboxError(f"endpoint {url!r} must be http://HOST:PORT")
     return parts.hostname, parts.port
 
-
-def _outside_usr(python: str) -> list[Path]:
-    """The interpreter's installation when it is not under /usr (pyenv, a venv elsewhere)."""
-    real = Path(os.path.realpath(python))
-    return [] if str(real).startswith("/usr/") else [real.parent.parent]
-
-
-def _check_plain_mode(root: Path, python: str) -> None:
-    """In plain mode the fresh uid must walk to its folders and run the interpreter on its own rights,
-    and must not be able to enter the folders that hold answers (`paths.private_paths`)."""
-    exposed = exposed_paths()
-    if exposed:
-        raise SandboxError(f"plain mode: {', '.join(map(str, exposed))} can be read by other users (and so by "
-                           "the agent); run scripts/setup.sh (it makes them 0700) or use bwrap")
-    for path in (root, Path(os.path.realpath(python))):
-        for p in [path, *path.parents]:
-            if p.is_dir() and not p.stat().st_mode & stat.S_IXOTH:
-                raise SandboxError(f"plain mode: the sandbox uid cannot enter {p} (mode "
-                                   f"{stat.filemode(p.stat().st_mode)}); use bwrap, or a temp dir others can enter")

@@ -41,9 +41,10 @@ from typing import Any, Callable, Literal
 from .capture_client import ProxyClient
 from .engine import Engine
 from .policy_sync import MergedSync, SharedFolder
-from .rollout import FAILED_STATUSES, RolloutConfig, RolloutOutcome, agent_prompt, run_rollouts
+from .rollout import run_rollouts
+from .rollout_types import FAILED_STATUSES, RolloutConfig, RolloutOutcome, agent_prompt
 from .runs import RunDir
-from .sandbox import Isolation, resolve_isolation
+from .sandbox_spec import Isolation, resolve_isolation
 from .tasks import load_task, load_tasks
 from .train_fields import step_fields
 from .train_rows import rows_for_trl

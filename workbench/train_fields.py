@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .rollout import FAILED_STATUSES, RolloutOutcome, RolloutResult
+from .rollout_types import FAILED_STATUSES, RolloutOutcome, RolloutResult
 from .tasks import Task
 from .train_rows import longest_row_fields, rollout_rows
 from .tokenizer import Tokenizer, token_id

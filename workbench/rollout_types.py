@@ -1,0 +1,143 @@
+"""The vocabulary of a rollout: its config, its statuses, its result and outcome, and readers of its calls.
+
+What callers build a rollout with and get back, without the machinery that runs one (that is
+`workbench.rollout_session` and `workbench.rollout`): the trainer, the evaluator and the reward
+functions import this alone.
+
+    config = RolloutConfig(timeout_s=120, **agent_prompt("short"))
+    if result.status in FAILED_STATUSES: ...     # unscored: the infrastructure failed, not the agent
+    entries = agent_entries(calls)               # OpenEnv TraceEntry dicts of the agent's answered calls
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from .sandbox_spec import Isolation, SandboxLimits
+from .tasks import Task
+
+__all__ = ["SHORT_AGENT_PROMPT", "SHORT_AGENT_TOOLS", "agent_prompt", "FinalStatus", "Status", "STATUSES",
+           "FAILED_STATUSES", "RolloutConfig", "RolloutResult", "RolloutOutcome", "agent_entries", "trace_tool_calls"]
+
+# A short agent prompt (opencode's own is ~7.2k tokens; with this one a prompt is ~1.8k). The
+# harness is otherwise unchanged: same loop, same tools, same replay.
+SHORT_AGENT_PROMPT = "You are a coding agent. Use the tools to complete the task."
+SHORT_AGENT_TOOLS = ("bash", "write", "read", "edit")
+
+
+def agent_prompt(name: str) -> dict[str, Any]:
+    """`RolloutConfig` fields for an agent prompt by name: ``default`` (the harness as shipped) or
+    ``short`` (`SHORT_AGENT_PROMPT` with `SHORT_AGENT_TOOLS`)."""
+    if name == "default":
+        return {"system_prompt": None, "tools": None}
+    if name == "short":
+        return {"system_prompt": SHORT_AGENT_PROMPT, "tools": SHORT_AGENT_TOOLS}
+    raise ValueError(f"agent_prompt must be 'default' or 'short', got {name!r}")
+
+
+# How a rollout ended (summary.json's "status"); a live session is "running" until then.
+FinalStatus = Literal["ok", "timeout", "limit_exceeded", "crashed", "harness_error", "upstream_error", "interrupted",
+                      "setup_failed", "verify_error"]
+Status = Literal["running", FinalStatus]
+STATUSES: tuple[FinalStatus, ...] = get_args(FinalStatus)
+# The rollouts the infrastructure failed, not the agent: unscored (left out of a group's baseline and of an
+# evaluation's mean). Everything the agent caused (crashed, timeout, limit_exceeded) is scored, 0 where nothing passed.
+FAILED_STATUSES: tuple[FinalStatus, ...] = ("setup_failed", "upstream_error", "interrupted", "verify_error")
+
+
+@dataclass
+class RolloutConfig:
+    """Knobs of one rollout (shared by every rollout of a run).
+
+    Attributes:
+        harness: which agent to run (``opencode``).
+        temperature: pinned by the proxy for every call (also what the trainer scores at).
+        max_output_tokens: per-call output cap (harness budget and proxy clamp).
+        max_model_calls: the proxy ends the agent's loop after this many calls (0 = unlimited).
+        timeout_s: wall-clock limit for the harness process.
+        isolation: ``auto`` (bwrap when installed), ``bwrap`` or ``none`` (unsafe: see `workbench.sandbox`).
+        system_prompt / tools: harness options (None keeps the harness as shipped).
+        few_shot: prefix the instruction with two worked tool-call turns in ChatML, in the harness's
+            own tool schema (`Harness.few_shot_prompt`): what makes SmolLM2-135M call tools at all.
+        context_tokens: the context window the harness is told (drives its compaction).
+        stop_on_upstream_error: end the rollout at the first failed engine call instead of letting
+            the harness retry for minutes.
+        lead_s: in `run_rollouts`, the first rollout of each task starts alone and the task's others
+            wait until its first agent call has reached the engine (at most this many seconds; 0: all
+            start at once). The engine then holds that prompt in its prefix cache and the followers' identical
+            ~3k-token prompts (same harness, same task) are not prefilled again: 8 simultaneous
+            SmolLM2 rollouts each prefilled 3,053 + 746 tokens (~116 s of the 2 cores, 12.3 s each
+            alone), which put every first call at 210-250 s (benchmarks/group_start.py).
+    """
+
+    harness: str = "opencode"
+    temperature: float = 1.0
+    max_output_tokens: int = 512
+    max_model_calls: int = 12
+    timeout_s: float = 300.0
+    isolation: Isolation = "auto"
+    system_prompt: str | None = None
+    tools: tuple[str, ...] | None = None
+    few_shot: bool = False
+    context_tokens: int = 16384
+    stop_on_upstream_error: bool = True
+    lead_s: float = 60.0
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+
+
+@dataclass
+class RolloutResult:
+    """One rollout's record as `run_rollout` returns it (the summary is summary.json's content)."""
+
+    rollout_id: str
+    task_id: str
+    # A `FinalStatus` when made here; str because `workbench.replay` also builds these from recorded
+    # summary.json files and marks slots a recording lacks with its own "not_recorded".
+    status: str
+    reason: str | None
+    reward: float | None
+    out_dir: Path | None
+    summary: dict[str, Any]
+
+
+@dataclass
+class RolloutOutcome:
+    """What a reward function sees: the verified result and the rollout's own record."""
+
+    task: Task
+    result: RolloutResult
+    calls: list[dict[str, Any]]
+
+    @property
+    def verified_reward(self) -> float | None:
+        return None if self.result.status in FAILED_STATUSES else self.result.reward
+
+
+def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenEnv `TraceEntry` dicts for the agent calls of a trace (what `fetch_proxy_trace` returns)."""
+    entries = []
+    for c in calls:
+        if c["purpose"] != "agent" or c["status"] != "ok" or c.get("per_token_logps") is None:
+            continue
+        prompt, out = c["prompt_token_ids"], c["completion_token_ids"]
+        entries.append({
+            "request": c["request"], "response": c["response"], "prompt_token_ids": prompt,
+            "completion_token_ids": out, "per_token_logps": c["per_token_logps"],
+            "loss_mask": [0] * len(prompt) + [1] * len(out),
+            "metadata": {"node_id": c["node_id"], "turn": c["turn"], "sampling_params": c["sampling_params"]},
+        })
+    return entries
+
+
+def trace_tool_calls(calls: list[dict[str, Any]]) -> dict[str, int]:
+    """Tool calls by name in the agent turns the engine answered (what the model asked for)."""
+    counts: dict[str, int] = {}
+    for c in calls:
+        if c.get("purpose") != "agent" or c.get("status") != "ok":
+            continue
+        for call in (c["response"]["choices"][0].get("message") or {}).get("tool_calls") or []:
+            name = str((call.get("function") or {}).get("name") or "")
+            counts[name] = counts.get(name, 0) + 1
+    return counts
