@@ -151,13 +151,19 @@ def merged_state_dict(peft_model: Any) -> dict[str, Any]:
     trainer's weights are never touched (merging in place and unmerging would leave fp32 rounding in them each
     step). Tied weights (SmolLM2's lm_head is its embedding) appear once, under the first name."""
     import torch
+    from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer
 
     base = peft_model.get_base_model()
     adapter = peft_model.active_adapter
     with torch.no_grad():
-        deltas = {f"{name}.base_layer.weight": module.get_delta_weight(adapter)
-                  for name, module in base.named_modules() if isinstance(module, LoraLayer) and adapter in module.lora_A}
+        deltas: dict[str, Any] = {}
+        for name, module in base.named_modules():
+            if not (isinstance(module, LoraLayer) and adapter in module.lora_A):
+                continue
+            if not isinstance(module, LoraLinear):  # its update would be served wrong: say so
+                raise ValueError(f"{name}: only LoRA on linear layers is merged, not {type(module).__name__}")
+            deltas[f"{name}.base_layer.weight"] = module.get_delta_weight(adapter)
         out: dict[str, Any] = {}
         seen: set[int] = set()
         for key, tensor in base.state_dict().items():

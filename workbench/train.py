@@ -335,6 +335,7 @@ class GRPORun:
             out = self.dir.path / "rollouts" / f"step-{step:04d}"
             jobs = [(t, out / f"{g:02d}-{r:02d}_{t.id.replace('/', '-').replace(':', '-')}")
                     for g, t in enumerate(tasks) for r in range(cfg.group_size)]
+            assert self.client is not None, "a sampling run has its proxy (set in train())"
             results = run_rollouts(jobs, self.client, cfg.rollout_config(), parallel=cfg.parallel_rollouts,
                                    progress=False)
         rollout_s = time.monotonic() - t0
