@@ -33,7 +33,7 @@ from workbench.rollout_types import RolloutConfig
 from workbench.sandbox import Sandbox
 from workbench.sandbox_spec import SandboxLimits, bwrap_available
 from workbench.tasks import Limits, Task, load_task
-from workbench.train import check_isolation
+from workbench.sandbox_spec import check_isolation
 from workbench.verify import verify, verify_many
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the attacks are written for the root case (CI, this machine)")

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get
 from .adapter_check import check_adapter
 from .eval_stats import RESAMPLES, bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
 from .runs import RunDir
-from .sandbox_spec import Isolation
+from .sandbox_spec import Isolation, check_isolation
 
 if TYPE_CHECKING:
     from .capture_client import ProxyClient
@@ -157,7 +157,6 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
     from .rollout_types import RolloutConfig, agent_prompt
     from .stack import local_stack
     from .tasks import load_tasks
-    from .train import check_isolation
 
     if (engine is None) != (client is None):
         raise ValueError("pass both engine and client (the proxy in front of that engine), or neither")

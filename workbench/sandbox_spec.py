@@ -20,7 +20,7 @@ from typing import Literal
 from .paths import exposed_paths
 
 __all__ = ["Isolation", "IsolationMode", "SandboxError", "SandboxLimits", "bwrap_available", "resolve_isolation",
-           "check_plain_mode", "MARKER_ENV", "APP", "AGENT_HOME", "AGENT_TMP"]
+           "check_isolation", "check_plain_mode", "MARKER_ENV", "APP", "AGENT_HOME", "AGENT_TMP"]
 
 Isolation = Literal["auto", "bwrap", "none"]   # what a caller asks for
 IsolationMode = Literal["bwrap", "none"]       # what a sandbox runs in (`auto` resolved)
@@ -52,6 +52,16 @@ def resolve_isolation(isolation: Isolation) -> IsolationMode:
     if isolation == "bwrap" or isolation == "none":
         return isolation
     raise SandboxError(f"unknown isolation {isolation!r}: use auto, bwrap or none")  # an unchecked caller's str
+
+
+def check_isolation(isolation: Isolation, unsafe_no_sandbox: bool) -> IsolationMode:
+    """The sandbox mode training or evaluation will use; refuses plain mode unless asked explicitly."""
+    mode = resolve_isolation(isolation)
+    if mode == "none" and not unsafe_no_sandbox:
+        raise ValueError("isolation resolves to 'none' (no bubblewrap sandbox): the agent would share the host's "
+                         "files and network and could read the answers. Run scripts/setup.sh (it installs "
+                         "bubblewrap), or pass --unsafe-no-sandbox to train this way anyway")
+    return mode
 
 
 def check_plain_mode(root: Path, python: str) -> None:

@@ -44,14 +44,13 @@ from .policy_sync import MergedSync, SharedFolder
 from .rollout import run_rollouts
 from .rollout_types import FAILED_STATUSES, RolloutConfig, RolloutOutcome, agent_prompt
 from .runs import RunDir
-from .sandbox_spec import Isolation, resolve_isolation
+from .sandbox_spec import Isolation, check_isolation
 from .tasks import load_task, load_tasks
 from .train_fields import step_fields
 from .train_rows import rows_for_trl
 from .turns import has_tool_call
 
-__all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_STATUSES", "check_isolation",
-           "resolve_device"]
+__all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_STATUSES", "resolve_device"]
 
 # Rollouts that end like this have no trustworthy reward, through no doing of the agent's: excluded
 # from their group's baseline (reward None -> NaN in TRL, advantage 0), never scored 0. Everything
@@ -245,16 +244,6 @@ class TrainConfig:
                              max_model_calls=self.max_model_calls, timeout_s=self.rollout_timeout_s,
                              isolation=self.isolation, few_shot=self.few_shot, lead_s=self.lead_s,
                              **agent_prompt(self.agent_prompt))
-
-
-def check_isolation(isolation: Isolation, unsafe_no_sandbox: bool) -> str:
-    """The sandbox mode training or evaluation will use; refuses plain mode unless asked explicitly."""
-    mode = resolve_isolation(isolation)
-    if mode == "none" and not unsafe_no_sandbox:
-        raise ValueError("isolation resolves to 'none' (no bubblewrap sandbox): the agent would share the host's "
-                         "files and network and could read the answers. Run scripts/setup.sh (it installs "
-                         "bubblewrap), or pass --unsafe-no-sandbox to train this way anyway")
-    return mode
 
 
 def resolve_device(device: str) -> Literal["cpu", "cuda"]:
