@@ -16,36 +16,21 @@ from __future__ import annotations
 
 import tempfile
 import traceback
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 from ..tasks import Task
 from .child import PYTHON_FLAGS, Child, Failed, Runner, clip
+from .graded import OUTCOMES, Graded, Outcome
+from .harbor import grade_harbor
 from .jail import Jail
 
 __all__ = ["grade", "Graded", "Outcome", "OUTCOMES"]
-
-# error: a test that scores itself (Harbor's test.sh, a verifier hook) gave no usable reward.
-Outcome = Literal["passed", "wrong", "timeout", "crash", "missing_file", "error"]
-OUTCOMES: tuple[Outcome, ...] = ("passed", "wrong", "timeout", "crash", "missing_file", "error")
-
-
-class Graded(NamedTuple):
-    """One test's grade. ``score`` is set by tests that score themselves (in [0, 1]); None means 1.0
-    when passed, else 0.0. ``metrics``: the other numbers such a test reported."""
-
-    outcome: Outcome
-    reason: str
-    score: float | None = None
-    metrics: dict[str, float] | None = None
-
 
 def grade(box: Jail, task: Task, test: dict, deadline: float) -> Graded:
     """One held-out test. Whatever the solution returns or leaves behind ends as an outcome of this
     test (a value too deep to compare, too many set members, one that breaks check()): never as an
     exception that would lose the other tests or the rollout's score."""
     if task.test_kind == "harbor":
-        from .harbor import grade_harbor
-
         return grade_harbor(box, task, test, deadline)
     try:
         if task.test_kind == "stdin_stdout":

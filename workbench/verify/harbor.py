@@ -42,7 +42,7 @@ from typing import Any
 from ..bounded_copy import CopyLimits, copy_tree
 from ..tasks import Limits, Task
 from .child import Child, Failed, clip
-from .grading import Graded
+from .graded import Graded
 from .jail import Jail, resolve
 
 __all__ = [

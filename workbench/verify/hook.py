@@ -44,7 +44,7 @@ from typing import Any
 
 from ..tasks import Task
 from .child import Child, Failed, clip
-from .grading import Graded
+from .graded import Graded
 from .jail import Jail, reachable
 
 __all__ = ["Hook", "jail_options", "parse_hook", "run_hook"]
