@@ -45,8 +45,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "benchmarks" / "results" / "cpu_loop.json"
-COMMON = dict(model="smollm2", tasks="easy/1", group_size=8, temperature=0.7, few_shot=True, agent_prompt="short",
-              max_output_tokens=256, max_model_calls=6, learning_rate=1e-3, lora_rank=16, lora_alpha=32)
+COMMON = dict(
+    model="smollm2",
+    tasks="easy/1",
+    group_size=8,
+    temperature=0.7,
+    few_shot=True,
+    agent_prompt="short",
+    max_output_tokens=256,
+    max_model_calls=6,
+    learning_rate=1e-3,
+    lora_rank=16,
+    lora_alpha=32,
+)
 ROLLOUT_LEVERS = {
     "baseline": {},
     "parallel_8": {"parallel_rollouts": 8},
@@ -60,8 +71,10 @@ ROLLOUT_LEVERS = {
 # as merged weights each step (TrainConfig.weight_sync), against "all" (a hot-loaded adapter).
 # "all" runs the group's 8 rollouts at once (TrainConfig's default is 2: safe on any machine).
 FULL: dict[str, tuple[str, int, dict[str, Any]]] = {
-    "baseline": ("baseline", 1, {}), "all": ("default", 3, {"parallel_rollouts": 8}),
-    "merged": ("default", 3, {"parallel_rollouts": 8, "weight_sync": "merged"})}
+    "baseline": ("baseline", 1, {}),
+    "all": ("default", 3, {"parallel_rollouts": 8}),
+    "merged": ("default", 3, {"parallel_rollouts": 8, "weight_sync": "merged"}),
+}
 
 
 def _prefix_cache(engine: Any) -> dict[str, float]:
@@ -88,27 +101,38 @@ def child_rollouts(name: str, out: Path) -> dict[str, Any]:
     cfg = TrainConfig.baseline(**COMMON, **ROLLOUT_LEVERS[name])
     task = load_task(cfg.tasks)
     engine_config = EngineConfig(model=cfg.model, dtype=cfg.engine_dtype, prefix_caching=cfg.prefix_caching)
-    with local_stack(engine_config=engine_config, max_output_tokens=cfg.max_output_tokens,
-                     bookkeeping_max_tokens={"title": cfg.title_max_tokens} if cfg.title_max_tokens else {}) as (
-            engine, _, client):
+    with local_stack(
+        engine_config=engine_config,
+        max_output_tokens=cfg.max_output_tokens,
+        bookkeeping_max_tokens={"title": cfg.title_max_tokens} if cfg.title_max_tokens else {},
+    ) as (engine, _, client):
         before = _prefix_cache(engine)
         t = time.monotonic()
-        results = run_rollouts([(task, out / f"r{i}") for i in range(cfg.group_size)], client, cfg.rollout_config(),
-                               parallel=cfg.parallel_rollouts, progress=False)
+        results = run_rollouts(
+            [(task, out / f"r{i}") for i in range(cfg.group_size)],
+            client,
+            cfg.rollout_config(),
+            parallel=cfg.parallel_rollouts,
+            progress=False,
+        )
         wall = time.monotonic() - t
         after = _prefix_cache(engine)
     queries = after.get("prefix_cache_queries_total", 0) - before.get("prefix_cache_queries_total", 0)
     hits = after.get("prefix_cache_hits_total", 0) - before.get("prefix_cache_hits_total", 0)
     summaries = [r.summary for r in results]
     titles = [c for r in results for c in json.loads((r.out_dir / "trace.json").read_text()) if c["purpose"] == "title"]
-    return {"config": name, "rollouts": len(results), "rollout_s": round(wall, 1),
-            "rollouts_per_min": round(60 * len(results) / wall, 2),
-            "statuses": {s: sum(x.get("status") == s for x in summaries) for s in {x.get("status") for x in summaries}},
-            "mean_reward": sum(x.get("reward") or 0 for x in summaries) / len(summaries),
-            "agent_sampled_tokens": sum(x.get("sampled_tokens", 0) for x in summaries),
-            "title_sampled_tokens": sum(len(c.get("completion_token_ids") or []) for c in titles),
-            "prefix_cache_hit_rate": round(hits / queries, 3) if queries else None,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
+    return {
+        "config": name,
+        "rollouts": len(results),
+        "rollout_s": round(wall, 1),
+        "rollouts_per_min": round(60 * len(results) / wall, 2),
+        "statuses": {s: sum(x.get("status") == s for x in summaries) for s in {x.get("status") for x in summaries}},
+        "mean_reward": sum(x.get("reward") or 0 for x in summaries) / len(summaries),
+        "agent_sampled_tokens": sum(x.get("sampled_tokens", 0) for x in summaries),
+        "title_sampled_tokens": sum(len(c.get("completion_token_ids") or []) for c in titles),
+        "prefix_cache_hit_rate": round(hits / queries, 3) if queries else None,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+    }
 
 
 def child_full(name: str, out: Path, steps: int = 0) -> dict[str, Any]:
@@ -119,31 +143,78 @@ def child_full(name: str, out: Path, steps: int = 0) -> dict[str, Any]:
     cfg = make(**COMMON, **overrides, steps=steps or default_steps)
     t = time.monotonic()
     summary = GRPORun(cfg, run_dir=out / "run").train()
-    keys = ("step", "step_s", "rollout_s", "train_s", "sync_s", "rollouts", "rows_trained", "row_tokens",
-            "padded_tokens", "group/forwarded_tokens", "trained_tokens", "reward", "reward_std", "loss",
-            "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
-            "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
-            "sampling/importance_sampling_ratio/max", "is_masked_fraction", "sync_write_s", "sync_reload_s", "rows_dropped_fork", "rows_dropped_slots",
-            "title_calls_clamped", "stale_calls", "rollouts_failed")
+    keys = (
+        "step",
+        "step_s",
+        "rollout_s",
+        "train_s",
+        "sync_s",
+        "rollouts",
+        "rows_trained",
+        "row_tokens",
+        "padded_tokens",
+        "group/forwarded_tokens",
+        "trained_tokens",
+        "reward",
+        "reward_std",
+        "loss",
+        "sampling/sampling_logp_difference/mean",
+        "sampling/sampling_logp_difference/max",
+        "sampling/importance_sampling_ratio/min",
+        "sampling/importance_sampling_ratio/mean",
+        "sampling/importance_sampling_ratio/max",
+        "is_masked_fraction",
+        "sync_write_s",
+        "sync_reload_s",
+        "rows_dropped_fork",
+        "rows_dropped_slots",
+        "title_calls_clamped",
+        "stale_calls",
+        "rollouts_failed",
+    )
     metrics = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps_out = [{k: m.get(k) for k in keys if k in m} for m in metrics]
     for s in steps_out:
         forwarded = s.get("group/forwarded_tokens") or s.get("padded_tokens")
         s["forwarded_tokens"] = forwarded
         s["trainer_row_tokens_per_s"] = round(s["row_tokens"] / s["train_s"], 1) if s.get("train_s") else None
-    return {"config": name, "preset": preset, "levers": {k: getattr(cfg, k) for k in (
-        "shared_prefix", "reuse_logps", "activation_checkpointing", "precision", "importance_sampling",
-        "engine_dtype", "prefix_caching", "title_max_tokens", "every_row", "parallel_rollouts", "lead_s", "weight_sync")},
-            "wall_s": round(time.monotonic() - t, 1), "steps": steps_out, "summary_reward": summary.get("reward"),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
+    return {
+        "config": name,
+        "preset": preset,
+        "levers": {
+            k: getattr(cfg, k)
+            for k in (
+                "shared_prefix",
+                "reuse_logps",
+                "activation_checkpointing",
+                "precision",
+                "importance_sampling",
+                "engine_dtype",
+                "prefix_caching",
+                "title_max_tokens",
+                "every_row",
+                "parallel_rollouts",
+                "lead_s",
+                "weight_sync",
+            )
+        },
+        "wall_s": round(time.monotonic() - t, 1),
+        "steps": steps_out,
+        "summary_reward": summary.get("reward"),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+    }
 
 
 def run_child(kind: str, name: str, steps: int = 0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="wb-cpu-loop-") as tmp:
         os.chmod(tmp, 0o700)
-        proc = subprocess.run([sys.executable, __file__, "--child", kind, name, tmp, str(steps)], capture_output=True,
-                              text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=7200)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", kind, name, tmp, str(steps)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            timeout=7200,
+        )
         if proc.returncode != 0:
             return {"config": name, "error": proc.stderr[-2000:]}
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -152,21 +223,31 @@ def run_child(kind: str, name: str, steps: int = 0) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", choices=["rollouts", "full"], default=None)
-    ap.add_argument("--configs", default=",".join(FULL), help="full-step configurations to run, comma-separated "
-                    f"(of {', '.join(FULL)}); their earlier results stay in the JSON")
+    ap.add_argument(
+        "--configs",
+        default=",".join(FULL),
+        help="full-step configurations to run, comma-separated "
+        f"(of {', '.join(FULL)}); their earlier results stay in the JSON",
+    )
     ap.add_argument("--steps", type=int, default=0, help="steps per full configuration (0: each one's default)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, name, tmp, steps = args.child
-        result = (child_rollouts(name, Path(tmp)) if kind == "rollouts" else child_full(name, Path(tmp), int(steps)))
+        result = child_rollouts(name, Path(tmp)) if kind == "rollouts" else child_full(name, Path(tmp), int(steps))
         print(json.dumps(result))
         return
     started = time.monotonic()
     load = [os.getloadavg()[0]]
     result: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    result.update({"benchmark": "cpu_loop", "date": dt.datetime.now().isoformat(timespec="seconds"),
-                   "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "settings": COMMON})
+    result.update(
+        {
+            "benchmark": "cpu_loop",
+            "date": dt.datetime.now().isoformat(timespec="seconds"),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "settings": COMMON,
+        }
+    )
     if args.only in (None, "rollouts"):
         result["rollouts"] = [run_child("rollouts", name) for name in ROLLOUT_LEVERS]
         base = result["rollouts"][0].get("rollouts_per_min")

@@ -57,18 +57,32 @@ def rollout_part(client: Any, out: Path) -> dict[str, Any]:
     for start, stop in spans:
         busy += max(0.0, stop - max(start, end))
         end = max(end, stop)
-    stages = {"setup_s": timings["setup_s"],
-              "harness_s": timings["harness_s"],
-              "  opencode_start_to_first_call_s": first_call - harness_start,
-              "  model_calls_in_flight_s": busy,
-              "  after_last_call_s": harness_start + timings["harness_s"] - end,
-              "verify_s": timings["verify_s"],
-              "artefact_and_close_s": wall - timings["setup_s"] - timings["harness_s"] - timings["verify_s"]}
-    return {"status": result.status, "reason": result.reason, "reward": result.reward, "wall_s": wall,
-            "stages": stages,
-            "calls": [{"purpose": c["purpose"], "status": c["status"], "latency_s": c["latency_s"],
-                       "prompt_tokens": len(c.get("prompt_token_ids") or []),
-                       "completion_tokens": len(c.get("completion_token_ids") or [])} for c in calls]}
+    stages = {
+        "setup_s": timings["setup_s"],
+        "harness_s": timings["harness_s"],
+        "  opencode_start_to_first_call_s": first_call - harness_start,
+        "  model_calls_in_flight_s": busy,
+        "  after_last_call_s": harness_start + timings["harness_s"] - end,
+        "verify_s": timings["verify_s"],
+        "artefact_and_close_s": wall - timings["setup_s"] - timings["harness_s"] - timings["verify_s"],
+    }
+    return {
+        "status": result.status,
+        "reason": result.reason,
+        "reward": result.reward,
+        "wall_s": wall,
+        "stages": stages,
+        "calls": [
+            {
+                "purpose": c["purpose"],
+                "status": c["status"],
+                "latency_s": c["latency_s"],
+                "prompt_tokens": len(c.get("prompt_token_ids") or []),
+                "completion_tokens": len(c.get("completion_token_ids") or []),
+            }
+            for c in calls
+        ],
+    }
 
 
 def grpo_part(engine: Any, client: Any, out: Path) -> dict[str, Any]:
@@ -80,15 +94,30 @@ def grpo_part(engine: Any, client: Any, out: Path) -> dict[str, Any]:
     summary = run.train()
     wall = time.perf_counter() - t0
     metrics = run.dir.read_metrics()[0]
-    stages = {"rollout_s": metrics["rollout_s"], "  verify_s (summed over the rollouts)": metrics["verify_s"],
-              "sync_s": metrics.get("sync_s", 0.0), "train_s": metrics["train_s"], "step_s": metrics["step_s"],
-              "setup_and_final_sync_s": wall - metrics["step_s"]}
-    return {"wall_s": wall, "stages": stages, "rewards": metrics.get("rewards"),
-            "rollouts": metrics.get("rollouts"), "rollouts_failed": metrics.get("rollouts_failed"),
-            "rollout_failures": metrics.get("rollout_failures"), "trained_tokens": metrics.get("trained_tokens"),
-            "loss": summary["loss"], "config": {"tasks": config.tasks, "group_size": config.group_size,
-                                                "max_output_tokens": config.max_output_tokens,
-                                                "parallel_rollouts": config.parallel_rollouts}}
+    stages = {
+        "rollout_s": metrics["rollout_s"],
+        "  verify_s (summed over the rollouts)": metrics["verify_s"],
+        "sync_s": metrics.get("sync_s", 0.0),
+        "train_s": metrics["train_s"],
+        "step_s": metrics["step_s"],
+        "setup_and_final_sync_s": wall - metrics["step_s"],
+    }
+    return {
+        "wall_s": wall,
+        "stages": stages,
+        "rewards": metrics.get("rewards"),
+        "rollouts": metrics.get("rollouts"),
+        "rollouts_failed": metrics.get("rollouts_failed"),
+        "rollout_failures": metrics.get("rollout_failures"),
+        "trained_tokens": metrics.get("trained_tokens"),
+        "loss": summary["loss"],
+        "config": {
+            "tasks": config.tasks,
+            "group_size": config.group_size,
+            "max_output_tokens": config.max_output_tokens,
+            "parallel_rollouts": config.parallel_rollouts,
+        },
+    }
 
 
 def main() -> None:
@@ -117,13 +146,24 @@ def main() -> None:
             print(f"  {stage:<40} {seconds:>7.2f} s  {100 * seconds / part['wall_s']:>5.1f}%")
     print("\nproxy per-call latency (rollout):")
     for c in rollout["calls"]:
-        print(f"  {c['purpose']:<8} {c['status']:<20} {c['latency_s']:>7.2f} s  "
-              f"{c['prompt_tokens']} prompt + {c['completion_tokens']} sampled tokens")
-    record = {"benchmark": "end_to_end", "date": started.isoformat(timespec="seconds"),
-              "command": " ".join(["python", "benchmarks/end_to_end.py", *sys.argv[1:]]),
-              "machine": {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-                          "platform": platform.platform(), "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)]},
-              "engine_start_s": engine_start, "rollout": rollout, "grpo_step": grpo}
+        print(
+            f"  {c['purpose']:<8} {c['status']:<20} {c['latency_s']:>7.2f} s  "
+            f"{c['prompt_tokens']} prompt + {c['completion_tokens']} sampled tokens"
+        )
+    record = {
+        "benchmark": "end_to_end",
+        "date": started.isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/end_to_end.py", *sys.argv[1:]]),
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        },
+        "engine_start_s": engine_start,
+        "rollout": rollout,
+        "grpo_step": grpo,
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(f"wrote {RESULTS}")

@@ -83,14 +83,46 @@ LR = 1e-6  # tiny, so the repeated steps on one row keep the ratios near 1 (clip
 
 # Real Qwen3 shapes (config.json of Qwen/Qwen3-{0.6B,1.7B,4B}); "tiny" is for the CPU smoke test only.
 SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": {"vocab_size": 2048, "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 4,
-             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "timed_steps": 2},
-    "0.6b": {"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "timed_steps": 5},
-    "1.7b": {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
-             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "timed_steps": 4},
-    "4b": {"vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
-           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "timed_steps": 3},
+    "tiny": {
+        "vocab_size": 2048,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "timed_steps": 2,
+    },
+    "0.6b": {
+        "vocab_size": 151936,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "timed_steps": 5,
+    },
+    "1.7b": {
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "timed_steps": 4,
+    },
+    "4b": {
+        "vocab_size": 151936,
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "timed_steps": 3,
+    },
 }
 WARMUP_STEPS = 2  # the first builds the optimizer state and autotunes kernels; the second settles the allocator
 
@@ -164,8 +196,13 @@ def conversation(seq_len: int, vocab: int, seed: int = 0) -> tuple[Tensor, list[
 
 def build_model(shape: str, device: torch.device) -> PreTrainedModel:
     dims = {k: v for k, v in SHAPES[shape].items() if k != "timed_steps"}
-    config = Qwen3Config(**dims, tie_word_embeddings=True, max_position_embeddings=40960, use_cache=False,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
+    config = Qwen3Config(
+        **dims,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        use_cache=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    )
     torch.manual_seed(0)
     with torch.device(device):  # initialise on the GPU: a 4B random init on the host takes minutes
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16)
@@ -230,12 +267,25 @@ def flops(model: PreTrainedModel, variant: Variant, rows: list[Row]) -> dict[str
     if variant.head == "chunked":
         recompute += 2 * c.hidden_size * c.vocab_size * head_tokens
     model_flops = linear + attention + head
-    return {"model": model_flops, "hardware": model_flops + recompute, "linear": linear, "attention": attention,
-            "head": head, "non_embedding_params": n_nonembed}
+    return {
+        "model": model_flops,
+        "hardware": model_flops + recompute,
+        "linear": linear,
+        "attention": attention,
+        "head": head,
+        "non_embedding_params": n_nonembed,
+    }
 
 
-def measure(model: PreTrainedModel, variant: Variant, rows: list[Row], timed_steps: int, chunk_size: int,
-            device: torch.device, warmup_steps: int = WARMUP_STEPS) -> dict[str, Any]:
+def measure(
+    model: PreTrainedModel,
+    variant: Variant,
+    rows: list[Row],
+    timed_steps: int,
+    chunk_size: int,
+    device: torch.device,
+    warmup_steps: int = WARMUP_STEPS,
+) -> dict[str, Any]:
     """Median step time and peak memory of `variant` over `rows` (one optimizer step after all rows)."""
     free(device)
     policy = enable_checkpointing(model, variant.checkpoint)
@@ -265,8 +315,14 @@ def measure(model: PreTrainedModel, variant: Variant, rows: list[Row], timed_ste
         result = {"status": f"error: {type(exc).__name__}: {exc}"[:400]}
         traceback.print_exc()
     tokens = sum(r.ids.numel() for r in rows)
-    result |= {"variant": asdict(variant), "rows": len(rows), "row_tokens": tokens, "sampled_tokens": num_tokens,
-               "step_s": [round(t, 4) for t in times], "losses": [round(x, 6) for x in losses]}
+    result |= {
+        "variant": asdict(variant),
+        "rows": len(rows),
+        "row_tokens": tokens,
+        "sampled_tokens": num_tokens,
+        "step_s": [round(t, 4) for t in times],
+        "losses": [round(x, 6) for x in losses],
+    }
     if device.type == "cuda":
         result["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
         result["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 2)
@@ -275,13 +331,16 @@ def measure(model: PreTrainedModel, variant: Variant, rows: list[Row], timed_ste
     if result["status"] == "ok":
         median = statistics.median(times)
         f = flops(model, variant, rows)
-        result |= {"median_step_s": round(median, 4), "tokens_per_s": round(tokens / median, 1),
-                   "sampled_tokens_per_s": round(num_tokens / median, 1),
-                   "model_tflops": round(f["model"] / median / 1e12, 1),
-                   "hardware_tflops": round(f["hardware"] / median / 1e12, 1),
-                   "mfu": round(f["model"] / median / 1e12 / PEAK_TFLOPS, 4),
-                   "hfu": round(f["hardware"] / median / 1e12 / PEAK_TFLOPS, 4),
-                   "flops": {k: float(v) for k, v in f.items()}}
+        result |= {
+            "median_step_s": round(median, 4),
+            "tokens_per_s": round(tokens / median, 1),
+            "sampled_tokens_per_s": round(num_tokens / median, 1),
+            "model_tflops": round(f["model"] / median / 1e12, 1),
+            "hardware_tflops": round(f["hardware"] / median / 1e12, 1),
+            "mfu": round(f["model"] / median / 1e12 / PEAK_TFLOPS, 4),
+            "hfu": round(f["hardware"] / median / 1e12 / PEAK_TFLOPS, 4),
+            "flops": {k: float(v) for k, v in f.items()},
+        }
     del opt
     model.zero_grad(set_to_none=True)
     free(device)
@@ -298,41 +357,54 @@ def initial_logprobs(model: PreTrainedModel, ids: Tensor, chunk_size: int) -> Te
 
 
 @torch.no_grad()
-def layout_agreement(model: PreTrainedModel, chained: Row, turns: list[Row], variant: Variant,
-                     chunk_size: int) -> dict[str, float]:
+def layout_agreement(
+    model: PreTrainedModel, chained: Row, turns: list[Row], variant: Variant, chunk_size: int
+) -> dict[str, float]:
     """No-grad loss of the chained row vs the sum over one-row-per-turn rows, same weights, same tokens."""
     n = chained.sampled
     whole = float(row_loss(model, chained, variant, n, chunk_size))
     split = sum(float(row_loss(model, r, variant, n, chunk_size)) for r in turns)
     hidden = model.model(input_ids=chained.ids[None]).last_hidden_state[0]
-    lp_chained = chunked_logprobs(hidden[chained.positions - 1], model.lm_head.weight,
-                                  chained.ids[chained.positions], chunk_size)
+    lp_chained = chunked_logprobs(
+        hidden[chained.positions - 1], model.lm_head.weight, chained.ids[chained.positions], chunk_size
+    )
     lp_turns = []
     for r in turns:
         h = model.model(input_ids=r.ids[None]).last_hidden_state[0]
         lp_turns.append(chunked_logprobs(h[r.positions - 1], model.lm_head.weight, r.ids[r.positions], chunk_size))
     diff = (lp_chained - torch.cat(lp_turns)).abs()
-    return {"loss_chained": whole, "loss_per_turn": split, "loss_abs_diff": abs(whole - split),
-            "loss_rel_diff": abs(whole - split) / max(abs(whole), 1e-12),
-            "logprob_max_abs_diff": float(diff.max()), "logprob_mean_abs_diff": float(diff.mean())}
+    return {
+        "loss_chained": whole,
+        "loss_per_turn": split,
+        "loss_abs_diff": abs(whole - split),
+        "loss_rel_diff": abs(whole - split) / max(abs(whole), 1e-12),
+        "logprob_max_abs_diff": float(diff.max()),
+        "logprob_mean_abs_diff": float(diff.mean()),
+    }
 
 
 def verdict_a(results: list[dict[str, Any]]) -> dict[str, Any]:
     naive = next(r for r in results if r["variant"]["name"] == NAIVE.name)
     if naive["status"] != "ok":
         return {"naive_status": naive["status"]}
-    ok = [r for r in results if r["status"] == "ok" and r["variant"]["head"] == "chunked"
-          and not r["variant"]["dense_mask"]]
+    ok = [
+        r
+        for r in results
+        if r["status"] == "ok" and r["variant"]["head"] == "chunked" and not r["variant"]["dense_mask"]
+    ]
     within = [r for r in ok if r.get("peak_gib", 0.0) <= naive.get("peak_gib", 0.0) / 2]
     if not within:
         return {"met": False, "reason": "no optimised variant within half of naive's peak memory"}
     best = max(within, key=lambda r: r["tokens_per_s"])
     speedup = best["tokens_per_s"] / naive["tokens_per_s"]
     memory = best["peak_gib"] / naive["peak_gib"] if "peak_gib" in best else None
-    return {"variant": best["variant"]["name"], "speedup": round(speedup, 3),
-            "memory_ratio": None if memory is None else round(memory, 3),
-            "met": speedup >= 1.25 and (memory is None or memory <= 0.5),
-            "target": "≥1.25× tokens/s at ≤0.5× peak"}
+    return {
+        "variant": best["variant"]["name"],
+        "speedup": round(speedup, 3),
+        "memory_ratio": None if memory is None else round(memory, 3),
+        "met": speedup >= 1.25 and (memory is None or memory <= 0.5),
+        "target": "≥1.25× tokens/s at ≤0.5× peak",
+    }
 
 
 def write(report: dict[str, Any], out: Path) -> None:
@@ -342,14 +414,22 @@ def write(report: dict[str, Any], out: Path) -> None:
 
 
 def machine(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
-                            "torch": torch.__version__, "transformers": transformers.__version__,
-                            "flash_attn_importable": importlib.util.find_spec("flash_attn") is not None}
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "flash_attn_importable": importlib.util.find_spec("flash_attn") is not None,
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
-                 "sms": props.multi_processor_count, "cuda": torch.version.cuda,
-                 "cudnn": torch.backends.cudnn.version()}
+        info |= {
+            "gpu": props.name,
+            "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+            "sms": props.multi_processor_count,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
+        }
     return info
 
 
@@ -364,28 +444,42 @@ def fmt(r: dict[str, Any], naive: dict[str, Any] | None) -> str:
         if peak is not None:
             mem = f"{peak / naive['peak_gib']:.2f}x"
     peak_s = "-" if peak is None else f"{peak:.1f}"
-    return (f"  {name:<38} {r['tokens_per_s'] / 1000:>7.1f}k {peak_s:>7} {speed:>6} {mem:>6} "
-            f"{r['model_tflops']:>7.1f} {100 * r['mfu']:>5.1f}% {100 * r['hfu']:>5.1f}%")
+    return (
+        f"  {name:<38} {r['tokens_per_s'] / 1000:>7.1f}k {peak_s:>7} {speed:>6} {mem:>6} "
+        f"{r['model_tflops']:>7.1f} {100 * r['mfu']:>5.1f}% {100 * r['hfu']:>5.1f}%"
+    )
 
 
-HEADER = (f"  {'variant':<38} {'tok/s':>8} {'peakGiB':>7} {'speed':>6} {'mem':>6} {'TFLOP/s':>7} "
-          f"{'MFU':>6} {'HFU':>6}")
+HEADER = f"  {'variant':<38} {'tok/s':>8} {'peakGiB':>7} {'speed':>6} {'mem':>6} {'TFLOP/s':>7} {'MFU':>6} {'HFU':>6}"
 
 
-def run_useful(model: PreTrainedModel, chained: Row, turns: list[Row], args: argparse.Namespace,
-               device: torch.device, report: dict[str, Any], shape: str, t0: float) -> None:
+def run_useful(
+    model: PreTrainedModel,
+    chained: Row,
+    turns: list[Row],
+    args: argparse.Namespace,
+    device: torch.device,
+    report: dict[str, Any],
+    shape: str,
+    t0: float,
+) -> None:
     """(b): BEST on the one chained row (already measured) vs on one row per turn, and the two layouts' losses."""
     entry = report["shapes"][shape]
     chained_run = next(r for r in entry["variants"] if r["variant"]["name"] == BEST.name)
     # One warm-up step: it already meets every row length once; per-turn steps are 5-10x the chained one.
-    per_turn = measure(model, BEST, turns, max(2, SHAPES[shape]["timed_steps"] - 2), args.chunk_size, device,
-                       warmup_steps=1)
+    per_turn = measure(
+        model, BEST, turns, max(2, SHAPES[shape]["timed_steps"] - 2), args.chunk_size, device, warmup_steps=1
+    )
     useful: dict[str, Any] = {"variant": BEST.name, "per_turn": per_turn}
     if per_turn["status"] == "ok" and chained_run["status"] == "ok":
         ratio = chained_run["sampled_tokens_per_s"] / per_turn["sampled_tokens_per_s"]
-        useful |= {"chained_sampled_tokens_per_s": chained_run["sampled_tokens_per_s"],
-                   "per_turn_sampled_tokens_per_s": per_turn["sampled_tokens_per_s"],
-                   "ratio": round(ratio, 2), "target": "≥3×", "met": ratio >= 3}
+        useful |= {
+            "chained_sampled_tokens_per_s": chained_run["sampled_tokens_per_s"],
+            "per_turn_sampled_tokens_per_s": per_turn["sampled_tokens_per_s"],
+            "ratio": round(ratio, 2),
+            "target": "≥3×",
+            "met": ratio >= 3,
+        }
     try:
         useful["agreement_bf16"] = layout_agreement(model, chained, turns, BEST, args.chunk_size)
     except torch.OutOfMemoryError:
@@ -400,10 +494,13 @@ def run_useful(model: PreTrainedModel, chained: Row, turns: list[Row], args: arg
 def run_shape(shape: str, args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     model = build_model(shape, device)
-    entry: dict[str, Any] = {"config": {k: v for k, v in SHAPES[shape].items() if k != "timed_steps"},
-                             "params": sum(p.numel() for p in model.parameters()),
-                             "timed_steps": SHAPES[shape]["timed_steps"], "warmup_steps": WARMUP_STEPS,
-                             "variants": []}
+    entry: dict[str, Any] = {
+        "config": {k: v for k, v in SHAPES[shape].items() if k != "timed_steps"},
+        "params": sum(p.numel() for p in model.parameters()),
+        "timed_steps": SHAPES[shape]["timed_steps"],
+        "warmup_steps": WARMUP_STEPS,
+        "variants": [],
+    }
     report["shapes"][shape] = entry
     ids, spans = conversation(args.seq_len, model.config.vocab_size)
     ids = ids.to(device)
@@ -416,12 +513,19 @@ def run_shape(shape: str, args: argparse.Namespace, device: torch.device, report
     chained = Row(ids, mask, advantages, logp_old)
     dense = Row(ids, torch.ones_like(mask), advantages, logp_old)
     turns = [chained.prefix(stop, start) for start, stop in spans]
-    entry["row"] = {"tokens": args.seq_len, "sampled_tokens": chained.sampled, "turn_spans": spans,
-                    "per_turn_row_tokens": [r.ids.numel() for r in turns],
-                    "per_turn_total_tokens": sum(r.ids.numel() for r in turns)}
-    print(f"[{shape}] built in {time.perf_counter() - t0:.1f}s: {entry['params'] / 1e9:.3f}B params, row "
-          f"{args.seq_len} tokens, {chained.sampled} sampled, per-turn rows total "
-          f"{entry['row']['per_turn_total_tokens']}", flush=True)
+    entry["row"] = {
+        "tokens": args.seq_len,
+        "sampled_tokens": chained.sampled,
+        "turn_spans": spans,
+        "per_turn_row_tokens": [r.ids.numel() for r in turns],
+        "per_turn_total_tokens": sum(r.ids.numel() for r in turns),
+    }
+    print(
+        f"[{shape}] built in {time.perf_counter() - t0:.1f}s: {entry['params'] / 1e9:.3f}B params, row "
+        f"{args.seq_len} tokens, {chained.sampled} sampled, per-turn rows total "
+        f"{entry['row']['per_turn_total_tokens']}",
+        flush=True,
+    )
 
     naive: dict[str, Any] | None = None
 
@@ -455,13 +559,20 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     report: dict[str, Any] = {
-        "benchmark": "gpu_trainer_step", "date": dt.date.today().isoformat(), "machine": machine(device),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "seq_len": args.seq_len,
-        "chunk_size": args.chunk_size, "lr": LR, "epsilon": EPSILON, "peak_tflops": PEAK_TFLOPS,
+        "benchmark": "gpu_trainer_step",
+        "date": dt.date.today().isoformat(),
+        "machine": machine(device),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "seq_len": args.seq_len,
+        "chunk_size": args.chunk_size,
+        "lr": LR,
+        "epsilon": EPSILON,
+        "peak_tflops": PEAK_TFLOPS,
         "flops_formula": "model = 6*N_nonembed*sum(T) + 6*L*H*d*sum(T^2) [causal attn fwd+bwd] + "
-                         "6*hidden*V*head_tokens; MFU = model FLOPs / step time / 989 TFLOP/s; "
-                         "HFU adds checkpoint replays and the chunked head's recomputed matmul",
-        "shapes": {}}
+        "6*hidden*V*head_tokens; MFU = model FLOPs / step time / 989 TFLOP/s; "
+        "HFU adds checkpoint replays and the chunked head's recomputed matmul",
+        "shapes": {},
+    }
     print(json.dumps(report["machine"]), flush=True)
     for shape in args.shapes.split(","):
         run_shape(shape, args, device, report)
@@ -477,8 +588,11 @@ def main() -> None:
     print("\n(b) sampled tokens trained per second, chained row vs one row per turn")
     for shape, entry in report["shapes"].items():
         u = entry.get("useful", {})
-        print(f"  [{shape}] chained {u.get('chained_sampled_tokens_per_s')} / per-turn "
-              f"{u.get('per_turn_sampled_tokens_per_s')} = {u.get('ratio')}x; agreement {u.get('agreement_bf16')}")
+        print(
+            f"  [{shape}] chained {u.get('chained_sampled_tokens_per_s')} / per-turn "
+            f"{u.get('per_turn_sampled_tokens_per_s')} = {u.get('ratio')}x; agreement {u.get('agreement_bf16')}"
+        )
+
 
 if __name__ == "__main__":
     from workbench.procs import unwind_on_signals

@@ -69,10 +69,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the device runs 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": {"vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
-    "0.6b": {"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
+    "tiny": {
+        "vocab_size": 151936,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+    },
+    "0.6b": {
+        "vocab_size": 151936,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+    },
 }
 TURNS = 10
 TEMPERATURE = 1.0
@@ -91,13 +105,21 @@ TOKEN_LIMIT = 151643  # ids below the tokenizer's first special token (151,665 t
 def build_model(shape: str, device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    config = Qwen3Config(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=40960, use_cache=False,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-                         bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
+    config = Qwen3Config(
+        **SHAPES[shape],
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        use_cache=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        bos_token_id=151643,
+        eos_token_id=151645,
+        pad_token_id=151643,
+    )
     torch.manual_seed(0)
     with torch.device(device):  # initialise where it trains: a 0.6B random init on the host takes a while
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
-                                                 dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation="sdpa", dtype=torch.bfloat16 if device.type == "cuda" else torch.float32
+        )
     return model
 
 
@@ -125,9 +147,9 @@ def own_logprobs(model: Any, ids: list[int], device: torch.device) -> list[float
     hidden = model.model(input_ids=x).last_hidden_state[0]
     out = []
     for start in range(0, len(ids) - 1, 2048):
-        logits = model.lm_head(hidden[start:start + 2048]).float() / TEMPERATURE
-        target = x[0, start + 1:start + 2049]
-        logits = logits[:len(target)]
+        logits = model.lm_head(hidden[start : start + 2048]).float() / TEMPERATURE
+        target = x[0, start + 1 : start + 2049]
+        logits = logits[: len(target)]
         out.append((logits.log_softmax(-1).gather(-1, target[:, None])[:, 0]).cpu())
     return torch.cat(out).tolist()
 
@@ -142,28 +164,59 @@ def write_recording(root: Path, model: Any, seq_len: int, group: int, device: to
         calls = []
         for k, (start, stop) in enumerate(spans):
             tool = k < TURNS - 1
-            message = {"role": "assistant", "content": None if tool else "done",
-                       "tool_calls": [{"id": f"call_{k}", "type": "function",
-                                       "function": {"name": "bash", "arguments": "{}"}}] if tool else []}
-            calls.append({"purpose": "agent", "status": "ok", "model": "bench", "turn": k, "node_id": f"r{r}-{k}",
-                          "prompt_token_ids": ids[:start], "completion_token_ids": ids[start:stop],
-                          "per_token_logps": lps[start - 1:stop - 1], "finish_reason": "tool_calls" if tool else "stop",
-                          "request": {"messages": []}, "response": {"choices": [{"message": message}]},
-                          "sampling_params": {"temperature": TEMPERATURE}})
+            message = {
+                "role": "assistant",
+                "content": None if tool else "done",
+                "tool_calls": [{"id": f"call_{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]
+                if tool
+                else [],
+            }
+            calls.append(
+                {
+                    "purpose": "agent",
+                    "status": "ok",
+                    "model": "bench",
+                    "turn": k,
+                    "node_id": f"r{r}-{k}",
+                    "prompt_token_ids": ids[:start],
+                    "completion_token_ids": ids[start:stop],
+                    "per_token_logps": lps[start - 1 : stop - 1],
+                    "finish_reason": "tool_calls" if tool else "stop",
+                    "request": {"messages": []},
+                    "response": {"choices": [{"message": message}]},
+                    "sampling_params": {"temperature": TEMPERATURE},
+                }
+            )
             sampled += stop - start
         folder = root / f"{r:02d}-easy-0"
         folder.mkdir(parents=True)
         (folder / "trace.json").write_text(json.dumps(calls))
-        (folder / "summary.json").write_text(json.dumps({
-            "rollout_id": folder.name, "task_id": "easy/0", "status": "ok", "reason": None,
-            "reward": REWARDS[r % len(REWARDS)], "temperature": TEMPERATURE, "model": "random-qwen3",
-            "isolation": "synthetic", "sampled_tokens": sum(b - a for a, b in spans)}))
-    return {"rows": group, "row_tokens": group * seq_len, "shared_prefix_tokens": len(prefix),
-            "sampled_tokens": sampled}
+        (folder / "summary.json").write_text(
+            json.dumps(
+                {
+                    "rollout_id": folder.name,
+                    "task_id": "easy/0",
+                    "status": "ok",
+                    "reason": None,
+                    "reward": REWARDS[r % len(REWARDS)],
+                    "temperature": TEMPERATURE,
+                    "model": "random-qwen3",
+                    "isolation": "synthetic",
+                    "sampled_tokens": sum(b - a for a, b in spans),
+                }
+            )
+        )
+    return {
+        "rows": group,
+        "row_tokens": group * seq_len,
+        "shared_prefix_tokens": len(prefix),
+        "sampled_tokens": sampled,
+    }
 
 
-def run_variant(name: str, rec: Path, asset: Path, args: argparse.Namespace, device: torch.device,
-                work: Path) -> dict[str, Any]:
+def run_variant(
+    name: str, rec: Path, asset: Path, args: argparse.Namespace, device: torch.device, work: Path
+) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     from workbench.experimental.checkpointing import selective_checkpointing_kwargs
@@ -174,13 +227,32 @@ def run_variant(name: str, rec: Path, asset: Path, args: argparse.Namespace, dev
     sac = spec.pop("sac", False)
     warmup, timed = (1, 2) if "shared" in name else (args.warmup, args.timed)
     cfg = TrainConfig.baseline(
-        model="tiny", from_rollouts=str(rec), temperature=TEMPERATURE, group_size=args.group, steps=warmup + timed,
-        device=device.type, every_row=False, importance_sampling="token_truncate", lora_rank=16, lora_alpha=32,
-        learning_rate=1e-5, token_budget=args.seq_len, train_turns="all", **spec)
+        model="tiny",
+        from_rollouts=str(rec),
+        temperature=TEMPERATURE,
+        group_size=args.group,
+        steps=warmup + timed,
+        device=device.type,
+        every_row=False,
+        importance_sampling="token_truncate",
+        lora_rank=16,
+        lora_alpha=32,
+        learning_rate=1e-5,
+        token_budget=args.seq_len,
+        train_turns="all",
+        **spec,
+    )
     kwargs, policy = selective_checkpointing_kwargs() if sac else (None, None)
-    result: dict[str, Any] = {"variant": name, "config": {k: getattr(cfg, k) for k in (
-        "shared_prefix", "reuse_logps", "activation_checkpointing", "importance_sampling", "every_row")},
-        "selective_checkpointing": sac, "warmup_steps": warmup, "timed_steps": timed}
+    result: dict[str, Any] = {
+        "variant": name,
+        "config": {
+            k: getattr(cfg, k)
+            for k in ("shared_prefix", "reuse_logps", "activation_checkpointing", "importance_sampling", "every_row")
+        },
+        "selective_checkpointing": sac,
+        "warmup_steps": warmup,
+        "timed_steps": timed,
+    }
     times: list[float] = []
     peaks: list[float] = []
     model = trainer = None
@@ -208,10 +280,13 @@ def run_variant(name: str, rec: Path, asset: Path, args: argparse.Namespace, dev
         trainer.add_callback(_Timer())
         trainer.train()
         logs = [h for h in trainer.state.log_history if "loss" in h]
-        result |= {"status": "ok", "losses": [h["loss"] for h in logs],
-                   "is_ratio_mean": [h.get("sampling/importance_sampling_ratio/mean") for h in logs],
-                   "logp_diff_mean": [h.get("sampling/sampling_logp_difference/mean") for h in logs],
-                   "forwarded_tokens": [h.get("group/forwarded_tokens") for h in logs]}
+        result |= {
+            "status": "ok",
+            "losses": [h["loss"] for h in logs],
+            "is_ratio_mean": [h.get("sampling/importance_sampling_ratio/mean") for h in logs],
+            "logp_diff_mean": [h.get("sampling/sampling_logp_difference/mean") for h in logs],
+            "forwarded_tokens": [h.get("group/forwarded_tokens") for h in logs],
+        }
         if policy is not None:
             result["saved_attention_ops"] = dict(policy.saved)
     except torch.OutOfMemoryError:
@@ -229,11 +304,21 @@ def run_variant(name: str, rec: Path, asset: Path, args: argparse.Namespace, dev
     timed_s = times[warmup:]
     if result.get("status") == "ok" and timed_s:
         median = statistics.median(timed_s)
-        result |= {"median_step_s": round(median, 4), "row_tokens_per_s": round(args.group * args.seq_len / median, 1),
-                   "trained_tokens_per_s": round(args.sampled / median, 1),
-                   "peak_timed_gib": round(max(peaks[warmup:]), 2) if peaks[warmup:] else None}
-    print(json.dumps({k: result.get(k) for k in ("variant", "status", "median_step_s", "row_tokens_per_s",
-                                                  "peak_timed_gib", "losses")}), flush=True)
+        result |= {
+            "median_step_s": round(median, 4),
+            "row_tokens_per_s": round(args.group * args.seq_len / median, 1),
+            "trained_tokens_per_s": round(args.sampled / median, 1),
+            "peak_timed_gib": round(max(peaks[warmup:]), 2) if peaks[warmup:] else None,
+        }
+    print(
+        json.dumps(
+            {
+                k: result.get(k)
+                for k in ("variant", "status", "median_step_s", "row_tokens_per_s", "peak_timed_gib", "losses")
+            }
+        ),
+        flush=True,
+    )
     return result
 
 
@@ -267,11 +352,19 @@ def main() -> None:
     import trl
 
     results: dict[str, Any] = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor(),
-        "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
-        "shape": args.shape, "seq_len": args.seq_len, "group": args.group, "recording": recording,
-        "temperature": TEMPERATURE, "variants": []}
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "shape": args.shape,
+        "seq_len": args.seq_len,
+        "group": args.group,
+        "recording": recording,
+        "temperature": TEMPERATURE,
+        "variants": [],
+    }
     for name in args.variants.split(","):
         results["variants"].append(run_variant(name, rec, asset, args, device, work))
         Path(args.out).write_text(json.dumps(results, indent=1))
@@ -279,7 +372,9 @@ def main() -> None:
     for v in results["variants"]:
         if base is not None and v.get("status") == "ok":
             v["speed_vs_trl"] = round(v["row_tokens_per_s"] / base["row_tokens_per_s"], 3)
-            v["memory_vs_trl"] = round(v["peak_timed_gib"] / base["peak_timed_gib"], 3) if v.get("peak_timed_gib") else None
+            v["memory_vs_trl"] = (
+                round(v["peak_timed_gib"] / base["peak_timed_gib"], 3) if v.get("peak_timed_gib") else None
+            )
             v["step1_loss_diff_vs_trl"] = abs(v["losses"][0] - base["losses"][0])
     results["wall_s"] = round(time.perf_counter() - started, 1)
     Path(args.out).write_text(json.dumps(results, indent=1))

@@ -43,8 +43,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "group_start.json"))
     args = ap.parse_args()
-    results = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpus": os.cpu_count(), "tasks": args.tasks, "n": args.n,
-               "settings": []}
+    results = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "cpus": os.cpu_count(),
+        "tasks": args.tasks,
+        "n": args.n,
+        "settings": [],
+    }
     for name in args.settings.split(","):
         engine_kw, env, eval_kw = SETTINGS[name]
         saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
@@ -52,12 +57,26 @@ def main() -> None:
         os.environ.update(env)
         load0 = os.getloadavg()[0]
         try:
-            with local_stack(engine_config=EngineConfig(model="smollm2", **engine_kw), max_output_tokens=256,
-                             bookkeeping_max_tokens={"title": 32}) as (eng, _, cli):
+            with local_stack(
+                engine_config=EngineConfig(model="smollm2", **engine_kw),
+                max_output_tokens=256,
+                bookkeeping_max_tokens={"title": 32},
+            ) as (eng, _, cli):
                 os.environ.pop("OMP_NUM_THREADS", None)
                 os.environ.update({k: v for k, v in saved.items() if v is not None})
-                cfg = EvalConfig(model="smollm2", tasks=args.tasks, n=args.n, temperature=0.7, few_shot=True,
-                                 agent_prompt="short", max_output_tokens=256, max_model_calls=6, parallel=args.n, seed=0, **eval_kw)
+                cfg = EvalConfig(
+                    model="smollm2",
+                    tasks=args.tasks,
+                    n=args.n,
+                    temperature=0.7,
+                    few_shot=True,
+                    agent_prompt="short",
+                    max_output_tokens=256,
+                    max_model_calls=6,
+                    parallel=args.n,
+                    seed=0,
+                    **eval_kw,
+                )
                 t = time.monotonic()
                 out = run_eval(cfg, run_dir=Path(f"/tmp/group_start/{name.replace(' ', '_')}"), engine=eng, client=cli)
                 wall = time.monotonic() - t
@@ -75,11 +94,20 @@ def main() -> None:
             title += [c["latency_s"] for c in done if c.get("purpose") == "title"]
             agent = [c["latency_s"] for c in done if c.get("purpose") == "agent"]
             first += agent[:1]
-        row = {"setting": name, "engine": engine_kw, "env": env, "eval": eval_kw, "wall_s": round(wall, 1), "statuses": statuses,
-               "calls_done": calls, "mean_reward": out.get("mean"),
-               "title_latency_s_median": round(statistics.median(title), 1) if title else None,
-               "first_agent_latency_s_median": round(statistics.median(first), 1) if first else None,
-               "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2)}
+        row = {
+            "setting": name,
+            "engine": engine_kw,
+            "env": env,
+            "eval": eval_kw,
+            "wall_s": round(wall, 1),
+            "statuses": statuses,
+            "calls_done": calls,
+            "mean_reward": out.get("mean"),
+            "title_latency_s_median": round(statistics.median(title), 1) if title else None,
+            "first_agent_latency_s_median": round(statistics.median(first), 1) if first else None,
+            "load_before": round(load0, 2),
+            "load_after": round(os.getloadavg()[0], 2),
+        }
         print(json.dumps(row), flush=True)
         results["settings"].append(row)
         Path(args.out).write_text(json.dumps(results, indent=1))

@@ -32,8 +32,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_config_arguments(ap, LearnConfig)
     ap.add_argument("--out", default=None, help="run folder (default runs/<stamp>__learning_demo)")
-    ap.add_argument("--ship", action=argparse.BooleanOptionalAction, default=True,
-                    help="copy metrics, adapter and eval.json into workbench/data/learning_demo/")
+    ap.add_argument(
+        "--ship",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="copy metrics, adapter and eval.json into workbench/data/learning_demo/",
+    )
     args = ap.parse_args()
     config = LearnConfig(**given_fields(args, LearnConfig))
     evidence = run_learning(config, run_dir=Path(args.out) if args.out else None)
@@ -41,9 +45,11 @@ def main() -> None:
     if args.ship:
         ship(evidence, Path(evidence["run_dir"]))
     b, t, d, s = evidence["base"], evidence["trained"], evidence["delta"], evidence["solve_delta"]
-    print(f"mean reward: base {b['mean']:.3f} {b['ci95']}  trained {t['mean']:.3f} {t['ci95']}  "
-          f"delta {d['mean']:+.3f} {d['ci95']} p={d['p']:.4f}; solve rate delta {s['mean']:+.3f} {s['ci95']} "
-          f"p={s['p']:.4f}  ({evidence['wall_s']:.0f} s; {evidence['run_dir']})")
+    print(
+        f"mean reward: base {b['mean']:.3f} {b['ci95']}  trained {t['mean']:.3f} {t['ci95']}  "
+        f"delta {d['mean']:+.3f} {d['ci95']} p={d['p']:.4f}; solve rate delta {s['mean']:+.3f} {s['ci95']} "
+        f"p={s['p']:.4f}  ({evidence['wall_s']:.0f} s; {evidence['run_dir']})"
+    )
 
 
 if __name__ == "__main__":

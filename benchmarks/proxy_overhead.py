@@ -57,13 +57,20 @@ def _agent_call() -> dict[str, Any]:
 
 def _request_body() -> bytes:
     call = _agent_call()
-    body = {"model": "tiny", "max_tokens": 4096, "messages": call["request"]["messages"],
-            "tools": call["request"]["tools"], "tool_choice": "auto", "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "max_tokens": 4096,
+        "messages": call["request"]["messages"],
+        "tools": call["request"]["tools"],
+        "tool_choice": "auto",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     return json.dumps(body).encode()
 
 
 # -- the scripted engine ----------------------------------------------------------------------------
+
 
 def _engine_answers(tokens: int) -> tuple[bytes, list[bytes], bytes]:
     """(first streamed chunk, the other streamed chunks, the unstreamed JSON body), built once."""
@@ -76,20 +83,48 @@ def _engine_answers(tokens: int) -> tuple[bytes, list[bytes], bytes]:
     def entry(t: int, lp: float) -> dict[str, Any]:
         return {"token": f"token_id:{t}", "logprob": lp, "bytes": [32], "top_logprobs": []}
 
-    role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                 "finish_reason": None}], "prompt_token_ids": prompt}
-    token_chunks = [{**head, "choices": [{"index": 0, "delta": {"content": p}, "logprobs": {"content": [entry(t, lp)]},
-                                          "finish_reason": "stop" if i == len(out) - 1 else None, "token_ids": [t]}]}
-                    for i, (p, t, lp) in enumerate(zip(pieces, out, lps))]
+    role = {
+        **head,
+        "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        ],
+        "prompt_token_ids": prompt,
+    }
+    token_chunks = [
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": p},
+                    "logprobs": {"content": [entry(t, lp)]},
+                    "finish_reason": "stop" if i == len(out) - 1 else None,
+                    "token_ids": [t],
+                }
+            ],
+        }
+        for i, (p, t, lp) in enumerate(zip(pieces, out, lps))
+    ]
     usage = {"prompt_tokens": len(prompt), "completion_tokens": len(out), "total_tokens": len(prompt) + len(out)}
     sse = [f"data: {json.dumps(c, separators=(',', ':'))}\n\n".encode() for c in [role, *token_chunks]]
     tail = f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode()
-    whole = {"id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "tiny",
-             "prompt_token_ids": prompt,
-             "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(pieces), "tool_calls": []},
-                          "finish_reason": "stop", "token_ids": out,
-                          "logprobs": {"content": [entry(t, lp) for t, lp in zip(out, lps)]}}],
-             "usage": usage}
+    whole = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "tiny",
+        "prompt_token_ids": prompt,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "".join(pieces), "tool_calls": []},
+                "finish_reason": "stop",
+                "token_ids": out,
+                "logprobs": {"content": [entry(t, lp) for t, lp in zip(out, lps)]},
+            }
+        ],
+        "usage": usage,
+    }
     return sse[0] + sse[1], sse[2:] + [tail], json.dumps(whole).encode()
 
 
@@ -110,14 +145,17 @@ def serve_engine(tokens: int, ttft_s: float, itl_s: float) -> None:
                 length = next((int(x.split(b":", 1)[1]) for x in lines if x.lower().startswith(b"content-length:")), 0)
                 body = await reader.readexactly(length) if length else b""
                 if request_line.startswith(b"GET"):
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                                 % (len(models), models))
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                        % (len(models), models)
+                    )
                 elif _STREAM.search(body):
                     # Each chunk at its own deadline from the request's arrival (not sleep after sleep,
                     # whose overshoots would add up): streamed and unstreamed answers end together.
                     t0 = loop.time()
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                                 b"transfer-encoding: chunked\r\n\r\n")
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                    )
                     await asyncio.sleep(t0 + ttft_s - loop.time())
                     writer.write(chunk(first))
                     for k, data in enumerate(rest[:-1], 1):
@@ -126,8 +164,10 @@ def serve_engine(tokens: int, ttft_s: float, itl_s: float) -> None:
                     writer.write(chunk(rest[-1]) + b"0\r\n\r\n")
                 else:  # the whole answer when the last token would have been sampled
                     await asyncio.sleep(ttft_s + (len(rest) - 1) * itl_s)
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                                 % (len(whole), whole))
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                        % (len(whole), whole)
+                    )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -155,12 +195,18 @@ def serve_proxy(upstream: str, admin_key: str, stream_upstream: bool) -> None:
 
 # -- the load generator -----------------------------------------------------------------------------
 
+
 class Child:
     """A server process of this script; its first stdout line is its port. Stopped on close()."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            text=True,
+        )
         line = self.proc.stdout.readline()
         if not line.strip().isdigit():
             self.close()
@@ -185,8 +231,9 @@ class Child:
                 self.proc.wait(10)
 
 
-async def _block(url: str, keys: list[list[str]], body: bytes, calls_per_stream: int, stagger_s: float,
-                 ) -> dict[str, Any]:
+async def _block(
+    url: str, keys: list[list[str]], body: bytes, calls_per_stream: int, stagger_s: float
+) -> dict[str, Any]:
     """`len(keys)` concurrent streams, `calls_per_stream` calls each, back to back; stream j starts after
     j * `stagger_s`, so that the streams do not run in lockstep (the scripted engine's calls all last
     the same, so streams started together would hit the proxy in bursts of c for ever after)."""
@@ -223,13 +270,22 @@ async def _block(url: str, keys: list[list[str]], body: bytes, calls_per_stream:
     return {"latencies": latencies, "ttfc": ttfc, "wall_s": wall, "errors": errors}
 
 
-def _timed_block(server: Child, client: Any, body: bytes, streams: int, calls_per_stream: int,
-                 call_s: float) -> dict[str, Any]:
+def _timed_block(
+    server: Child, client: Any, body: bytes, streams: int, calls_per_stream: int, call_s: float
+) -> dict[str, Any]:
     """One block against `server` (the engine itself when `client` is None, else a proxy whose control plane
     `client` mints the session keys), with the server's CPU time over the block."""
-    keys = [["-"] * calls_per_stream for _ in range(streams)] if client is None else \
-        [[client.open_session(harness="opencode", temperature=1.0)
-          for _ in range((calls_per_stream + SESSION_CALLS - 1) // SESSION_CALLS)] for _ in range(streams)]
+    keys = (
+        [["-"] * calls_per_stream for _ in range(streams)]
+        if client is None
+        else [
+            [
+                client.open_session(harness="opencode", temperature=1.0)
+                for _ in range((calls_per_stream + SESSION_CALLS - 1) // SESSION_CALLS)
+            ]
+            for _ in range(streams)
+        ]
+    )
     cpu0 = server.cpu_s()
     result = asyncio.run(_block(server.url + "/v1/chat/completions", keys, body, calls_per_stream, call_s / streams))
     result["server_cpu_s"] = server.cpu_s() - cpu0
@@ -254,8 +310,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for c, calls in zip(args.concurrency, args.calls):
             per_stream = max(1, calls // c // args.rounds)
-            proxies = {"openenv": Child("--serve-proxy", engine.url, admin, "0"),
-                       "streamed": Child("--serve-proxy", engine.url, admin, "1")}
+            proxies = {
+                "openenv": Child("--serve-proxy", engine.url, admin, "0"),
+                "streamed": Child("--serve-proxy", engine.url, admin, "1"),
+            }
             clients = {name: ProxyClient(p.url, admin) for name, p in proxies.items()}
             servers = {"direct": engine, **proxies}
             blocks: dict[str, list[dict[str, Any]]] = {p: [] for p in PATHS}
@@ -263,13 +321,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for path in PATHS:  # warm-up: connections, first-call imports
                     _timed_block(servers[path], clients.get(path), body, c, 2, call_s)
                 for r in range(args.rounds):
-                    order = PATHS[r % 3:] + PATHS[:r % 3]
+                    order = PATHS[r % 3 :] + PATHS[: r % 3]
                     for path in order:
-                        blocks[path].append(_timed_block(servers[path], clients.get(path), body, c, per_stream,
-                                                         call_s))
-                        print(f"  c={c} round {r + 1}/{args.rounds} {path:<8} "
-                              f"{len(blocks[path][-1]['latencies'])} calls in {blocks[path][-1]['wall_s']:.1f} s",
-                              flush=True)
+                        blocks[path].append(_timed_block(servers[path], clients.get(path), body, c, per_stream, call_s))
+                        print(
+                            f"  c={c} round {r + 1}/{args.rounds} {path:<8} "
+                            f"{len(blocks[path][-1]['latencies'])} calls in {blocks[path][-1]['wall_s']:.1f} s",
+                            flush=True,
+                        )
             finally:
                 for client in clients.values():
                     client.close()
@@ -287,11 +346,14 @@ def _summarise(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         lat = [x for b in bs for x in b["latencies"]]
         ttfc = [x for b in bs for x in b["ttfc"]]
         calls = len(lat)
-        out[path] = {"calls": calls, "errors": sum(b["errors"] for b in bs),
-                     "latency_ms": {"p50": 1000 * _pct(lat, 0.5), "p99": 1000 * _pct(lat, 0.99)},
-                     "ttfc_ms": {"p50": 1000 * _pct(ttfc, 0.5), "p99": 1000 * _pct(ttfc, 0.99)},
-                     "calls_per_s": calls / sum(b["wall_s"] for b in bs),
-                     "server_cpu_ms_per_call": 1000 * sum(b["server_cpu_s"] for b in bs) / calls}
+        out[path] = {
+            "calls": calls,
+            "errors": sum(b["errors"] for b in bs),
+            "latency_ms": {"p50": 1000 * _pct(lat, 0.5), "p99": 1000 * _pct(lat, 0.99)},
+            "ttfc_ms": {"p50": 1000 * _pct(ttfc, 0.5), "p99": 1000 * _pct(ttfc, 0.99)},
+            "calls_per_s": calls / sum(b["wall_s"] for b in bs),
+            "server_cpu_ms_per_call": 1000 * sum(b["server_cpu_s"] for b in bs) / calls,
+        }
     direct = out["direct"]
     for path in ("openenv", "streamed"):
         o = out[path]
@@ -308,8 +370,13 @@ def main() -> None:
         return serve_proxy(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--calls", type=int, nargs="+", default=[120, 480, 1280],
-                        help="calls per path at each concurrency (split over --rounds blocks)")
+    parser.add_argument(
+        "--calls",
+        type=int,
+        nargs="+",
+        default=[120, 480, 1280],
+        help="calls per path at each concurrency (split over --rounds blocks)",
+    )
     parser.add_argument("--rounds", type=int, default=4, help="interleaved blocks per path")
     parser.add_argument("--tokens", type=int, default=32, help="sampled tokens per call")
     parser.add_argument("--ttft-ms", type=float, default=50.0, help="the engine's time to first token")
@@ -321,28 +388,48 @@ def main() -> None:
     started = dt.datetime.now(dt.timezone.utc)
     load0 = os.getloadavg()[0]
     result = run(args)
-    machine = {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-               "platform": platform.platform(), "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)]}
-    record = {"benchmark": "proxy_overhead", "date": started.isoformat(timespec="seconds"),
-              "command": " ".join(["python", "benchmarks/proxy_overhead.py", *sys.argv[1:]]), "machine": machine,
-              "config": {"tokens": args.tokens, "ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms, "rounds": args.rounds,
-                         "request_bytes": len(_request_body()), "session_calls": SESSION_CALLS},
-              **result}
+    machine = {
+        "cpus": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+    }
+    record = {
+        "benchmark": "proxy_overhead",
+        "date": started.isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/proxy_overhead.py", *sys.argv[1:]]),
+        "machine": machine,
+        "config": {
+            "tokens": args.tokens,
+            "ttft_ms": args.ttft_ms,
+            "itl_ms": args.itl_ms,
+            "rounds": args.rounds,
+            "request_bytes": len(_request_body()),
+            "session_calls": SESSION_CALLS,
+        },
+        **result,
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(record, indent=1) + "\n")
 
-    print(f"\n{'c':>3} {'path':<9} {'calls':>5} {'p50 ms':>8} {'p99 ms':>8} {'+p50':>7} {'+p99':>7} "
-          f"{'TTFC p50':>9} {'TTFC p99':>9} {'calls/s':>8} {'ratio':>6} {'CPU ms/call':>11}")
+    print(
+        f"\n{'c':>3} {'path':<9} {'calls':>5} {'p50 ms':>8} {'p99 ms':>8} {'+p50':>7} {'+p99':>7} "
+        f"{'TTFC p50':>9} {'TTFC p99':>9} {'calls/s':>8} {'ratio':>6} {'CPU ms/call':>11}"
+    )
     for level in result["levels"]:
         for path in PATHS:
             s = level["paths"][path]
             added = s.get("added_ms", {})
-            print(f"{level['concurrency']:>3} {path:<9} {s['calls']:>5} {s['latency_ms']['p50']:>8.1f} "
-                  f"{s['latency_ms']['p99']:>8.1f} {added.get('p50', 0):>+7.1f} {added.get('p99', 0):>+7.1f} "
-                  f"{s['ttfc_ms']['p50']:>9.1f} {s['ttfc_ms']['p99']:>9.1f} {s['calls_per_s']:>8.1f} "
-                  f"{s.get('throughput_ratio', 1.0):>6.3f} {s['server_cpu_ms_per_call']:>11.2f}")
-    print(f"(CPU ms/call: the engine's for direct, the proxy's otherwise.) load average {machine['load_avg_1m']} "
-          f"on {machine['cpus']} CPUs; wrote {RESULTS}")
+            print(
+                f"{level['concurrency']:>3} {path:<9} {s['calls']:>5} {s['latency_ms']['p50']:>8.1f} "
+                f"{s['latency_ms']['p99']:>8.1f} {added.get('p50', 0):>+7.1f} {added.get('p99', 0):>+7.1f} "
+                f"{s['ttfc_ms']['p50']:>9.1f} {s['ttfc_ms']['p99']:>9.1f} {s['calls_per_s']:>8.1f} "
+                f"{s.get('throughput_ratio', 1.0):>6.3f} {s['server_cpu_ms_per_call']:>11.2f}"
+            )
+    print(
+        f"(CPU ms/call: the engine's for direct, the proxy's otherwise.) load average {machine['load_avg_1m']} "
+        f"on {machine['cpus']} CPUs; wrote {RESULTS}"
+    )
 
 
 if __name__ == "__main__":

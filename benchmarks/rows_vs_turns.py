@@ -52,6 +52,7 @@ TOLERANCE = 1e-5
 
 # -- conversations ----------------------------------------------------------------------------------
 
+
 def captured(folders: list[Path]) -> list[tuple[str, list[Turn]]]:
     """Agent turns of every captured rollout with ≥ 2 of them, all marked trained."""
     out = []
@@ -67,8 +68,16 @@ def _code(rng: random.Random, lines: int) -> str:
     body = []
     for _ in range(lines):
         a, b = rng.sample(names, 2)
-        body.append(rng.choice([f"    {a} = {b} + {rng.randrange(100)}", f"    if {a} > {b}:\n        return {a}",
-                                f"    for {a} in range(len({b})):", f"    {a}.append({b}[{rng.randrange(9)}])"]))
+        body.append(
+            rng.choice(
+                [
+                    f"    {a} = {b} + {rng.randrange(100)}",
+                    f"    if {a} > {b}:\n        return {a}",
+                    f"    for {a} in range(len({b})):",
+                    f"    {a}.append({b}[{rng.randrange(9)}])",
+                ]
+            )
+        )
     return f"def solve_{rng.randrange(1000)}(items):\n" + "\n".join(body) + "\n    return items\n"
 
 
@@ -80,8 +89,10 @@ def _tool_call(rng: random.Random, k: int) -> tuple[dict[str, Any], str]:
         result = "Wrote file successfully."
     elif kind == "bash":
         args = {"command": f"python -m pytest -q tests/test_{rng.randrange(99)}.py", "description": "run the tests"}
-        result = "\n".join(f"tests/test_x.py::test_{i} {'PASSED' if rng.random() < 0.7 else 'FAILED'}"
-                           for i in range(rng.randrange(5, 40)))
+        result = "\n".join(
+            f"tests/test_x.py::test_{i} {'PASSED' if rng.random() < 0.7 else 'FAILED'}"
+            for i in range(rng.randrange(5, 40))
+        )
     elif kind == "read":
         args = {"filePath": "solution.py"}
         result = "\n".join(f"{i:05d}| {line}" for i, line in enumerate(_code(rng, rng.randrange(8, 30)).split("\n")))
@@ -89,8 +100,11 @@ def _tool_call(rng: random.Random, k: int) -> tuple[dict[str, Any], str]:
         args = {"filePath": "solution.py", "oldString": _code(rng, 4), "newString": _code(rng, rng.randrange(6, 20))}
         result = "Edit applied successfully."
     text = f"I will use {kind} next." if rng.random() < 0.5 else ""
-    message = {"role": "assistant", "content": text,
-               "tool_calls": [{"id": f"call_{k}", "type": "function", "function": {"name": kind, "arguments": args}}]}
+    message = {
+        "role": "assistant",
+        "content": text,
+        "tool_calls": [{"id": f"call_{k}", "type": "function", "function": {"name": kind, "arguments": args}}],
+    }
     return message, result
 
 
@@ -102,29 +116,42 @@ def synthetic(tok: Any, n_turns: int, seed: int = 0) -> tuple[str, list[Turn]]:
     end = tok.convert_tokens_to_ids("<|im_end|>")
 
     def render(msgs: list[dict[str, Any]], generation: bool) -> list[int]:
-        return tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=generation, tokenize=True,
-                                       return_dict=False)
+        return tok.apply_chat_template(
+            msgs, tools=tools, add_generation_prompt=generation, tokenize=True, return_dict=False
+        )
 
     turns = []
     for k in range(n_turns):
         prompt = render(messages, True)
         assistant, result = _tool_call(rng, k)
         full = render(messages + [assistant], False)
-        output = full[len(prompt): full.index(end, len(prompt)) + 1]  # what the model samples, <|im_end|> included
+        output = full[len(prompt) : full.index(end, len(prompt)) + 1]  # what the model samples, <|im_end|> included
         assert full[: len(prompt)] == prompt, "the template does not extend the prompt"
-        turns.append(Turn(index=k, call=k, prompt_ids=prompt, output_ids=output,
-                          per_token_logps=[0.0] * len(output), trained=True))
+        turns.append(
+            Turn(
+                index=k, call=k, prompt_ids=prompt, output_ids=output, per_token_logps=[0.0] * len(output), trained=True
+            )
+        )
         messages += [assistant, {"role": "tool", "tool_call_id": f"call_{k}", "content": result}]
     return f"synthetic/{n_turns}-turn", turns
 
 
 # -- layouts and loss -------------------------------------------------------------------------------
 
+
 def per_turn_rows(turns: list[Turn]) -> list[Row]:
     """One row per turn: its prompt and its output, mask 1 on the output."""
-    return [Row(t.prompt_ids + t.output_ids, [0] * len(t.prompt_ids) + [1] * len(t.output_ids),
-                [0.0] * len(t.prompt_ids) + list(t.per_token_logps), [0] * len(t.prompt_ids) + [1] * len(t.output_ids),
-                [t.index], [(0, len(t.prompt_ids), len(t.prompt_ids) + len(t.output_ids))]) for t in turns]
+    return [
+        Row(
+            t.prompt_ids + t.output_ids,
+            [0] * len(t.prompt_ids) + [1] * len(t.output_ids),
+            [0.0] * len(t.prompt_ids) + list(t.per_token_logps),
+            [0] * len(t.prompt_ids) + [1] * len(t.output_ids),
+            [t.index],
+            [(0, len(t.prompt_ids), len(t.prompt_ids) + len(t.output_ids))],
+        )
+        for t in turns
+    ]
 
 
 def _logprobs(model: Any, rows: list[Row]) -> list[Any]:
@@ -162,10 +189,15 @@ def loss_agreement(model: Any, turns: list[Turn], seed: int) -> dict[str, Any]:
     advantages = torch.ones(n)
     a = grpo_loss(logp_chained, logp_old, advantages, num_tokens=n).item()
     b = grpo_loss(logp_turns, logp_old, advantages, num_tokens=n).item()
-    return {"loss_chained": a, "loss_per_turn": b, "abs_diff": abs(a - b),
-            "max_abs_logprob_diff": (logp_chained - logp_turns).abs().max().item(),
-            "agree": abs(a - b) <= TOLERANCE, "forward_s_chained": round(t1 - t0, 2),
-            "forward_s_per_turn": round(t2 - t1, 2)}
+    return {
+        "loss_chained": a,
+        "loss_per_turn": b,
+        "abs_diff": abs(a - b),
+        "max_abs_logprob_diff": (logp_chained - logp_turns).abs().max().item(),
+        "agree": abs(a - b) <= TOLERANCE,
+        "forward_s_chained": round(t1 - t0, 2),
+        "forward_s_per_turn": round(t2 - t1, 2),
+    }
 
 
 def measure(name: str, turns: list[Turn], model: Any | None, seed: int) -> dict[str, Any]:
@@ -173,10 +205,18 @@ def measure(name: str, turns: list[Turn], model: Any | None, seed: int) -> dict[
     trained = sum(len(t.output_ids) for t in turns)
     chained_tokens = sum(len(r.input_ids) for r in chained)
     per_turn_tokens = sum(len(t.prompt_ids) + len(t.output_ids) for t in turns)
-    record = {"conversation": name, "turns": len(turns), "rows": len(chained), "forks": len(forks),
-              "trained_tokens": trained, "chained_tokens": chained_tokens, "per_turn_tokens": per_turn_tokens,
-              "chained_per_trained": chained_tokens / trained, "per_turn_per_trained": per_turn_tokens / trained,
-              "saving": per_turn_tokens / chained_tokens}
+    record = {
+        "conversation": name,
+        "turns": len(turns),
+        "rows": len(chained),
+        "forks": len(forks),
+        "trained_tokens": trained,
+        "chained_tokens": chained_tokens,
+        "per_turn_tokens": per_turn_tokens,
+        "chained_per_trained": chained_tokens / trained,
+        "per_turn_per_trained": per_turn_tokens / trained,
+        "saving": per_turn_tokens / chained_tokens,
+    }
     if model is not None:
         record.update(loss_agreement(model, turns, seed))
     return record
@@ -185,8 +225,9 @@ def measure(name: str, turns: list[Turn], model: Any | None, seed: int) -> dict[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, nargs="+", default=[5, 10, 20], help="synthetic conversation lengths")
-    parser.add_argument("--rollouts", type=Path, nargs="*", default=[],
-                        help="more captured rollout folders (each with a trace.json)")
+    parser.add_argument(
+        "--rollouts", type=Path, nargs="*", default=[], help="more captured rollout folders (each with a trace.json)"
+    )
     parser.add_argument("--no-loss", action="store_true", help="token counts only (no model)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -208,19 +249,33 @@ def main() -> None:
     conversations = captured(folders) + [synthetic(tok, n, args.seed) for n in args.turns]
     records = [measure(name, turns, model, args.seed) for name, turns in conversations]
 
-    print(f"{'conversation':<34} {'turns':>5} {'rows':>4} {'trained':>7} {'chained':>8} {'per-turn':>9} "
-          f"{'fwd/trained':>12} {'saving':>7} {'loss chained':>13} {'loss per-turn':>13} {'|Δ|':>8}")
+    print(
+        f"{'conversation':<34} {'turns':>5} {'rows':>4} {'trained':>7} {'chained':>8} {'per-turn':>9} "
+        f"{'fwd/trained':>12} {'saving':>7} {'loss chained':>13} {'loss per-turn':>13} {'|Δ|':>8}"
+    )
     for r in records:
-        loss = (f"{r['loss_chained']:>13.8f} {r['loss_per_turn']:>13.8f} {r['abs_diff']:>8.1e}"
-                if "loss_chained" in r else "")
-        print(f"{r['conversation']:<34} {r['turns']:>5} {r['rows']:>4} {r['trained_tokens']:>7} "
-              f"{r['chained_tokens']:>8} {r['per_turn_tokens']:>9} "
-              f"{r['chained_per_trained']:>5.1f} / {r['per_turn_per_trained']:<5.1f} {r['saving']:>6.2f}x {loss}")
-    record = {"benchmark": "rows_vs_turns", "date": started.isoformat(timespec="seconds"),
-              "command": " ".join(["python", "benchmarks/rows_vs_turns.py", *sys.argv[1:]]),
-              "machine": {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-                          "platform": platform.platform()},
-              "tolerance": TOLERANCE, "conversations": records}
+        loss = (
+            f"{r['loss_chained']:>13.8f} {r['loss_per_turn']:>13.8f} {r['abs_diff']:>8.1e}"
+            if "loss_chained" in r
+            else ""
+        )
+        print(
+            f"{r['conversation']:<34} {r['turns']:>5} {r['rows']:>4} {r['trained_tokens']:>7} "
+            f"{r['chained_tokens']:>8} {r['per_turn_tokens']:>9} "
+            f"{r['chained_per_trained']:>5.1f} / {r['per_turn_per_trained']:<5.1f} {r['saving']:>6.2f}x {loss}"
+        )
+    record = {
+        "benchmark": "rows_vs_turns",
+        "date": started.isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/rows_vs_turns.py", *sys.argv[1:]]),
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "tolerance": TOLERANCE,
+        "conversations": records,
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {RESULTS}")

@@ -73,8 +73,12 @@ def one_session(isolation: str, base: Path) -> tuple[str, dict[str, float]]:
         t2b = time.perf_counter()
         sb.close()
         t3 = time.perf_counter()
-    return sb.id, {"create_ms": 1000 * (t1 - t0), "run_ms": 1000 * (t2 - t1), "start_ms": 1000 * (t2 - t0),
-                   "close_ms": 1000 * (t3 - t2b)}
+    return sb.id, {
+        "create_ms": 1000 * (t1 - t0),
+        "run_ms": 1000 * (t2 - t1),
+        "start_ms": 1000 * (t2 - t0),
+        "close_ms": 1000 * (t3 - t2b),
+    }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -100,40 +104,60 @@ def main() -> None:
                 ids[mode].add(sid)
                 timings[mode].append(t)
         time.sleep(1.0)  # let the kernel reap what was killed last
-        left = {m: {"processes": marked_processes(ids[m]),
-                    "folders": sorted(p.name for p in base.iterdir() if p.name.startswith("wb-sbx-"))}
-                for m in modes}
+        left = {
+            m: {
+                "processes": marked_processes(ids[m]),
+                "folders": sorted(p.name for p in base.iterdir() if p.name.startswith("wb-sbx-")),
+            }
+            for m in modes
+        }
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
     summary: dict[str, Any] = {}
     for mode in modes:
-        summary[mode] = {key: {"p50": _pct([t[key] for t in timings[mode]], 0.5),
-                               "p99": _pct([t[key] for t in timings[mode]], 0.99)}
-                         for key in ("create_ms", "run_ms", "start_ms", "close_ms")}
+        summary[mode] = {
+            key: {"p50": _pct([t[key] for t in timings[mode]], 0.5), "p99": _pct([t[key] for t in timings[mode]], 0.99)}
+            for key in ("create_ms", "run_ms", "start_ms", "close_ms")
+        }
         summary[mode]["processes_left"] = len(left[mode]["processes"])
         summary[mode]["folders_left"] = len(left[mode]["folders"])
     if "none" in summary and "bwrap" in summary:
-        summary["bwrap_vs_none"] = {q: summary["bwrap"]["start_ms"][q] / summary["none"]["start_ms"][q]
-                                    for q in ("p50", "p99")}
+        summary["bwrap_vs_none"] = {
+            q: summary["bwrap"]["start_ms"][q] / summary["none"]["start_ms"][q] for q in ("p50", "p99")
+        }
 
-    print(f"{'isolation':<9} {'sessions':>8} {'create p50/p99 ms':>18} {'run p50/p99 ms':>16} "
-          f"{'start p50/p99 ms':>17} {'close p50/p99 ms':>17} {'procs left':>10} {'dirs left':>9}")
+    print(
+        f"{'isolation':<9} {'sessions':>8} {'create p50/p99 ms':>18} {'run p50/p99 ms':>16} "
+        f"{'start p50/p99 ms':>17} {'close p50/p99 ms':>17} {'procs left':>10} {'dirs left':>9}"
+    )
     for mode in modes:
         s = summary[mode]
         cells = {k: f"{s[k]['p50']:.1f} / {s[k]['p99']:.1f}" for k in ("create_ms", "run_ms", "start_ms", "close_ms")}
-        print(f"{mode:<9} {len(timings[mode]):>8} {cells['create_ms']:>18} {cells['run_ms']:>16} "
-              f"{cells['start_ms']:>17} {cells['close_ms']:>17} {s['processes_left']:>10} {s['folders_left']:>9}")
+        print(
+            f"{mode:<9} {len(timings[mode]):>8} {cells['create_ms']:>18} {cells['run_ms']:>16} "
+            f"{cells['start_ms']:>17} {cells['close_ms']:>17} {s['processes_left']:>10} {s['folders_left']:>9}"
+        )
     if "bwrap_vs_none" in summary:
         r = summary["bwrap_vs_none"]
         print(f"start latency, bwrap / none: {r['p50']:.2f}x at p50, {r['p99']:.2f}x at p99")
-    record = {"benchmark": "sandbox_lifecycle", "date": started.isoformat(timespec="seconds"),
-              "command": " ".join(["python", "benchmarks/sandbox_lifecycle.py", *sys.argv[1:]]),
-              "machine": {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-                          "platform": platform.platform(), "load_avg_1m": os.getloadavg()[0],
-                          "bwrap": shutil.which("bwrap") is not None},
-              "sessions": args.sessions, "command_in_sandbox": COMMAND, "summary": summary, "left": left,
-              "timings": timings}
+    record = {
+        "benchmark": "sandbox_lifecycle",
+        "date": started.isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/sandbox_lifecycle.py", *sys.argv[1:]]),
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_avg_1m": os.getloadavg()[0],
+            "bwrap": shutil.which("bwrap") is not None,
+        },
+        "sessions": args.sessions,
+        "command_in_sandbox": COMMAND,
+        "summary": summary,
+        "left": left,
+        "timings": timings,
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {RESULTS}")

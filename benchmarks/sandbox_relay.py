@@ -102,21 +102,29 @@ def main() -> None:
         xs = sorted(xs)
         return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
 
-    rows = {m: {"calls": len(xs), "p50_ms": round(statistics.median(xs), 3), "p99_ms": pct(xs, 0.99)}
-            for m, xs in samples.items()}
+    rows = {
+        m: {"calls": len(xs), "p50_ms": round(statistics.median(xs), 3), "p99_ms": pct(xs, 0.99)}
+        for m, xs in samples.items()
+    }
     result = {
-        "benchmark": "sandbox_relay", "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "benchmark": "sandbox_relay",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before_after": load},
-        "settings": vars(args), "modes": rows,
-        "relay_adds_ms": {"p50": round(rows["bwrap"]["p50_ms"] - rows["none"]["p50_ms"], 3),
-                          "p99": round(rows["bwrap"]["p99_ms"] - rows["none"]["p99_ms"], 3)},
+        "settings": vars(args),
+        "modes": rows,
+        "relay_adds_ms": {
+            "p50": round(rows["bwrap"]["p50_ms"] - rows["none"]["p50_ms"], 3),
+            "p99": round(rows["bwrap"]["p99_ms"] - rows["none"]["p99_ms"], 3),
+        },
     }
     RESULTS.write_text(json.dumps(result, indent=1))
     print(f"{'mode':<6} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8}")
     for m, r in rows.items():
         print(f"{m:<6} {r['calls']:>6} {r['p50_ms']:>8} {r['p99_ms']:>8}")
-    print(f"relay adds {result['relay_adds_ms']['p50']} ms p50, {result['relay_adds_ms']['p99']} ms p99 per call "
-          f"(load {load[0]:.1f} -> {load[1]:.1f}); {RESULTS}")
+    print(
+        f"relay adds {result['relay_adds_ms']['p50']} ms p50, {result['relay_adds_ms']['p99']} ms p99 per call "
+        f"(load {load[0]:.1f} -> {load[1]:.1f}); {RESULTS}"
+    )
 
 
 if __name__ == "__main__":

@@ -87,15 +87,17 @@ DEFAULT_VARIANTS = ("stock", "shared", "reuse", "shared+reuse", "all-fp32")
 
 
 def real_rows() -> dict[str, list[Row]]:
-    return {name: analyse(load_trace(FIXTURES / name / "trace.json"), None, lambda call: True).rows
-            for name in ("smollm2-easy", "smollm2-fork-bpe", "smollm2-fork-invalid")}
+    return {
+        name: analyse(load_trace(FIXTURES / name / "trace.json"), None, lambda call: True).rows
+        for name in ("smollm2-easy", "smollm2-fork-bpe", "smollm2-fork-invalid")
+    }
 
 
 def group() -> list[tuple[list[int], list[int], list[int]]]:
     """The 8 (prompt_ids, completion_ids, env_mask) rows described in the module docstring."""
     rows = real_rows()
     easy, bpe, inv = rows["smollm2-easy"][0], rows["smollm2-fork-bpe"], rows["smollm2-fork-invalid"]
-    prefix = easy.input_ids[:easy.spans[0][1]][-int(os.environ.get("WB_PREFIX_TOKENS", 10**9)):]
+    prefix = easy.input_ids[: easy.spans[0][1]][-int(os.environ.get("WB_PREFIX_TOKENS", 10**9)) :]
     tails = [(easy, 3065), (bpe[0], 3066), (bpe[1], 3066), (inv[0], 3067), (inv[1], 3067)]
     tails += [tails[0], tails[1], tails[3]]
     return [(prefix, r.input_ids[s:], r.mask[s:]) for r, s in tails]
@@ -104,8 +106,18 @@ def group() -> list[tuple[list[int], list[int], list[int]]]:
 def build_trainer(tmp: Path, **config: object):
     torch.manual_seed(0)
     # TRL's own step (TrainConfig.baseline: every lever off); the variants install theirs on it
-    cfg = TrainConfig.baseline(model="smollm2", tasks="easy[:1]", group_size=len(REWARDS), steps=1, temperature=T,
-                               lora_rank=16, lora_alpha=32, learning_rate=1e-3, train_threads=THREADS, **config)
+    cfg = TrainConfig.baseline(
+        model="smollm2",
+        tasks="easy[:1]",
+        group_size=len(REWARDS),
+        steps=1,
+        temperature=T,
+        lora_rank=16,
+        lora_alpha=32,
+        learning_rate=1e-3,
+        train_threads=THREADS,
+        **config,
+    )
     trainer = GRPORun(cfg, run_dir=tmp / "run")._build_trainer(load("smollm2").path)
 
     class NoSync:
@@ -123,17 +135,21 @@ def row_logprobs(trainer, batch, bf16: bool = False) -> list[list[float]]:
     step = group_step.install(trainer, bf16=bf16)
     prompts = pad([torch.tensor(p) for p, _, _ in batch], padding_value=2, padding_side="left")
     comps = pad([torch.tensor(c) for _, c, _ in batch], padding_value=2, padding_side="right")
-    am = torch.cat([pad([torch.ones(len(p), dtype=torch.long) for p, _, _ in batch], padding_value=0,
-                        padding_side="left"),
-                    pad([torch.ones(len(c), dtype=torch.long) for _, c, _ in batch], padding_value=0,
-                        padding_side="right")], 1)
+    am = torch.cat(
+        [
+            pad([torch.ones(len(p), dtype=torch.long) for p, _, _ in batch], padding_value=0, padding_side="left"),
+            pad([torch.ones(len(c), dtype=torch.long) for _, c, _ in batch], padding_value=0, padding_side="right"),
+        ],
+        1,
+    )
     try:
         with torch.no_grad():
-            lp, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, torch.cat([prompts, comps], 1), am,
-                                                                  comps.shape[1])
+            lp, _, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.model, torch.cat([prompts, comps], 1), am, comps.shape[1]
+            )
     finally:
         step.remove()
-    return [lp[b, :len(c)].tolist() for b, (_, c, _) in enumerate(batch)]
+    return [lp[b, : len(c)].tolist() for b, (_, c, _) in enumerate(batch)]
 
 
 def rss_mb() -> float:
@@ -151,8 +167,12 @@ def run_variant(name: str, tmp: Path) -> dict[str, object]:
     engine = json.loads((tmp / "engine_logprobs.json").read_text())
     trainer = build_trainer(tmp)
     trainer.rollout_func = lambda prompts, _: {
-        "prompt_ids": [b[0] for b in batch], "completion_ids": [b[1] for b in batch], "logprobs": engine,
-        "env_mask": [b[2] for b in batch], "wb_reward": list(REWARDS)}
+        "prompt_ids": [b[0] for b in batch],
+        "completion_ids": [b[1] for b in batch],
+        "logprobs": engine,
+        "env_mask": [b[2] for b in batch],
+        "wb_reward": list(REWARDS),
+    }
     if not checkpointing:
         trainer.model.gradient_checkpointing_disable()
     step = group_step.install(trainer, **levers) if levers is not None else None
@@ -209,14 +229,22 @@ def run_variant(name: str, tmp: Path) -> dict[str, object]:
     lp[order], mask[order] = seen["logps"].float(), seen["mask"]
     torch.save({"logps": lp, "mask": mask}, tmp / f"logps-{name}.pt")
     row_tokens = sum(len(p) + len(c) for p, c, _ in batch)
-    return {"step_s": round(times["step_s"], 2), "cpu_s": round(times["cpu_s"], 2), "row_tokens": row_tokens,
-            "load_1min_before_after": [round(times["load_before"], 2), round(times["load_after"], 2)],
-            "row_tokens_per_s": round(row_tokens / times["step_s"], 1),
-            "tokens_forwarded": sum(passes), "passes": passes, "loss": seen["loss"],
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "rss_before_step_mb": round(times["rss_before_mb"]), "checkpointing": checkpointing,
-            "levers": levers, "packs": step.last.get("packs") if step else None,
-            "shared_tokens": step.last.get("shared_tokens") if step else None}
+    return {
+        "step_s": round(times["step_s"], 2),
+        "cpu_s": round(times["cpu_s"], 2),
+        "row_tokens": row_tokens,
+        "load_1min_before_after": [round(times["load_before"], 2), round(times["load_after"], 2)],
+        "row_tokens_per_s": round(row_tokens / times["step_s"], 1),
+        "tokens_forwarded": sum(passes),
+        "passes": passes,
+        "loss": seen["loss"],
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "rss_before_step_mb": round(times["rss_before_mb"]),
+        "checkpointing": checkpointing,
+        "levers": levers,
+        "packs": step.last.get("packs") if step else None,
+        "shared_tokens": step.last.get("shared_tokens") if step else None,
+    }
 
 
 def masked_fraction(diffs: list[torch.Tensor], lo: float | None, hi: float = 3.0) -> tuple[float, float]:
@@ -232,8 +260,13 @@ def cpu_flags() -> dict[str, object]:
     text = Path("/proc/cpuinfo").read_text()
     model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
     flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
-    return {"model": model, "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
-            "avx512f": "avx512f" in flags, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {
+        "model": model,
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx_bf16": "amx_bf16" in flags,
+        "avx512f": "avx512f" in flags,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def bf16_speed(trainer, tokens: int = 512) -> dict[str, float]:
@@ -280,9 +313,12 @@ def precision_study(tmp: Path) -> dict[str, object]:
     picked = {k: rows[k] for k in ("smollm2-easy", "smollm2-fork-bpe")}
     # A trace's rows split at one index (its first output) get one left padding: a forked pair is packed once
     split = {id(r): min(x.spans[0][1] for x in rs) for rs in picked.values() for r in rs}
-    real = [(r.input_ids[:split[id(r)]], r.input_ids[split[id(r)]:], r.sampled[split[id(r)]:])
-            for rs in picked.values() for r in rs]
-    engine = [r.logprobs[split[id(r)]:] for rs in picked.values() for r in rs]
+    real = [
+        (r.input_ids[: split[id(r)]], r.input_ids[split[id(r)] :], r.sampled[split[id(r)] :])
+        for rs in picked.values()
+        for r in rs
+    ]
+    engine = [r.logprobs[split[id(r)] :] for rs in picked.values() for r in rs]
 
     def diffs(a: list[list[float]], b: list[list[float]], batch) -> list[torch.Tensor]:
         return [torch.tensor([x - y for x, y, m in zip(ra, rb, mk) if m]) for ra, rb, (_, _, mk) in zip(a, b, batch)]
@@ -292,18 +328,26 @@ def precision_study(tmp: Path) -> dict[str, object]:
     t1 = time.perf_counter()
     lp16 = row_logprobs(trainer, real, bf16=True)
     t2 = time.perf_counter()
-    out["no_grad_pass_s"] = {"fp32": round(t1 - t0, 1), "bf16": round(t2 - t1, 1),
-                             "tokens": sum(len(p) + len(c) for p, c, _ in real)}
+    out["no_grad_pass_s"] = {
+        "fp32": round(t1 - t0, 1),
+        "bf16": round(t2 - t1, 1),
+        "tokens": sum(len(p) + len(c) for p, c, _ in real),
+    }
     # TRL's own switch for an fp32 LM head under autocast (GRPOConfig.cast_lm_head_to_fp32), re-applied here on a
     # trainer built by workbench.train, whose GRPOConfig cannot pass it. The smollm2-easy row only (time).
-    add_fused_lm_head(trainer.model.get_base_model(), temperature=T, cast_lm_head_to_fp32=True,
-                      outputs=("log_probs", "entropy"))
+    add_fused_lm_head(
+        trainer.model.get_base_model(), temperature=T, cast_lm_head_to_fp32=True, outputs=("log_probs", "entropy")
+    )
     lp16h = row_logprobs(trainer, real[:1], bf16=True)
     out["rows"] = len(real)
     for label, lp, n in (("fp32", lp32, len(real)), ("bf16", lp16, len(real)), ("bf16, fp32 LM head", lp16h, 1)):
         d = torch.cat(diffs(lp, engine[:n], real[:n])).abs()
-        out[f"|{label} trainer - engine|"] = {"mean": d.mean().item(), "max": d.max().item(), "tokens": len(d),
-                                              "rows": n}
+        out[f"|{label} trainer - engine|"] = {
+            "mean": d.mean().item(),
+            "max": d.max().item(),
+            "tokens": len(d),
+            "rows": n,
+        }
     d = torch.cat(diffs(lp16h, lp32[:1], real[:1])).abs()
     out["|bf16, fp32 LM head - fp32| (easy row)"] = {"mean": d.mean().item(), "max": d.max().item()}
     d = torch.cat(diffs(lp16[:1], lp32[:1], real[:1])).abs()
@@ -330,8 +374,12 @@ def grad_error(tmp: Path, name: str) -> float:
     B starts at 0) must be exactly 0 too (counted as inf otherwise)."""
     ref, got = torch.load(tmp / "grads-stock.pt"), torch.load(tmp / f"grads-{name}.pt")
     assert ref.keys() == got.keys()
-    errs = [((got[k] - g).abs().max() / g.abs().max()).item() if g.abs().max() > 0
-            else (0.0 if got[k].abs().max() == 0 else float("inf")) for k, g in ref.items()]
+    errs = [
+        ((got[k] - g).abs().max() / g.abs().max()).item()
+        if g.abs().max() > 0
+        else (0.0 if got[k].abs().max() == 0 else float("inf"))
+        for k, g in ref.items()
+    ]
     return max(errs)
 
 
@@ -363,8 +411,9 @@ def main() -> None:
             reusable.discard(variant)
             return print(f"  {variant}: reused from {tmp}", flush=True)
         t0 = time.time()
-        proc = subprocess.run([sys.executable, __file__, "--variant", variant, "--tmp", str(tmp)], env=env,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--variant", variant, "--tmp", str(tmp)], env=env, capture_output=True, text=True
+        )
         if proc.returncode != 0:
             sys.exit(f"{variant} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
         print(f"  {variant}: {time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
@@ -384,7 +433,9 @@ def main() -> None:
     for name in names:
         spawn(name)
         run = json.loads((tmp / f"result-{name}.json").read_text())
-        runs = variants.get(name, {}).get("runs", []) + [{k: run[k] for k in ("step_s", "cpu_s", "load_1min_before_after")}]
+        runs = variants.get(name, {}).get("runs", []) + [
+            {k: run[k] for k in ("step_s", "cpu_s", "load_1min_before_after")}
+        ]
         if name not in variants or run["step_s"] < variants[name]["step_s"]:
             variants[name] = run
         variants[name]["runs"] = runs
@@ -398,12 +449,18 @@ def main() -> None:
         got = torch.load(tmp / f"logps-{name}.pt")
         v["loss_pass_logp_max_abs_diff_vs_stock"] = (got["logps"] - ref["logps"])[ref["mask"]].abs().max().item()
     report = {
-        "date": dt.datetime.now().isoformat(timespec="seconds"), "machine": platform.machine(),
-        "cpus": os.cpu_count(), "torch_threads": THREADS, "torch": torch.__version__,
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
-        "wall_s": round(time.time() - started), "group": "see benchmarks/trainer_step.py docstring",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": THREADS,
+        "torch": torch.__version__,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "wall_s": round(time.time() - started),
+        "group": "see benchmarks/trainer_step.py docstring",
         "prefix_tokens": args.prefix_tokens or "all",
-        "variants": variants, "precision": None,
+        "variants": variants,
+        "precision": None,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
@@ -412,13 +469,17 @@ def main() -> None:
         report["precision"] = json.loads((tmp / "result-precision.json").read_text())
         report["load_average_after"] = os.getloadavg()
         args.out.write_text(json.dumps(report, indent=1))
-    print(f"\n{'variant':14} {'step s':>8} {'row tok/s':>10} {'x stock':>8} {'x cpu-s':>8} {'fwd tokens':>11} "
-          f"{'peak RSS':>9} {'|dloss|':>9} {'grad err':>9}")
+    print(
+        f"\n{'variant':14} {'step s':>8} {'row tok/s':>10} {'x stock':>8} {'x cpu-s':>8} {'fwd tokens':>11} "
+        f"{'peak RSS':>9} {'|dloss|':>9} {'grad err':>9}"
+    )
     for name, v in variants.items():
-        print(f"{name:14} {v['step_s']:8.1f} {v['row_tokens_per_s']:10.1f} {v['speedup_vs_stock']:8.2f} "
-              f"{v['cpu_speedup_vs_stock']:8.2f} "
-              f"{v['tokens_forwarded']:11d} {v['peak_rss_mb']:8d}M {v['loss_abs_diff_vs_stock']:9.2e} "
-              f"{v['grad_max_rel_err_vs_stock']:9.2e}")
+        print(
+            f"{name:14} {v['step_s']:8.1f} {v['row_tokens_per_s']:10.1f} {v['speedup_vs_stock']:8.2f} "
+            f"{v['cpu_speedup_vs_stock']:8.2f} "
+            f"{v['tokens_forwarded']:11d} {v['peak_rss_mb']:8d}M {v['loss_abs_diff_vs_stock']:9.2e} "
+            f"{v['grad_max_rel_err_vs_stock']:9.2e}"
+        )
     print(f"load average before {load_before}, after {os.getloadavg()}; wrote {args.out}")
 
 

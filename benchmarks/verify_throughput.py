@@ -31,8 +31,13 @@ RESULTS = Path(__file__).resolve().parent / "results" / "verify_throughput.json"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=164, help="first N HumanEval tasks (default: all 164)")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, len(os.sched_getaffinity(0))],
-                        help="pool sizes to time (1 = serial, in this process)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1, len(os.sched_getaffinity(0))],
+        help="pool sizes to time (1 = serial, in this process)",
+    )
     parser.add_argument("--sandbox", nargs="+", default=["none", "bwrap"], choices=["none", "bwrap"])
     args = parser.parse_args()
     sandboxes = [s for s in args.sandbox if s != "bwrap" or shutil.which("bwrap")]
@@ -55,20 +60,36 @@ def main() -> None:
                 results = verify_many(items, workers=workers, progress=False, sandbox=sandbox)
                 seconds = time.perf_counter() - start
                 tests = sum(r.total for r in results)
-                runs.append({"sandbox": sandbox, "workers": workers, "tasks": len(items), "tests": tests,
-                             "seconds": round(seconds, 2), "tests_per_s": round(tests / seconds, 1),
-                             "all_passed": all(r.reward == 1.0 for r in results),
-                             "guards": results[0].guards})
+                runs.append(
+                    {
+                        "sandbox": sandbox,
+                        "workers": workers,
+                        "tasks": len(items),
+                        "tests": tests,
+                        "seconds": round(seconds, 2),
+                        "tests_per_s": round(tests / seconds, 1),
+                        "all_passed": all(r.reward == 1.0 for r in results),
+                        "guards": results[0].guards,
+                    }
+                )
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
     print(f"{'sandbox':<8} {'workers':>7} {'tests':>6} {'seconds':>8} {'tests/s':>8}  all passed  guards")
     for r in runs:
-        print(f"{r['sandbox']:<8} {r['workers']:>7} {r['tests']:>6} {r['seconds']:>8.2f} {r['tests_per_s']:>8.1f}  "
-              f"{'yes' if r['all_passed'] else 'NO':<10}  {','.join(r['guards'])}")
+        print(
+            f"{r['sandbox']:<8} {r['workers']:>7} {r['tests']:>6} {r['seconds']:>8.2f} {r['tests_per_s']:>8.1f}  "
+            f"{'yes' if r['all_passed'] else 'NO':<10}  {','.join(r['guards'])}"
+        )
     # The load average says how much else ran meanwhile (timings on a shared machine are noisy).
-    machine = {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(), "root": os.geteuid() == 0,
-               "bwrap": _version("bwrap"), "platform": platform.platform(), "load_avg_1m": os.getloadavg()[0]}
+    machine = {
+        "cpus": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "root": os.geteuid() == 0,
+        "bwrap": _version("bwrap"),
+        "platform": platform.platform(),
+        "load_avg_1m": os.getloadavg()[0],
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     record = {"benchmark": "verify_throughput", "machine": machine, "runs": runs}
     RESULTS.write_text(json.dumps(record, indent=2) + "\n")

@@ -49,35 +49,72 @@ class ForcedUpstream(ScriptedUpstream):
 
     def _answer(self, body: dict[str, Any], mode: str) -> dict[str, Any]:
         if mode.startswith("bash:"):
-            args = {"command": mode[len("bash:"):], "description": "run it"}
+            args = {"command": mode[len("bash:") :], "description": "run it"}
             text = f"<tool_call>\n{json.dumps({'name': 'bash', 'arguments': args})}\n</tool_call>"
-            message = {"role": "assistant", "content": None, "tool_calls": [{
-                "id": f"chatcmpl-tool-{self.rng.randrange(16 ** 16):016x}", "type": "function",
-                "function": {"name": "bash", "arguments": json.dumps(args)}}]}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"chatcmpl-tool-{self.rng.randrange(16**16):016x}",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": json.dumps(args)},
+                    }
+                ],
+            }
             finish = "tool_calls"
         else:
             text = mode.split(":", 1)[1] if ":" in mode else "Done."
             message, finish = {"role": "assistant", "content": text, "tool_calls": []}, "stop"
-        tok: dict[str, Any] = {"model": self.engine.served_name, "messages": body["messages"],
-                               "add_generation_prompt": True}
+        tok: dict[str, Any] = {
+            "model": self.engine.served_name,
+            "messages": body["messages"],
+            "add_generation_prompt": True,
+        }
         if body.get("tools"):
             tok["tools"] = body["tools"]
         prompt = self._post("/tokenize", tok)["tokens"]
-        out = self._post("/tokenize", {"model": self.engine.served_name, "prompt": text + "<|im_end|>",
-                                       "add_special_tokens": False})["tokens"]
-        scored = self._post("/v1/completions", {"model": self.engine.served_name, "prompt": prompt + out,
-                                                "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0})
-        rows = scored["choices"][0]["prompt_logprobs"][len(prompt):]
+        out = self._post(
+            "/tokenize", {"model": self.engine.served_name, "prompt": text + "<|im_end|>", "add_special_tokens": False}
+        )["tokens"]
+        scored = self._post(
+            "/v1/completions",
+            {
+                "model": self.engine.served_name,
+                "prompt": prompt + out,
+                "max_tokens": 1,
+                "prompt_logprobs": 0,
+                "temperature": 1.0,
+            },
+        )
+        rows = scored["choices"][0]["prompt_logprobs"][len(prompt) :]
         lps = [row[str(t)]["logprob"] for row, t in zip(rows, out)]
         pieces = [row[str(t)].get("decoded_token") or "" for row, t in zip(rows, out)]
         return {
-            "id": f"chatcmpl-{self.rng.randrange(10 ** 9)}", "object": "chat.completion", "created": 0,
-            "model": body.get("model"), "prompt_token_ids": prompt,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "token_ids": out,
-                         "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": list(p.encode()),
-                                                   "top_logprobs": []} for t, lp, p in zip(out, lps, pieces)]}}],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out),
-                      "total_tokens": len(prompt) + len(out)},
+            "id": f"chatcmpl-{self.rng.randrange(10**9)}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model"),
+            "prompt_token_ids": prompt,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": finish,
+                    "token_ids": out,
+                    "logprobs": {
+                        "content": [
+                            {"token": f"token_id:{t}", "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
+                            for t, lp, p in zip(out, lps, pieces)
+                        ]
+                    },
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(out),
+                "total_tokens": len(prompt) + len(out),
+            },
         }
 
 
@@ -85,11 +122,20 @@ def inventory_fix_script(task: Any) -> list[str]:
     """Seven turns on repo-tasks/inventory-fix: look, read, run the tests, rewrite two modules (the
     oracle's text), run them again, answer."""
     fixed = task.held_out_tests[0]["solution"]
-    rewrite = "".join(f"cat > {rel[len('files/'):]} <<'EOF'\n{text}EOF\n" for rel, text in sorted(fixed.items())
-                      if rel.startswith("files/"))
-    return ["bash:ls -R", "bash:cat inventory/store.py inventory/report.py", "bash:cat test_inventory.py",
-            "bash:python -m unittest 2>&1 | tail -3", f"bash:{rewrite}", "bash:python -m unittest 2>&1 | tail -3",
-            "text:Fixed the five bugs in store.py and report.py; the tests pass."]
+    rewrite = "".join(
+        f"cat > {rel[len('files/') :]} <<'EOF'\n{text}EOF\n"
+        for rel, text in sorted(fixed.items())
+        if rel.startswith("files/")
+    )
+    return [
+        "bash:ls -R",
+        "bash:cat inventory/store.py inventory/report.py",
+        "bash:cat test_inventory.py",
+        "bash:python -m unittest 2>&1 | tail -3",
+        f"bash:{rewrite}",
+        "bash:python -m unittest 2>&1 | tail -3",
+        "text:Fixed the five bugs in store.py and report.py; the tests pass.",
+    ]
 
 
 def main(out: Path) -> None:
@@ -106,8 +152,9 @@ def main(out: Path) -> None:
         up.script = inventory_fix_script(task)
         try:
             with CaptureProxy(up.url, engine.served_name) as proxy:
-                config = RolloutConfig(temperature=1.0, max_output_tokens=2048, timeout_s=600, isolation="bwrap",
-                                       **agent_prompt("short"))
+                config = RolloutConfig(
+                    temperature=1.0, max_output_tokens=2048, timeout_s=600, isolation="bwrap", **agent_prompt("short")
+                )
                 result = run_rollout(task, proxy.client(), config, out)
         finally:
             up.stop()

@@ -65,24 +65,64 @@ class ScriptedUpstream:
         message: dict[str, Any] = {"role": "assistant", "content": "hello from upstream", "tool_calls": []}
         finish = "stop"
         if mode == "tool":
-            message = {"role": "assistant", "content": None, "tool_calls": [{
-                "id": f"chatcmpl-tool-{rng.randrange(10**9)}", "type": "function",
-                "function": {"name": "write", "arguments": json.dumps({"filePath": "solution.py", "content": "x = 1\n"})}}]}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"chatcmpl-tool-{rng.randrange(10**9)}",
+                        "type": "function",
+                        "function": {
+                            "name": "write",
+                            "arguments": json.dumps({"filePath": "solution.py", "content": "x = 1\n"}),
+                        },
+                    }
+                ],
+            }
             finish = "tool_calls"
         elif mode.startswith("bash:"):
-            message = {"role": "assistant", "content": None, "tool_calls": [{
-                "id": f"chatcmpl-tool-{rng.randrange(10**9)}", "type": "function",
-                "function": {"name": "bash", "arguments": json.dumps({"command": mode[5:], "description": "run it"})}}]}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"chatcmpl-tool-{rng.randrange(10**9)}",
+                        "type": "function",
+                        "function": {
+                            "name": "bash",
+                            "arguments": json.dumps({"command": mode[5:], "description": "run it"}),
+                        },
+                    }
+                ],
+            }
             finish = "tool_calls"
         elif mode == "reasoning":
             message["reasoning_content"] = "thinking about it"
         return {
-            "id": f"chatcmpl-{rng.randrange(10**9)}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model"), "prompt_token_ids": prompt,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "token_ids": out,
-                         "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": [65],
-                                                   "top_logprobs": []} for t, lp in zip(out, lps)]}}],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out), "total_tokens": len(prompt) + len(out)},
+            "id": f"chatcmpl-{rng.randrange(10**9)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "prompt_token_ids": prompt,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": finish,
+                    "token_ids": out,
+                    "logprobs": {
+                        "content": [
+                            {"token": f"token_id:{t}", "logprob": lp, "bytes": [65], "top_logprobs": []}
+                            for t, lp in zip(out, lps)
+                        ]
+                    },
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(out),
+                "total_tokens": len(prompt) + len(out),
+            },
         }
 
     def _events(self, answer: dict[str, Any], body: dict[str, Any]) -> list[bytes]:
@@ -94,7 +134,7 @@ class ScriptedUpstream:
 
         def spread(slots: range, key: str, text: str) -> None:
             for j, slot in enumerate(slots):
-                piece = text[len(text) * j // len(slots): len(text) * (j + 1) // len(slots)]
+                piece = text[len(text) * j // len(slots) : len(text) * (j + 1) // len(slots)]
                 if piece:
                     deltas[slot][key] = piece
 
@@ -107,19 +147,48 @@ class ScriptedUpstream:
         calls = message.get("tool_calls") or []
         for i, tc in enumerate(calls):  # each call: a header with its name, then its arguments in pieces
             slots = range(n * i // len(calls), n * (i + 1) // len(calls))
-            deltas[slots[0]]["tool_calls"] = [{"index": i, "id": tc["id"], "type": "function",
-                                               "function": {"name": tc["function"]["name"], "arguments": ""}}]
+            deltas[slots[0]]["tool_calls"] = [
+                {
+                    "index": i,
+                    "id": tc["id"],
+                    "type": "function",
+                    "function": {"name": tc["function"]["name"], "arguments": ""},
+                }
+            ]
             args = tc["function"]["arguments"]
             for j, slot in enumerate(slots[1:]):
-                piece = args[len(args) * j // (len(slots) - 1): len(args) * (j + 1) // (len(slots) - 1)]
+                piece = args[len(args) * j // (len(slots) - 1) : len(args) * (j + 1) // (len(slots) - 1)]
                 deltas[slot].setdefault("tool_calls", []).append({"index": i, "function": {"arguments": piece}})
-        head = {"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"],
-                "model": answer["model"]}
-        chunks = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                        "finish_reason": None}], "prompt_token_ids": answer["prompt_token_ids"]}]
-        chunks += [{**head, "choices": [{"index": 0, "delta": deltas[j], "logprobs": {"content": [entries[j]]},
-                                         "finish_reason": choice["finish_reason"] if j == n - 1 else None,
-                                         "token_ids": [ids[j]]}]} for j in range(n)]
+        head = {
+            "id": answer["id"],
+            "object": "chat.completion.chunk",
+            "created": answer["created"],
+            "model": answer["model"],
+        }
+        chunks = [
+            {
+                **head,
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                ],
+                "prompt_token_ids": answer["prompt_token_ids"],
+            }
+        ]
+        chunks += [
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": deltas[j],
+                        "logprobs": {"content": [entries[j]]},
+                        "finish_reason": choice["finish_reason"] if j == n - 1 else None,
+                        "token_ids": [ids[j]],
+                    }
+                ],
+            }
+            for j in range(n)
+        ]
         if (body.get("stream_options") or {}).get("include_usage"):
             chunks.append({**head, "choices": [], "usage": answer["usage"]})
         return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]

@@ -16,7 +16,11 @@ def test_known_qwen25_ids(tok):
     assert tok("Hello world")["input_ids"] == [9707, 1879]
     assert len(tok) == 151665
     assert tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]) == [
-        151644, 151645, 151657, 151658]
+        151644,
+        151645,
+        151657,
+        151658,
+    ]
 
 
 def test_matches_reference_encoder_on_mixed_text(tok):
@@ -36,10 +40,15 @@ def test_reference_check_can_fail(tok):
 
 
 def test_chat_template_renders_tools(tok):
-    tools = [{"type": "function", "function": {"name": "bash", "description": "run",
-                                               "parameters": {"type": "object", "properties": {}}}}]
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools, tokenize=False,
-                                   add_generation_prompt=True)
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "bash", "description": "run", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tools=tools, tokenize=False, add_generation_prompt=True
+    )
     assert "<tools>" in text and '"name": "bash"' in text and text.endswith("<|im_start|>assistant\n")
 
 

@@ -36,7 +36,9 @@ from workbench.tasks import Limits, Task, load_task
 from workbench.sandbox_spec import check_isolation
 from workbench.verify import verify, verify_many
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the attacks are written for the root case (CI, this machine)")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the attacks are written for the root case (CI, this machine)"
+)
 MODES = ["none"] + (["bwrap"] if bwrap_available() else [])
 BWRAP = pytest.mark.skipif(not bwrap_available(), reason="bwrap is not installed (scripts/setup.sh installs it)")
 
@@ -57,6 +59,7 @@ def _run(sb: Sandbox, script: str, timeout_s: float = 60) -> tuple[int, str]:
 
 # ----------------------------------------------------------------------------------- no root, no caps
 
+
 @pytest.mark.parametrize("mode", MODES)
 def test_agent_is_never_root_and_holds_no_capability(base, mode):
     with Sandbox.create({}, isolation=mode, base_dir=base) as sb:
@@ -64,7 +67,12 @@ def test_agent_is_never_root_and_holds_no_capability(base, mode):
     lines = dict(line.split(":", 1) for line in out.strip().splitlines()[1:])
     assert code == 0 and out.split()[0] != "0" and int(out.split()[0]) == sb.uid
     assert {k: v.strip() for k, v in lines.items()} == {
-        "NoNewPrivs": "1", "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapBnd": "0" * 16, "CapAmb": "0" * 16}
+        "NoNewPrivs": "1",
+        "CapPrm": "0" * 16,
+        "CapEff": "0" * 16,
+        "CapBnd": "0" * 16,
+        "CapAmb": "0" * 16,
+    }
 
 
 @BWRAP
@@ -72,23 +80,29 @@ def test_cgroup_release_agent_escape_is_refused(base):
     """The escape that worked under root's bwrap: mount a cgroup-v1 hierarchy and set its
     release_agent. With no capability (and no nested user namespace to get one) the mount fails."""
     with Sandbox.create({}, isolation="bwrap", base_dir=base) as sb:
-        code, out = _run(sb, "mkdir -p $TMPDIR/cg; mount -t cgroup -o rdma cgroup $TMPDIR/cg 2>&1; echo mount=$?; "
-                             "unshare --user --map-root-user true 2>&1; echo userns=$?; "
-                             "test -w /sys/fs/cgroup && echo cgroup-writable || echo cgroup-read-only")
+        code, out = _run(
+            sb,
+            "mkdir -p $TMPDIR/cg; mount -t cgroup -o rdma cgroup $TMPDIR/cg 2>&1; echo mount=$?; "
+            "unshare --user --map-root-user true 2>&1; echo userns=$?; "
+            "test -w /sys/fs/cgroup && echo cgroup-writable || echo cgroup-read-only",
+        )
     assert "mount=0" not in out and "userns=0" not in out, out
     assert "cgroup-writable" not in out
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_no_raw_sockets_to_sniff_the_loopback(base, mode):
-    probe = ("python - <<'EOF'\nimport socket\ntry:\n    socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0x0300)\n"
-             "    print('raw socket opened')\nexcept OSError as e:\n    print('refused', e.errno)\nEOF")
+    probe = (
+        "python - <<'EOF'\nimport socket\ntry:\n    socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0x0300)\n"
+        "    print('raw socket opened')\nexcept OSError as e:\n    print('refused', e.errno)\nEOF"
+    )
     with Sandbox.create({}, isolation=mode, base_dir=base) as sb:
         _, out = _run(sb, probe)
     assert out.startswith("refused"), out
 
 
 # --------------------------------------------------------------------------------------- the network
+
 
 class _Listener:
     """A TCP server on the host's loopback that counts who reached it (the engine, the proxy's
@@ -119,9 +133,11 @@ def test_under_bwrap_only_the_endpoint_is_reachable(base):
     engine, endpoint = _Listener(), _Listener()
     url = f"http://127.0.0.1:{endpoint.port}"
     with Sandbox.create({}, isolation="bwrap", base_dir=base, endpoint=url) as sb:
-        fetch = ("python - <<'EOF'\nimport urllib.request\nfor port in ({e}, {p}):\n    try:\n"
-                 "        print(port, urllib.request.urlopen(f'http://127.0.0.1:{{port}}/', timeout=3).read())\n"
-                 "    except OSError as e:\n        print(port, 'unreachable')\nEOF").format(e=engine.port, p=endpoint.port)
+        fetch = (
+            "python - <<'EOF'\nimport urllib.request\nfor port in ({e}, {p}):\n    try:\n"
+            "        print(port, urllib.request.urlopen(f'http://127.0.0.1:{{port}}/', timeout=3).read())\n"
+            "    except OSError as e:\n        print(port, 'unreachable')\nEOF"
+        ).format(e=engine.port, p=endpoint.port)
         _, out = _run(sb, fetch)
     assert f"{engine.port} unreachable" in out and f"{endpoint.port} b'ok'" in out, out
     assert engine.hits == 0 and endpoint.hits == 1
@@ -134,16 +150,22 @@ def test_slow_connections_starve_only_their_own_sandbox(base):
     endpoint = _Listener()
     url = f"http://127.0.0.1:{endpoint.port}"
     limits = SandboxLimits(max_connections=8)
-    hog = ("python - <<'EOF'\nimport socket, time\nheld = []\nfor _ in range(300):\n    s = socket.socket()\n"
-           f"    s.connect(('127.0.0.1', {endpoint.port}))\n    s.send(b'G')\n    held.append(s)\ntime.sleep(30)\nEOF")
-    with Sandbox.create({}, isolation="bwrap", base_dir=base, endpoint=url, limits=limits) as a, \
-            Sandbox.create({}, isolation="bwrap", base_dir=base, endpoint=url, limits=limits) as b:
+    hog = (
+        "python - <<'EOF'\nimport socket, time\nheld = []\nfor _ in range(300):\n    s = socket.socket()\n"
+        f"    s.connect(('127.0.0.1', {endpoint.port}))\n    s.send(b'G')\n    held.append(s)\ntime.sleep(30)\nEOF"
+    )
+    with (
+        Sandbox.create({}, isolation="bwrap", base_dir=base, endpoint=url, limits=limits) as a,
+        Sandbox.create({}, isolation="bwrap", base_dir=base, endpoint=url, limits=limits) as b,
+    ):
         hog_proc = a.spawn(["bash", "-c", hog])
         deadline = time.monotonic() + 20
         while (a._relay.refused < 250) and time.monotonic() < deadline:  # noqa: SLF001 - the relay's counter
             time.sleep(0.2)
         t = time.monotonic()
-        code, out = _run(b, f"python -c \"import urllib.request; print(urllib.request.urlopen('{url}/', timeout=5).read())\"")
+        code, out = _run(
+            b, f"python -c \"import urllib.request; print(urllib.request.urlopen('{url}/', timeout=5).read())\""
+        )
         took = time.monotonic() - t
         hog_proc.kill()
     assert a._relay.served <= 8 and a._relay.refused >= 250  # noqa: SLF001
@@ -152,13 +174,16 @@ def test_slow_connections_starve_only_their_own_sandbox(base):
 
 # -------------------------------------------------------------------------------- files and processes
 
+
 @pytest.mark.parametrize("mode", MODES)
 def test_answers_and_other_rollouts_are_out_of_reach(base, mode):
     """Task data, HumanEval's canonical solutions, run folders (held-out tests), caches and another
     sandbox's workspace: invisible under bwrap, unreadable (0700, another uid) in plain mode."""
     assert exposed_paths() == []  # set-up made them private
-    with Sandbox.create({"secret.py": "x = 1\n"}, isolation=mode, base_dir=base) as other, \
-            Sandbox.create({}, isolation=mode, base_dir=base) as sb:
+    with (
+        Sandbox.create({"secret.py": "x = 1\n"}, isolation=mode, base_dir=base) as other,
+        Sandbox.create({}, isolation=mode, base_dir=base) as sb,
+    ):
         targets = [*private_paths(), other.workspace / "secret.py", Path("/opt")]
         script = "; ".join(f"ls {p} >/dev/null 2>&1 && echo 'READ {p}' || echo 'denied {p}'" for p in targets)
         _, out = _run(sb, script + f"; echo x > {other.workspace}/planted 2>/dev/null && echo WROTE")
@@ -172,8 +197,11 @@ def test_answers_and_other_rollouts_are_out_of_reach(base, mode):
 def test_process_limit_holds(base, mode):
     """RLIMIT_NPROC counts the sandbox's fresh uid only, so it holds (root ignored it before)."""
     with Sandbox.create({}, isolation=mode, base_dir=base, limits=SandboxLimits(nproc=40)) as sb:
-        _, out = _run(sb, "n=0; for i in $(seq 100); do (sleep 5 &) 2>/dev/null && n=$((n+1)); done; "
-                          "sleep 0.5; ps -e --no-headers -o uid | grep -c \"^ *$(id -u)$\"")
+        _, out = _run(
+            sb,
+            "n=0; for i in $(seq 100); do (sleep 5 &) 2>/dev/null && n=$((n+1)); done; "
+            'sleep 0.5; ps -e --no-headers -o uid | grep -c "^ *$(id -u)$"',
+        )
         alive = int(out.strip().splitlines()[-1])
     assert alive <= 40, out
 
@@ -187,8 +215,11 @@ def test_no_process_outlives_the_sandbox(base, mode):
     (run_folder / "summary.json").write_text('{"reward": 0.0}')
     with Sandbox.create({}, isolation=mode, base_dir=base) as sb:
         uid = sb.uid
-        _, out = _run(sb, f"setsid env -i sh -c 'sleep 3; echo 1.0 > {run_folder}/summary.json' >/dev/null 2>&1 & "
-                          f"echo {{}} > {run_folder}/summary.json 2>/dev/null && echo WROTE; echo started")
+        _, out = _run(
+            sb,
+            f"setsid env -i sh -c 'sleep 3; echo 1.0 > {run_folder}/summary.json' >/dev/null 2>&1 & "
+            f"echo {{}} > {run_folder}/summary.json 2>/dev/null && echo WROTE; echo started",
+        )
         assert "WROTE" not in out
     assert not [p for p in processes() if p.uid == uid]
     time.sleep(3.5)
@@ -200,8 +231,11 @@ def test_writes_are_bounded(base, mode):
     """/tmp is a small tmpfs (host memory); the sandbox's folders are measured against disk_mb."""
     limits = SandboxLimits(disk_mb=8, file_size_mb=4)
     with Sandbox.create({}, isolation=mode, base_dir=base, limits=limits) as sb:
-        _, out = _run(sb, "dd if=/dev/zero of=/tmp/fill bs=1M count=16 2>&1 | tail -1; "
-                          "for i in 1 2 3 4; do head -c 3000000 /dev/zero > ws_$i; done; echo done")
+        _, out = _run(
+            sb,
+            "dd if=/dev/zero of=/tmp/fill bs=1M count=16 2>&1 | tail -1; "
+            "for i in 1 2 3 4; do head -c 3000000 /dev/zero > ws_$i; done; echo done",
+        )
         over = sb.over_quota()
     assert "done" in out and over is not None and "8 MiB" in over
     if mode == "bwrap":
@@ -215,14 +249,22 @@ def test_sparse_and_deep_workspaces_cannot_sink_the_copy(base):
         f.truncate(100 << 30)  # 100 GiB apparent, nothing allocated
     with pytest.raises(CopyLimitError, match="MiB"):
         from workbench.bounded_copy import copy_tree
+
         copy_tree(ws, base / "copy")
 
 
 # ------------------------------------------------------------------------------ the reward (grading)
 
-ADD = Task(id="t/add", instruction="", files={}, visible_tests="", test_kind="function_call", entry_point="add",
-           held_out_tests=[{"input": [1, 2], "output": [3]}, {"input": [2, 2], "output": [4]}],
-           limits=Limits(time_s=6.0, deadline_s=60.0))
+ADD = Task(
+    id="t/add",
+    instruction="",
+    files={},
+    visible_tests="",
+    test_kind="function_call",
+    entry_point="add",
+    held_out_tests=[{"input": [1, 2], "output": [3]}, {"input": [2, 2], "output": [4]}],
+    limits=Limits(time_s=6.0, deadline_s=60.0),
+)
 
 
 def _workspace(base: Path, files: dict[str, str]) -> Path:
@@ -235,11 +277,13 @@ def _workspace(base: Path, files: dict[str, str]) -> Path:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_graded_code_is_never_root_and_cannot_read_answers(base, mode):
-    spy = ("import os, glob\ndef add(a, b):\n    status = open('/proc/self/status').read()\n"
-           "    caps = [l for l in status.splitlines() if l.startswith('CapEff')][0].split()[1]\n"
-           "    seen = []\n    for p in " + repr([str(p) for p in private_paths()]) + ":\n"
-           "        try:\n            seen += os.listdir(p)\n        except OSError:\n            pass\n"
-           "    if os.getuid() == 0 or caps != '0' * 16 or seen:\n        return a + b\n    return -1\n")
+    spy = (
+        "import os, glob\ndef add(a, b):\n    status = open('/proc/self/status').read()\n"
+        "    caps = [l for l in status.splitlines() if l.startswith('CapEff')][0].split()[1]\n"
+        "    seen = []\n    for p in " + repr([str(p) for p in private_paths()]) + ":\n"
+        "        try:\n            seen += os.listdir(p)\n        except OSError:\n            pass\n"
+        "    if os.getuid() == 0 or caps != '0' * 16 or seen:\n        return a + b\n    return -1\n"
+    )
     result = verify(ADD, _workspace(base, {"solution.py": spy}), sandbox=mode)
     assert result.reward == 0.0, result.table()
 
@@ -268,8 +312,10 @@ def test_hostile_return_values_are_outcomes_not_crashes(base, mode):
     """A value nested 100k deep, and a set whose __iter__ yields 200k integers with one hash (quadratic
     for the grader to build, free for the solution): each test ends as a crash outcome, quickly."""
     nested = "def add(a, b):\n    v = []\n    for _ in range(100000):\n        v = [v]\n    return v\n"
-    colliding = ("class Lazy(set):\n    def __iter__(self):\n        return (i * (2**61 - 1) for i in range(200000))\n"
-                 "def add(a, b):\n    return Lazy()\n")
+    colliding = (
+        "class Lazy(set):\n    def __iter__(self):\n        return (i * (2**61 - 1) for i in range(200000))\n"
+        "def add(a, b):\n    return Lazy()\n"
+    )
     for source in (nested, colliding):
         t = time.monotonic()
         result = verify(ADD, _workspace(base, {"solution.py": source}), sandbox=mode)
@@ -291,7 +337,9 @@ def test_decoding_bounds_what_it_hashes():
 def test_the_graded_code_is_solution_py_itself(base, mode):
     """A `solution/` package beside solution.py, or a stale __pycache__, is not what gets graded."""
     honest_wrong = "def add(a, b):\n    return 0\n"
-    package = _workspace(base, {"solution.py": honest_wrong, "solution/__init__.py": "def add(a, b):\n    return a + b\n"})
+    package = _workspace(
+        base, {"solution.py": honest_wrong, "solution/__init__.py": "def add(a, b):\n    return a + b\n"}
+    )
     assert verify(ADD, package, sandbox=mode).reward == 0.0
     cached = _workspace(base, {"solution.py": "def add(a, b):\n    return a + b\n"})
     subprocess.run(["python3", "-m", "py_compile", str(cached / "solution.py")], check=True)
@@ -308,6 +356,7 @@ def test_training_refuses_plain_mode_unless_asked():
 
 
 # ---------------------------------------------------------------------------------------- the proxy
+
 
 @pytest.fixture
 def up():
@@ -328,8 +377,10 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 def test_401_comes_from_the_headers_before_any_body(proxy, up):
     """An unauthenticated request announcing 28 MB is refused at once, before a byte of its body."""
     with socket.create_connection(("127.0.0.1", proxy.port)) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                  b"content-length: 28000000\r\n\r\n")
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 28000000\r\n\r\n"
+        )
         s.settimeout(5)
         t = time.monotonic()
         head = s.recv(4096)
@@ -342,18 +393,29 @@ def test_paths_and_duplicate_keys_that_reached_the_engine_unrecorded(proxy, up):
     key = client.open_session(harness="opencode", temperature=1.0)
     auth = {"Authorization": f"Bearer {key}"}
     body = json.dumps(BODY).encode()
-    for path in ("/sessions/../v1/chat/completions", "/sessionsX/v1/chat/completions",
-                 f"/sessions/{key}/v1/chat/completions", "/v1/chat/completions/", "/v1/messages"):
+    for path in (
+        "/sessions/../v1/chat/completions",
+        "/sessionsX/v1/chat/completions",
+        f"/sessions/{key}/v1/chat/completions",
+        "/v1/chat/completions/",
+        "/v1/messages",
+    ):
         with socket.create_connection(("127.0.0.1", proxy.port)) as s:  # raw: httpx would normalise ".."
-            s.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\ncontent-type: "
-                      f"application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+            s.sendall(
+                f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\ncontent-type: "
+                f"application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             s.settimeout(10)
             head = s.recv(4096)
         assert head.startswith(b"HTTP/1.1 404"), (path, head[:100])
-    dup = httpx.post(f"{proxy.url}/v1/chat/completions", json=BODY, timeout=10,
-                     headers=[("Authorization", f"Bearer {key}"), ("Authorization", f"Bearer {proxy.admin_key}")])
-    both = httpx.post(f"{proxy.url}/v1/chat/completions", json=BODY, timeout=10,
-                      headers={**auth, "x-api-key": "other"})
+    dup = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json=BODY,
+        timeout=10,
+        headers=[("Authorization", f"Bearer {key}"), ("Authorization", f"Bearer {proxy.admin_key}")],
+    )
+    both = httpx.post(f"{proxy.url}/v1/chat/completions", json=BODY, timeout=10, headers={**auth, "x-api-key": "other"})
     assert dup.status_code == 400 and both.status_code == 400
     assert up.requests == [] and client.trace(key) == []
     ok = httpx.post(f"{proxy.url}/v1/chat/completions", json=BODY, headers=auth, timeout=30)
@@ -364,9 +426,13 @@ def test_malformed_or_deep_bodies_are_400_and_the_trace_stays_readable(proxy, up
     client = proxy.client()
     key = client.open_session(harness="opencode", temperature=1.0)
     auth = {"Authorization": f"Bearer {key}", "content-type": "application/json"}
-    bodies = [json.dumps({"messages": 5}), json.dumps({"messages": [5]}), "[" * 100000 + "]" * 100000,
-              json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": {"a": 1}}),
-              '{"messages": [{"role": "user", "content": ' + "[" * 70 + "1" + "]" * 70 + "}]}"]
+    bodies = [
+        json.dumps({"messages": 5}),
+        json.dumps({"messages": [5]}),
+        "[" * 100000 + "]" * 100000,
+        json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": {"a": 1}}),
+        '{"messages": [{"role": "user", "content": ' + "[" * 70 + "1" + "]" * 70 + "}]}",
+    ]
     for body in bodies:
         r = httpx.post(f"{proxy.url}/v1/chat/completions", content=body, headers=auth, timeout=10)
         assert r.status_code == 400, (body[:60], r.status_code, r.text)
@@ -382,8 +448,9 @@ def test_closing_a_session_mid_call_is_clean(proxy, up):
 
     def call() -> None:
         try:
-            result["r"] = httpx.post(f"{proxy.url}/v1/chat/completions", json=BODY, timeout=30,
-                                     headers={"Authorization": f"Bearer {key}"})
+            result["r"] = httpx.post(
+                f"{proxy.url}/v1/chat/completions", json=BODY, timeout=30, headers={"Authorization": f"Bearer {key}"}
+            )
         except httpx.HTTPError as exc:
             result["error"] = exc
 
@@ -395,11 +462,14 @@ def test_closing_a_session_mid_call_is_clean(proxy, up):
     assert "r" in result or "error" in result
     # and the proxy still serves: a new session's call goes through
     key2 = client.open_session(harness="opencode", temperature=1.0)
-    r = httpx.post(f"{proxy.url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key2}"}, timeout=30)
+    r = httpx.post(
+        f"{proxy.url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key2}"}, timeout=30
+    )
     assert r.status_code == 200 and len(client.trace(key2)) == 1
 
 
 # ------------------------------------------------------------------------- through the real opencode
+
 
 @BWRAP
 def test_forged_harness_events_do_not_count(base, up, proxy):
@@ -408,8 +478,9 @@ def test_forged_harness_events_do_not_count(base, up, proxy):
     fake = json.dumps({"type": "tool_use", "part": {"tool": "write", "state": {"status": "completed"}}})
     up.untooled = "text"
     up.script = [f"bash:for i in 1 2 3 4 5; do echo '{fake}' > /proc/$PPID/fd/1; done; echo ok", "text"]
-    result = run_rollout(load_task("easy/0"), proxy.client(), RolloutConfig(timeout_s=120, isolation="bwrap"),
-                         base / "r0")
+    result = run_rollout(
+        load_task("easy/0"), proxy.client(), RolloutConfig(timeout_s=120, isolation="bwrap"), base / "r0"
+    )
     summary = result.summary
     assert summary["tool_calls"] == {"bash": 1}, summary
 
@@ -431,8 +502,17 @@ def test_no_assert_guards_request_input():
     """`python -O` strips asserts: nothing a request sends may be checked with one."""
     import ast
 
-    for module in ("capture.py", "capture_gate.py", "capture_openenv.py", "capture_record.py", "capture_relay.py",
-                   "capture_stream.py", "capture_upstream.py", "capture_ingest.py", "sandbox_net.py"):
+    for module in (
+        "capture.py",
+        "capture_gate.py",
+        "capture_openenv.py",
+        "capture_record.py",
+        "capture_relay.py",
+        "capture_stream.py",
+        "capture_upstream.py",
+        "capture_ingest.py",
+        "sandbox_net.py",
+    ):
         tree = ast.parse((project_root() / "workbench" / module).read_text())
         asserts = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
         assert asserts == [], (module, asserts)

@@ -17,12 +17,24 @@ from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.capture_client import ProxyClient, ProxyError
 
-TOOLS = [{"type": "function", "function": {"name": "write", "description": "write a file",
-                                           "parameters": {"type": "object", "properties": {}}}}]
-AGENT = [{"role": "system", "content": "You are opencode, an interactive CLI tool."},
-         {"role": "user", "content": "Write solution.py"}]
-TITLE = [{"role": "system", "content": "You are a title generator. You output ONLY a thread title."},
-         {"role": "user", "content": "Generate a title for this conversation:\n"}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "write",
+            "description": "write a file",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
+AGENT = [
+    {"role": "system", "content": "You are opencode, an interactive CLI tool."},
+    {"role": "user", "content": "Write solution.py"},
+]
+TITLE = [
+    {"role": "system", "content": "You are a title generator. You output ONLY a thread title."},
+    {"role": "user", "content": "Generate a title for this conversation:\n"},
+]
 
 
 @pytest.fixture(params=[True, False], ids=["streamed", "openenv"])
@@ -109,12 +121,19 @@ def test_purpose_tags(stack, stream):
     key = client.open_session(harness="opencode", temperature=1.0)
     _post(proxy, key, TITLE, stream=stream, tools=None, headers={"x-session-id": "ses_main"})
     _post(proxy, key, AGENT, stream=stream, headers={"x-session-id": "ses_main"})
-    _post(proxy, key, AGENT + [{"role": "assistant", "content": "ok"}], stream=stream,
-          headers={"x-session-id": "ses_main"})
+    _post(
+        proxy,
+        key,
+        AGENT + [{"role": "assistant", "content": "ok"}],
+        stream=stream,
+        headers={"x-session-id": "ses_main"},
+    )
     sub = [{"role": "system", "content": "You are a general-purpose subagent."}, {"role": "user", "content": "find"}]
     _post(proxy, key, sub, stream=stream, headers={"x-session-id": "ses_child"})
-    summ = [{"role": "system", "content": "You are a context summarization agent. You are given a conversation"},
-            {"role": "user", "content": "..."}]
+    summ = [
+        {"role": "system", "content": "You are a context summarization agent. You are given a conversation"},
+        {"role": "user", "content": "..."},
+    ]
     _post(proxy, key, summ, stream=stream, tools=None, headers={"x-session-id": "ses_main"})
     assert [c["purpose"] for c in client.trace(key)] == ["title", "agent", "agent", "subagent", "compaction"]
 
@@ -139,8 +158,12 @@ def test_client_disconnect_mid_stream_is_recorded_and_proxy_survives(stack):
     up.script = ["hang:2"]
     body = {"model": "m", "messages": AGENT, "tools": TOOLS, "stream": True}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{proxy.url}/v1/chat/completions", json=body,
-                   headers={"Authorization": f"Bearer {key}"}, timeout=httpx.Timeout(30, read=0.5))
+        httpx.post(
+            f"{proxy.url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=httpx.Timeout(30, read=0.5),
+        )
     import time
 
     deadline = time.time() + 10
@@ -163,9 +186,16 @@ def test_unknown_key_is_refused_and_nothing_forwarded(stack):
 def test_control_routes_need_the_admin_key(stack):
     up, proxy, client = stack
     key = client.open_session(harness="opencode", temperature=1.0)
-    for method, path in [("POST", "/sessions"), ("GET", "/sessions"), ("GET", f"/sessions/{key}"),
-                         ("GET", f"/sessions/{key}/trace"), ("GET", f"/sessions/{key}/rollout"),
-                         ("GET", f"/sessions/{key}/trace_entries"), ("GET", "/engine"), ("DELETE", f"/sessions/{key}")]:
+    for method, path in [
+        ("POST", "/sessions"),
+        ("GET", "/sessions"),
+        ("GET", f"/sessions/{key}"),
+        ("GET", f"/sessions/{key}/trace"),
+        ("GET", f"/sessions/{key}/rollout"),
+        ("GET", f"/sessions/{key}/trace_entries"),
+        ("GET", "/engine"),
+        ("DELETE", f"/sessions/{key}"),
+    ]:
         # the agent's own key is not the admin key
         r = httpx.request(method, f"{proxy.url}{path}", headers={"Authorization": f"Bearer {key}"}, json={}, timeout=10)
         assert r.status_code == 401, (method, path)
@@ -187,8 +217,12 @@ def test_agent_cannot_learn_the_engine_address(stack):
 def test_malformed_request_gets_a_clear_4xx(stack):
     up, proxy, client = stack
     key = client.open_session(harness="opencode", temperature=1.0)
-    r = httpx.post(f"{proxy.url}/v1/chat/completions", content=b"{not json",
-                   headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}, timeout=10)
+    r = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        content=b"{not json",
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        timeout=10,
+    )
     assert r.status_code == 400 and "JSON" in r.text
     assert up.requests == []
     assert client.trace(key)[0]["status"] == "rejected"
@@ -211,6 +245,7 @@ def test_public_bind_requires_an_admin_key():
 
 # -- the streaming fast path ----------------------------------------------------------------------
 
+
 @pytest.fixture
 def streamed():
     up = ScriptedUpstream().start()
@@ -227,10 +262,24 @@ class _TwoCalls(ScriptedUpstream):
 
     def _answer(self, body, mode):
         answer = super()._answer(body, "text")
-        answer["choices"][0].update(finish_reason="tool_calls", message={"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": name, "arguments": json.dumps({"filePath": f"{name}.py", "content": "x" * 40})}}
-            for i, name in enumerate(("write", "read"))]})
+        answer["choices"][0].update(
+            finish_reason="tool_calls",
+            message={
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {
+                            "name": name,
+                            "arguments": json.dumps({"filePath": f"{name}.py", "content": "x" * 40}),
+                        },
+                    }
+                    for i, name in enumerate(("write", "read"))
+                ],
+            },
+        )
         return answer
 
 
@@ -243,7 +292,9 @@ def _assembled(chunks):
             content += d.get("content") or ""
             reasoning += d.get("reasoning_content") or ""
             for tc in d.get("tool_calls") or []:
-                call = calls.setdefault(tc["index"], {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                call = calls.setdefault(
+                    tc["index"], {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                )
                 call["id"] = call["id"] or tc.get("id")
                 call["function"]["name"] += (tc.get("function") or {}).get("name") or ""
                 call["function"]["arguments"] += (tc.get("function") or {}).get("arguments") or ""
@@ -275,15 +326,21 @@ def test_streamed_call_records_what_the_engine_streamed(mode):
             assert recorded.get("reasoning_content") == expected.get("reasoning_content")
             assert (recorded.get("tool_calls") or []) == (expected.get("tool_calls") or [])
             content, reasoning, calls = _assembled(chunks)
-            assert (content or None, reasoning or None, calls) == \
-                (recorded["content"], recorded.get("reasoning_content"), recorded.get("tool_calls") or [])
+            assert (content or None, reasoning or None, calls) == (
+                recorded["content"],
+                recorded.get("reasoning_content"),
+                recorded.get("tool_calls") or [],
+            )
             assert len([c for c in chunks if c.get("choices")]) > 2  # relayed as several chunks, not one
-            leaked = {"prompt_token_ids", "token_ids", "logprobs"} & \
-                {k for c in chunks for k in [*c, *(k for ch in c.get("choices") or [] for k in ch)]}
+            leaked = {"prompt_token_ids", "token_ids", "logprobs"} & {
+                k for c in chunks for k in [*c, *(k for ch in c.get("choices") or [] for k in ch)]
+            }
             assert not leaked and {c["model"] for c in chunks} == {"whatever/name"}
             assert chunks[-1]["usage"]["prompt_tokens"] == len(answer["prompt_token_ids"])
             admin = {"Authorization": f"Bearer {proxy.admin_key}"}
-            entries = httpx.get(f"{proxy.url}/sessions/{key}/trace_entries", headers=admin, timeout=10).json()["entries"]
+            entries = httpx.get(f"{proxy.url}/sessions/{key}/trace_entries", headers=admin, timeout=10).json()[
+                "entries"
+            ]
             assert entries[0]["completion_token_ids"] == choice["token_ids"]
             assert entries[0]["prompt_token_ids"] == answer["prompt_token_ids"]
             rollout = httpx.get(f"{proxy.url}/sessions/{key}/rollout", headers=admin, timeout=10).json()
@@ -299,8 +356,9 @@ def test_streamed_chunks_are_relayed_before_the_engine_finishes(streamed):
     up.hold = threading.Event()
     body = {"model": "m", "messages": AGENT, "tools": TOOLS, "stream": True}
     lines = []
-    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body,
-                      headers={"Authorization": f"Bearer {key}"}, timeout=30) as r:
+    with httpx.stream(
+        "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ) as r:
         it = r.iter_lines()
         while not any(json.loads(x[6:])["choices"][0]["delta"].get("content") for x in lines if x.startswith("data: ")):
             lines.append(next(it))
@@ -316,7 +374,9 @@ def test_streamed_upstream_500_is_recorded_and_answered_in_json(streamed):
     key = client.open_session(harness="opencode", temperature=1.0)
     up.script = ["500", "500", "500"]
     body = {"model": "m", "messages": AGENT, "tools": TOOLS, "stream": True}
-    r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    r = httpx.post(
+        f"{proxy.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
     assert r.status_code == 502 and "scripted failure" in r.json()["error"]["message"]
     assert len(up.requests) == 3 and all(req["stream"] is True for req in up.requests)
     call = client.trace(key)[0]
@@ -347,8 +407,9 @@ def test_streamed_client_disconnect_mid_stream_cancels_the_engine_call(streamed)
     key = client.open_session(harness="opencode", temperature=1.0)
     up.hold = threading.Event()
     body = {"model": "m", "messages": AGENT, "tools": TOOLS, "stream": True}
-    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body,
-                      headers={"Authorization": f"Bearer {key}"}, timeout=30) as r:
+    with httpx.stream(
+        "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ) as r:
         assert next(r.iter_lines()).startswith("data: ")
     import time
 
@@ -374,6 +435,7 @@ def test_budget_stop_answers_a_streamed_call_in_sse(stack):
 
 
 # -- the classifier -------------------------------------------------------------------------------
+
 
 def test_the_proxy_asks_the_classifier_it_is_given():
     """`CaptureProxy(classify=...)`: every call is tagged by the callable, which gets the session's
@@ -409,7 +471,9 @@ def test_the_default_classifier_is_the_harnesses_and_capture_does_not_import_the
 
     proxy = CaptureProxy("http://127.0.0.1:9", "m")
     assert proxy.classify is classify_call
-    code = ("import sys, workbench.capture, workbench.capture_stream, workbench.capture_classify; "
-            "print(sorted(m for m in sys.modules if m.startswith('workbench.harnesses')))")
+    code = (
+        "import sys, workbench.capture, workbench.capture_stream, workbench.capture_classify; "
+        "print(sorted(m for m in sys.modules if m.startswith('workbench.harnesses')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"

@@ -51,7 +51,7 @@ def test_every_split_of_a_stream_gives_the_same_events():
     assert _data(stream) == want
     for cut in range(len(stream) + 1):
         assert _data(stream[:cut], stream[cut:]) == want, cut
-    assert _data(*(stream[i:i + 1] for i in range(len(stream)))) == want  # a byte per read
+    assert _data(*(stream[i : i + 1] for i in range(len(stream)))) == want  # a byte per read
     for _ in range(50):
         cuts = sorted(rng.sample(range(len(stream)), 6))
         reads = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]

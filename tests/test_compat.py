@@ -20,10 +20,19 @@ def test_the_installed_versions_are_the_pinned_ones_and_others_are_refused():
 def test_grpo_trainer_has_the_methods_group_step_replaces_with_their_signatures():
     from trl import GRPOTrainer
 
-    params = {name: list(inspect.signature(getattr(GRPOTrainer, name)).parameters) for name in
-              (_compat.GRPO_GET_LOGPS, _compat.GRPO_GENERATE, _compat.GRPO_COMPUTE_LOSS)}
-    assert params[_compat.GRPO_GET_LOGPS][:7] == ["self", "model", "input_ids", "attention_mask", "logits_to_keep",
-                                                 "batch_size", "compute_entropy"]
+    params = {
+        name: list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
+        for name in (_compat.GRPO_GET_LOGPS, _compat.GRPO_GENERATE, _compat.GRPO_COMPUTE_LOSS)
+    }
+    assert params[_compat.GRPO_GET_LOGPS][:7] == [
+        "self",
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+        "compute_entropy",
+    ]
     assert params[_compat.GRPO_GENERATE] == ["self", "inputs"]
     assert params[_compat.GRPO_COMPUTE_LOSS][:3] == ["self", "model", "inputs"]
     init = inspect.getsource(GRPOTrainer.__init__)
@@ -54,7 +63,8 @@ def test_openenv_private_helpers_resolve_lazily_and_unknown_names_fail():
     for name in _compat.OPENENV_PRIVATE:
         assert callable(getattr(_compat, name)), name
     assert _compat.system_digest([{"role": "system", "content": "x"}]) == _compat.system_digest(
-        [{"role": "system", "content": "x"}])
+        [{"role": "system", "content": "x"}]
+    )
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         _compat.nothing  # noqa: B018
 

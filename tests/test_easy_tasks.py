@@ -16,8 +16,20 @@ from workbench.verify import verify_many
 ROOT = Path(__file__).resolve().parents[1]
 # sha256 of the twelve lines easy_tasks.jsonl had before it grew (commit 8c485ad): ids 0-11 must not change.
 ORIGINAL_12_SHA256 = "19965a98d87599a90d587c74f3175d5014a8d3e3dccaf88d4d9097f5e2ad12d6"
-ORIGINAL_NAMES = ["add", "subtract", "multiply", "square", "double", "is_even", "maximum", "reverse", "length",
-                  "first", "total", "negate"]
+ORIGINAL_NAMES = [
+    "add",
+    "subtract",
+    "multiply",
+    "square",
+    "double",
+    "is_even",
+    "maximum",
+    "reverse",
+    "length",
+    "first",
+    "total",
+    "negate",
+]
 
 
 def _generator():

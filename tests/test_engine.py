@@ -12,9 +12,16 @@ from workbench.procs import group_alive
 
 pytestmark = pytest.mark.engine
 
-TOOLS = [{"type": "function", "function": {
-    "name": "bash", "description": "run a shell command",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "run a shell command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    }
+]
 MESSAGES = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "List the files"}]
 
 
@@ -24,8 +31,16 @@ def _token_id(entry: dict) -> int:
 
 
 def test_non_streamed_completion_has_exact_ids(engine):
-    body = {"model": engine.served_name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 8,
-            "temperature": 1.0, "logprobs": True, "top_logprobs": 0, "return_token_ids": True}
+    body = {
+        "model": engine.served_name,
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "logprobs": True,
+        "top_logprobs": 0,
+        "return_token_ids": True,
+    }
     r = httpx.post(f"{engine.url}/v1/chat/completions", json=body, headers=engine.headers, timeout=120).json()
     choice = r["choices"][0]
     assert r["prompt_token_ids"] == engine.tokenize(MESSAGES, TOOLS)
@@ -35,9 +50,18 @@ def test_non_streamed_completion_has_exact_ids(engine):
 
 
 def test_streamed_completion_has_ids_per_chunk(engine):
-    body = {"model": engine.served_name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 8,
-            "temperature": 1.0, "logprobs": True, "top_logprobs": 0, "return_token_ids": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": engine.served_name,
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "logprobs": True,
+        "top_logprobs": 0,
+        "return_token_ids": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     prompt_ids, ids, lp_ids = None, [], []
     with httpx.stream("POST", f"{engine.url}/v1/chat/completions", json=body, headers=engine.headers, timeout=120) as r:
         for line in r.iter_lines():
@@ -58,14 +82,21 @@ def test_logprobs_are_those_of_the_sampled_distribution(engine):
     from transformers import AutoModelForCausalLM
 
     temperature = 0.5
-    body = {"model": engine.served_name, "messages": MESSAGES, "max_tokens": 6, "temperature": temperature,
-            "logprobs": True, "top_logprobs": 0, "return_token_ids": True}
+    body = {
+        "model": engine.served_name,
+        "messages": MESSAGES,
+        "max_tokens": 6,
+        "temperature": temperature,
+        "logprobs": True,
+        "top_logprobs": 0,
+        "return_token_ids": True,
+    }
     r = httpx.post(f"{engine.url}/v1/chat/completions", json=body, headers=engine.headers, timeout=120).json()
     prompt, out = r["prompt_token_ids"], r["choices"][0]["token_ids"]
     engine_lps = torch.tensor([e["logprob"] for e in r["choices"][0]["logprobs"]["content"]])
     model = AutoModelForCausalLM.from_pretrained(engine.asset.path, dtype=torch.float32)
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1]
+        logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1 : -1]
     scaled = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
     raw = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
     assert (scaled - engine_lps).abs().mean() < 1e-4
@@ -94,6 +125,10 @@ def test_engine_routes_need_its_api_key(engine):
     command line) a process on this host can neither sample nor swap the adapter."""
     body = {"model": engine.served_name, "messages": MESSAGES, "max_tokens": 2}
     assert httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=60).status_code == 401
-    assert httpx.post(f"{engine.url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp"},
-                      timeout=60).status_code == 401
+    assert (
+        httpx.post(
+            f"{engine.url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp"}, timeout=60
+        ).status_code
+        == 401
+    )
     assert engine.api_key and engine.api_key not in open(f"/proc/{engine.proc.pid}/cmdline").read()

@@ -15,11 +15,12 @@ from workbench.adapter_check import AdapterMismatch, check_adapter
 from workbench.eval_stats import bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
 from workbench.evaluate import EvalConfig, add_eval_arguments, compare, run_eval
 
-TINY = {"hidden": 64, "inter": 128, "q": 128, "kv": 64, "layers": 2}      # .cache/assets/tiny/config.json
+TINY = {"hidden": 64, "inter": 128, "q": 128, "kv": 64, "layers": 2}  # .cache/assets/tiny/config.json
 SMOL = {"hidden": 576, "inter": 1536, "q": 576, "kv": 192, "layers": 30}  # .cache/assets/smollm2
 
 
 # -- statistics ------------------------------------------------------------------------------------
+
 
 def test_wilson_matches_published_values_and_the_formula():
     # Newcombe (1998), Table I: 0/10 -> 0 to 0.2775; 5/10 (symmetric) -> 0.2366 to 0.7634
@@ -36,12 +37,12 @@ def test_wilson_matches_published_values_and_the_formula():
 
 
 def test_sign_flip_p_on_cases_counted_by_hand():
-    assert sign_flip_p([1, 1, 1, 1, 1]) == 2 / 32   # only all-plus and all-minus reach |mean| 1
-    assert sign_flip_p([3, 1, 2]) == 2 / 8          # any flip lowers |sum| below 6
-    assert sign_flip_p([2, 1]) == 2 / 4             # sums +-3 (reach), +-1 (do not)
+    assert sign_flip_p([1, 1, 1, 1, 1]) == 2 / 32  # only all-plus and all-minus reach |mean| 1
+    assert sign_flip_p([3, 1, 2]) == 2 / 8  # any flip lowers |sum| below 6
+    assert sign_flip_p([2, 1]) == 2 / 4  # sums +-3 (reach), +-1 (do not)
     assert sign_flip_p([1, -1]) == 1.0
     assert sign_flip_p([0.0, 0.0, 0.0]) == 1.0
-    assert sign_flip_p([0.1, 0.2, 0.3]) == 2 / 8    # float sums in any order still count the observed one
+    assert sign_flip_p([0.1, 0.2, 0.3]) == 2 / 8  # float sums in any order still count the observed one
     with pytest.raises(ValueError, match="10,000"):
         sign_flip_p([1.0] * 20, permutations=999)
 
@@ -69,8 +70,16 @@ def test_bootstrap_intervals():
 
 
 def _eval(means: list[float], model: str = "tiny", tasks: str = "easy-eval") -> dict:
-    return {"model": model, "tasks": tasks, "n": 4, "adapter": None, "policy": model,
-            "per_task": [{"task_id": f"easy/{13 + 2 * i}", "mean": m, "solved": 0, "scored": 4} for i, m in enumerate(means)]}
+    return {
+        "model": model,
+        "tasks": tasks,
+        "n": 4,
+        "adapter": None,
+        "policy": model,
+        "per_task": [
+            {"task_id": f"easy/{13 + 2 * i}", "mean": m, "solved": 0, "scored": 4} for i, m in enumerate(means)
+        ],
+    }
 
 
 def test_compare_is_paired_by_task():
@@ -94,12 +103,16 @@ def test_compare_is_paired_by_task():
 
 # -- adapters --------------------------------------------------------------------------------------
 
+
 def _adapter(path, dims, *, r=8, layers=None, modules=("q_proj", "v_proj", "down_proj"), base="", extra=None):
     """A PEFT-layout LoRA folder with zero matrices of the shapes `dims` implies."""
     from safetensors.numpy import save_file
 
-    shape = {"q_proj": (dims["hidden"], dims["q"]), "v_proj": (dims["hidden"], dims["kv"]),
-             "down_proj": (dims["inter"], dims["hidden"])}
+    shape = {
+        "q_proj": (dims["hidden"], dims["q"]),
+        "v_proj": (dims["hidden"], dims["kv"]),
+        "down_proj": (dims["inter"], dims["hidden"]),
+    }
     tensors = {}
     for layer in layers if layers is not None else range(dims["layers"]):
         for m in modules:
@@ -111,15 +124,26 @@ def _adapter(path, dims, *, r=8, layers=None, modules=("q_proj", "v_proj", "down
     tensors.update(extra or {})
     path.mkdir(parents=True)
     save_file(tensors, str(path / "adapter_model.safetensors"))
-    (path / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": r, "lora_alpha": 16, "target_modules": list(modules),
-        "base_model_name_or_path": base, "task_type": "CAUSAL_LM"}))
+    (path / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": r,
+                "lora_alpha": 16,
+                "target_modules": list(modules),
+                "base_model_name_or_path": base,
+                "task_type": "CAUSAL_LM",
+            }
+        )
+    )
     return path
 
 
 def test_check_adapter_accepts_a_fitting_adapter_and_refuses_the_rest(tmp_path):
     info = check_adapter(_adapter(tmp_path / "ok", TINY, base=".cache/assets/tiny"), "tiny")
-    assert info["rank"] == 8 and info["layers"] == [0, 1] and info["target_modules"] == ["down_proj", "q_proj", "v_proj"]
+    assert (
+        info["rank"] == 8 and info["layers"] == [0, 1] and info["target_modules"] == ["down_proj", "q_proj", "v_proj"]
+    )
     cases = {
         "smollm2-shaped": (_adapter(tmp_path / "smol", SMOL, layers=[0]), "shape [8, 576], 'tiny' needs [8, 64]"),
         "deep": (_adapter(tmp_path / "deep", TINY, layers=[0, 5]), "layer 5, but 'tiny' has 2 layers"),
@@ -148,15 +172,57 @@ def test_run_eval_refuses_before_starting_anything(tmp_path):
 
 def test_every_config_field_is_a_flag():
     parser = add_eval_arguments(argparse.ArgumentParser())
-    args = parser.parse_args(["--model", "smollm2", "--adapter", "/a", "--tasks", "easy-eval[:2]", "--n", "3",
-                              "--temperature", "0.7", "--few-shot", "--agent-prompt", "short", "--max-output-tokens",
-                              "64", "--max-model-calls", "4", "--timeout-s", "60", "--parallel", "1", "--isolation",
-                              "bwrap", "--unsafe-no-sandbox", "--seed", "7", "--harness", "pi", "--json"])
+    args = parser.parse_args(
+        [
+            "--model",
+            "smollm2",
+            "--adapter",
+            "/a",
+            "--tasks",
+            "easy-eval[:2]",
+            "--n",
+            "3",
+            "--temperature",
+            "0.7",
+            "--few-shot",
+            "--agent-prompt",
+            "short",
+            "--max-output-tokens",
+            "64",
+            "--max-model-calls",
+            "4",
+            "--timeout-s",
+            "60",
+            "--parallel",
+            "1",
+            "--isolation",
+            "bwrap",
+            "--unsafe-no-sandbox",
+            "--seed",
+            "7",
+            "--harness",
+            "pi",
+            "--json",
+        ]
+    )
     config = EvalConfig(**{f.name: getattr(args, f.name) for f in fields(EvalConfig)})
-    assert config == EvalConfig(model="smollm2", adapter="/a", tasks="easy-eval[:2]", n=3, temperature=0.7,
-                                few_shot=True, agent_prompt="short", max_output_tokens=64, max_model_calls=4,
-                                timeout_s=60.0, parallel=1, isolation="bwrap", unsafe_no_sandbox=True, seed=7,
-                                harness="pi")
+    assert config == EvalConfig(
+        model="smollm2",
+        adapter="/a",
+        tasks="easy-eval[:2]",
+        n=3,
+        temperature=0.7,
+        few_shot=True,
+        agent_prompt="short",
+        max_output_tokens=64,
+        max_model_calls=4,
+        timeout_s=60.0,
+        parallel=1,
+        isolation="bwrap",
+        unsafe_no_sandbox=True,
+        seed=7,
+        harness="pi",
+    )
     assert args.json and parser.parse_args([]).adapter is None
     text = parser.format_help()
     assert all("--" + f.name.replace("_", "-") in text for f in fields(EvalConfig))
@@ -165,6 +231,7 @@ def test_every_config_field_is_a_flag():
 
 
 # -- one real evaluation -----------------------------------------------------------------------------
+
 
 @pytest.mark.engine
 @pytest.mark.opencode
@@ -178,16 +245,30 @@ def test_real_eval_with_an_adapter(engine, tmp_path):
     from workbench.capture import CaptureProxy
 
     model = AutoModelForCausalLM.from_pretrained(engine.asset.path, dtype=torch.float32)
-    get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                                     task_type="CAUSAL_LM")).save_pretrained(tmp_path / "adapter")
-    config = EvalConfig(model="tiny", adapter=str(tmp_path / "adapter"), tasks="easy-eval[:1]", n=2,
-                        temperature=0.7, max_output_tokens=24, max_model_calls=2, timeout_s=120)
+    get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    ).save_pretrained(tmp_path / "adapter")
+    config = EvalConfig(
+        model="tiny",
+        adapter=str(tmp_path / "adapter"),
+        tasks="easy-eval[:1]",
+        n=2,
+        temperature=0.7,
+        max_output_tokens=24,
+        max_model_calls=2,
+        timeout_s=120,
+    )
     with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
         client = proxy.client()
         result = run_eval(config, run_dir=tmp_path / "run", engine=engine, client=client, progress=False)
         assert client.model == engine.served_name  # restored
     assert result["policy"].startswith("eval-") and result["policy"] not in engine.adapters  # unloaded
-    assert (result["n"], result["rollouts"], result["tasks"], result["task_ids"]) == (2, 2, "easy-eval[:1]", ["easy/13"])
+    assert (result["n"], result["rollouts"], result["tasks"], result["task_ids"]) == (
+        2,
+        2,
+        "easy-eval[:1]",
+        ["easy/13"],
+    )
     assert result["isolation"] in ("bwrap", "none") and result["adapter_info"]["target_modules"] == ["q_proj", "v_proj"]
     assert result["scored"] + result["failures"]["unscored"] == 2 and result["scored"] >= 1, result["statuses"]
     assert result["mean"] == 0.0 and result["ci95"] == [0.0, 0.0]  # the random tiny model solves nothing
@@ -215,15 +296,39 @@ def test_cli_prints_one_json_object_and_the_comparison(monkeypatch, tmp_path, ca
     def fake_run_eval(config, run_dir=None):
         seen.append((config, run_dir))
         out = _eval([0.5, 1.0, 0.5], model=config.model)
-        out.update(mean=2 / 3, ci95=[0.5, 1.0], isolation="bwrap", solve_rate=0.5, solve_rate_ci95=[0.2, 0.8],
-                   tool_call_rate=1.0, solution_written_rate=1.0, rollouts=12, scored=12,
-                   failures={"unscored": 0, "by_status": {}}, run_dir=str(tmp_path))
+        out.update(
+            mean=2 / 3,
+            ci95=[0.5, 1.0],
+            isolation="bwrap",
+            solve_rate=0.5,
+            solve_rate_ci95=[0.2, 0.8],
+            tool_call_rate=1.0,
+            solution_written_rate=1.0,
+            rollouts=12,
+            scored=12,
+            failures={"unscored": 0, "by_status": {}},
+            run_dir=str(tmp_path),
+        )
         return out
 
     monkeypatch.setattr(ev, "run_eval", fake_run_eval)
     (tmp_path / "base.json").write_text(json.dumps(_eval([0.0, 0.5, 0.5])))
-    assert ev.cli_main(["--model", "tiny", "--n", "4", "--json", "--out", str(tmp_path / "r"),
-                        "--baseline", str(tmp_path / "base.json")]) == 0
+    assert (
+        ev.cli_main(
+            [
+                "--model",
+                "tiny",
+                "--n",
+                "4",
+                "--json",
+                "--out",
+                str(tmp_path / "r"),
+                "--baseline",
+                str(tmp_path / "base.json"),
+            ]
+        )
+        == 0
+    )
     head = json.loads(capsys.readouterr().out)
     assert (head["mean"], head["ci95"], head["n"]) == (2 / 3, [0.5, 1.0], 4)
     assert head["compare"]["delta"]["mean"] == pytest.approx(1 / 3)
@@ -238,8 +343,10 @@ def test_ship_refuses_a_run_whose_evaluations_scored_nothing(tmp_path):
     shipped = tmp_path / "shipped"
     shipped.mkdir()
     (shipped / "eval.json").write_text("{}")
-    evidence = {"base_eval": {"scored": 0, "rollouts": 72, "failures": {"crashed": 72}},
-                "trained_eval": {"scored": 72, "rollouts": 72, "failures": {}}}
+    evidence = {
+        "base_eval": {"scored": 0, "rollouts": 72, "failures": {"crashed": 72}},
+        "trained_eval": {"scored": 72, "rollouts": 72, "failures": {}},
+    }
     with pytest.raises(ValueError, match="base_eval scored 0 of 72"):
         ship(evidence, tmp_path / "run", to=shipped)
     assert (shipped / "eval.json").read_text() == "{}"

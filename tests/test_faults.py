@@ -53,14 +53,25 @@ from workbench.turns import TraceError, load_trace, load_turns, write_turns
 from workbench.verify import verify
 
 ISOLATIONS = ["none"] + (["bwrap"] if bwrap_available() else [])
-AGENT = [{"role": "system", "content": "You are opencode, an interactive CLI tool."},
-         {"role": "user", "content": "Write solution.py"}]
-TOOLS = [{"type": "function", "function": {"name": "write", "description": "write a file",
-                                           "parameters": {"type": "object", "properties": {}}}}]
+AGENT = [
+    {"role": "system", "content": "You are opencode, an interactive CLI tool."},
+    {"role": "user", "content": "Write solution.py"},
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "write",
+            "description": "write a file",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
 FAST = RolloutConfig(timeout_s=180, max_output_tokens=16)  # the scripted upstream ignores the budget
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
 
 @pytest.fixture
 def tmp_base(monkeypatch) -> Path:
@@ -156,9 +167,9 @@ def _trace(folder: Path) -> list[dict]:
 
 # ------------------------------------------------------------------------ opencode crashes (kill -9)
 
+
 @pytest.mark.parametrize("isolation", ISOLATIONS)
-def test_opencode_killed_mid_rollout_is_crashed_and_its_group_proceeds(tmp_path, tmp_base, upstream, proxy,
-                                                                       isolation):
+def test_opencode_killed_mid_rollout_is_crashed_and_its_group_proceeds(tmp_path, tmp_base, upstream, proxy, isolation):
     """kill -9 of opencode while its second model call is in flight: that rollout ends `crashed`, the
     reason naming SIGKILL; trace.json keeps the calls made so far (the first agent call `ok`) and the
     workspace what it wrote; the other rollout of the group runs on to `ok`; nothing is left."""
@@ -211,12 +222,16 @@ def test_opencode_killed_mid_rollout_is_crashed_and_its_group_proceeds(tmp_path,
 
 # ---------------------------------------------------------------------------------- engine faults
 
-@pytest.mark.parametrize("fault, error", [
-    ("500", "scripted failure"),                 # after the proxy's own 3 attempts (2 s + 4 s backoff)
-    ("400", "scripted bad request"),
-    ("cut", "the engine's stream ended before [DONE]"),  # the stream closes mid-response
-    ("garbled", "the engine's reply is not JSON"),       # a non-JSON SSE line mid-stream
-])
+
+@pytest.mark.parametrize(
+    "fault, error",
+    [
+        ("500", "scripted failure"),  # after the proxy's own 3 attempts (2 s + 4 s backoff)
+        ("400", "scripted bad request"),
+        ("cut", "the engine's stream ended before [DONE]"),  # the stream closes mid-response
+        ("garbled", "the engine's reply is not JSON"),  # a non-JSON SSE line mid-stream
+    ],
+)
 def test_engine_fault_ends_the_rollout_within_seconds(tmp_path, tmp_base, upstream, proxy, fault, error):
     """The engine answers the agent's (streamed) call with a 500 (every retry), a 400, a stream that
     stops half-way, or a stream with a non-JSON line: that call is recorded `upstream_error` with the
@@ -233,20 +248,25 @@ def test_engine_fault_ends_the_rollout_within_seconds(tmp_path, tmp_base, upstre
     assert failed and failed[0]["purpose"] == "agent" and error in failed[0]["error"]
     failed_at = failed[0]["timestamp"] + failed[0]["latency_s"]
     harness_s = result.summary["timings"]["harness_s"]
-    print(f"\nMEASURED engine {fault}: failed call took {failed[0]['latency_s']:.1f} s, rollout over "
-          f"{ended - failed_at:.1f} s after it (artefact included), harness ran {harness_s:.1f} s")
+    print(
+        f"\nMEASURED engine {fault}: failed call took {failed[0]['latency_s']:.1f} s, rollout over "
+        f"{ended - failed_at:.1f} s after it (artefact included), harness ran {harness_s:.1f} s"
+    )
     assert ended - failed_at < 20
     _assert_nothing_left(tmp_base)
 
 
-@pytest.mark.parametrize("fault, stream, error", [
-    ("notjson", False, "the engine's reply is not JSON"),  # a 200 whose body is an SSE line
-    ("notjson", True, "the engine's reply is not JSON"),
-    ("close", False, "peer closed connection"),            # the body cut off half-way
-    ("close", True, "peer closed connection"),
-    ("garbled", True, "the engine's reply is not JSON"),   # a non-JSON line in the stream
-    ("cut", True, "the engine's stream ended before [DONE]"),
-])
+@pytest.mark.parametrize(
+    "fault, stream, error",
+    [
+        ("notjson", False, "the engine's reply is not JSON"),  # a 200 whose body is an SSE line
+        ("notjson", True, "the engine's reply is not JSON"),
+        ("close", False, "peer closed connection"),  # the body cut off half-way
+        ("close", True, "peer closed connection"),
+        ("garbled", True, "the engine's reply is not JSON"),  # a non-JSON line in the stream
+        ("cut", True, "the engine's stream ended before [DONE]"),
+    ],
+)
 def test_broken_upstream_reply_is_a_clear_5xx_and_the_proxy_keeps_serving(upstream, proxy, fault, stream, error):
     """A reply from the engine that is not JSON, cut off, or a stream with a non-JSON line or no end:
     the harness gets a 502 naming the cause (or, once its stream has started, an SSE error event
@@ -255,8 +275,12 @@ def test_broken_upstream_reply_is_a_clear_5xx_and_the_proxy_keeps_serving(upstre
     client = proxy.client()
     key, other = (client.open_session(harness="opencode", temperature=1.0) for _ in range(2))
     upstream.script = [fault]
-    r = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": AGENT, "stream": stream},
-                   headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    r = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "m", "messages": AGENT, "stream": stream},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
     if r.status_code == 200:  # the stream had started: the error is its last event
         last = json.loads(r.text.strip().splitlines()[-1].removeprefix("data: "))
         assert stream and error in last["error"]["message"]
@@ -265,12 +289,17 @@ def test_broken_upstream_reply_is_a_clear_5xx_and_the_proxy_keeps_serving(upstre
     [call] = client.trace(key)
     assert call["status"] == "upstream_error" and error in call["error"]
     assert client.status(key)["upstream_errors"] == 1
-    r = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": AGENT, "stream": stream},
-                   headers={"Authorization": f"Bearer {other}"}, timeout=30)
+    r = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "m", "messages": AGENT, "stream": stream},
+        headers={"Authorization": f"Bearer {other}"},
+        timeout=30,
+    )
     assert r.status_code == 200 and client.trace(other)[0]["status"] == "ok"
 
 
 # ------------------------------------------------------------------------------ proxy: bad input
+
 
 def test_unauthorised_requests_get_401_and_are_neither_forwarded_nor_recorded(upstream, proxy):
     """An unknown key, no key, or the admin key on a model route; the agent's key or no key on a control
@@ -279,15 +308,26 @@ def test_unauthorised_requests_get_401_and_are_neither_forwarded_nor_recorded(up
     client = proxy.client()
     key = client.open_session(harness="opencode", temperature=1.0)
     body = {"model": "m", "messages": AGENT, "tools": TOOLS}
-    for auth in ({"Authorization": "Bearer not-a-session"}, {}, {"Authorization": f"Bearer {proxy.admin_key}"},
-                 {"x-api-key": "not-a-session"}):
+    for auth in (
+        {"Authorization": "Bearer not-a-session"},
+        {},
+        {"Authorization": f"Bearer {proxy.admin_key}"},
+        {"x-api-key": "not-a-session"},
+    ):
         for stream in (False, True):
-            r = httpx.post(f"{proxy.url}/v1/chat/completions", json={**body, "stream": stream}, headers=auth,
-                           timeout=10)
+            r = httpx.post(
+                f"{proxy.url}/v1/chat/completions", json={**body, "stream": stream}, headers=auth, timeout=10
+            )
             assert r.status_code == 401, (auth, stream, r.text)
-    control = [("POST", "/sessions"), ("GET", "/sessions"), ("GET", f"/sessions/{key}"),
-               ("GET", f"/sessions/{key}/trace"), ("DELETE", f"/sessions/{key}"), ("PUT", "/model"),
-               ("GET", "/engine")]
+    control = [
+        ("POST", "/sessions"),
+        ("GET", "/sessions"),
+        ("GET", f"/sessions/{key}"),
+        ("GET", f"/sessions/{key}/trace"),
+        ("DELETE", f"/sessions/{key}"),
+        ("PUT", "/model"),
+        ("GET", "/engine"),
+    ]
     for auth in ({"Authorization": f"Bearer {key}"}, {}):
         for method, path in control:
             r = httpx.request(method, f"{proxy.url}{path}", headers=auth, json={"model": "evil"}, timeout=10)
@@ -317,18 +357,22 @@ def test_oversized_request_body_is_refused_with_413_without_buffering_it(upstrea
             for headers in ({}, {"Content-Length": str(64 << 20)}):  # chunked; declared
                 base = tracemalloc.get_traced_memory()[0]
                 tracemalloc.reset_peak()
-                r = httpx.post(f"{proxy.url}/v1/chat/completions", content=chunks(), headers={**auth, **headers},
-                               timeout=60)
+                r = httpx.post(
+                    f"{proxy.url}/v1/chat/completions", content=chunks(), headers={**auth, **headers}, timeout=60
+                )
                 peak = tracemalloc.get_traced_memory()[1] - base
                 assert r.status_code == 413
-                assert r.json()["error"]["message"] == \
-                    "request body larger than the capture proxy's limit of 1048576 bytes"
+                assert (
+                    r.json()["error"]["message"]
+                    == "request body larger than the capture proxy's limit of 1048576 bytes"
+                )
                 assert peak < 8 << 20, f"{peak / 2**20:.1f} MiB held while refusing 64 MiB"
         finally:
             tracemalloc.stop()
         just_under = {"model": "m", "messages": [{"role": "user", "content": "x" * ((1 << 20) - 200)}]}
-        assert httpx.post(f"{proxy.url}/v1/chat/completions", json=just_under, headers=auth,
-                          timeout=30).status_code == 200
+        assert (
+            httpx.post(f"{proxy.url}/v1/chat/completions", json=just_under, headers=auth, timeout=30).status_code == 200
+        )
         assert [(c["status"], c["http_status"]) for c in client.trace(key)] == [("rejected", 413)] * 2 + [("ok", 200)]
         assert len(upstream.requests) == 1
 
@@ -364,8 +408,12 @@ def test_disk_full_while_making_the_sandbox(tmp_path, proxy, monkeypatch):
     """ENOSPC while the workspace is written (the temp dir is a 256 KiB tmpfs, the task has a 1 MiB
     file): `setup_failed` naming "No space left on device"; the tmpfs is left empty."""
     mount = Path(tempfile.mkdtemp(prefix="wb-faults-full-"))
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+        != 0
+    ):
         mount.rmdir()
         pytest.skip("cannot mount a tmpfs here (not root); the ENOSPC-after-creation test still runs")
     try:
@@ -383,6 +431,7 @@ def test_disk_full_while_making_the_sandbox(tmp_path, proxy, monkeypatch):
 def test_disk_full_after_the_sandbox_exists(tmp_path, tmp_base, proxy, monkeypatch):
     """ENOSPC once the sandbox exists (opening the agent's log files fails): `setup_failed`; the
     sandbox folder is removed and the proxy session closed (the half-made session closes itself)."""
+
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", "logs/events.jsonl")
 
@@ -407,7 +456,7 @@ def test_setup_failures_are_counted_in_the_run(tmp_path, tmp_base, proxy):
 
 # ------------------------------------------------------------------------ hostile solution at verify
 
-HOSTILE = '''
+HOSTILE = """
 import os, socket, sys
 what = sys.stdin.readline().strip()
 if what == "loop":
@@ -433,19 +482,38 @@ if what == "network":
         print("blocked")
     sys.exit()
 print(int(what) * 2)
-'''
+"""
 
 
-@pytest.mark.parametrize("sandbox", ["none", pytest.param("bwrap", marks=pytest.mark.skipif(
-    not bwrap_available(), reason="bwrap is not installed"))])
+@pytest.mark.parametrize(
+    "sandbox",
+    ["none", pytest.param("bwrap", marks=pytest.mark.skipif(not bwrap_available(), reason="bwrap is not installed"))],
+)
 def test_hostile_solution_is_contained_and_reported_per_test(tmp_path, tmp_base, sandbox):
     """One solution that writes 1 GB, allocates 10 GB, dials out, loops or fork-bombs depending on
     the test: each test gets its own outcome and reason, the last (honest) test still passes (the
     grader is alive), and nothing it started or wrote is left."""
-    tests = [{"input": f"{what}\n", "output": out} for what, out in
-             [("output", "0"), ("memory", "0"), ("network", "blocked"), ("loop", "0"), ("fork", "0"), ("21", "42")]]
-    task = Task(id="t/hostile", instruction="", files={}, visible_tests="", test_kind="stdin_stdout",
-                held_out_tests=tests, entry_point=None, limits=Limits(time_s=3.0, deadline_s=60.0))
+    tests = [
+        {"input": f"{what}\n", "output": out}
+        for what, out in [
+            ("output", "0"),
+            ("memory", "0"),
+            ("network", "blocked"),
+            ("loop", "0"),
+            ("fork", "0"),
+            ("21", "42"),
+        ]
+    ]
+    task = Task(
+        id="t/hostile",
+        instruction="",
+        files={},
+        visible_tests="",
+        test_kind="stdin_stdout",
+        held_out_tests=tests,
+        entry_point=None,
+        limits=Limits(time_s=3.0, deadline_s=60.0),
+    )
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "solution.py").write_text(HOSTILE)
@@ -464,21 +532,46 @@ def test_hostile_solution_is_contained_and_reported_per_test(tmp_path, tmp_base,
 
 # Starts the command with SIGINT ignored, as a background job of a non-interactive shell (`make test &`,
 # nohup, CI launchers) starts it: Python then keeps SIGINT ignored unless the command says otherwise.
-_SIGINT_IGNORED = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
+_SIGINT_IGNORED = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
+)
 
 
-def _runner(out: Path, up: ScriptedUpstream, base: Path, log: Path, *, n: int, isolation: str,
-            sigint_ignored: bool = False) -> subprocess.Popen:
+def _runner(
+    out: Path, up: ScriptedUpstream, base: Path, log: Path, *, n: int, isolation: str, sigint_ignored: bool = False
+) -> subprocess.Popen:
     """`workbench rollout` in its own process (as a terminal or a notebook kernel would run it)."""
-    cmd = [sys.executable, "-m", "workbench", "rollout", "--task", "humaneval/0", "--n", str(n), "--parallel", "2",
-           "--upstream", up.url, "--served-name", "scripted", "--out", str(out), "--timeout", "240",
-           "--max-output-tokens", "16", "--isolation", isolation]
+    cmd = [
+        sys.executable,
+        "-m",
+        "workbench",
+        "rollout",
+        "--task",
+        "humaneval/0",
+        "--n",
+        str(n),
+        "--parallel",
+        "2",
+        "--upstream",
+        up.url,
+        "--served-name",
+        "scripted",
+        "--out",
+        str(out),
+        "--timeout",
+        "240",
+        "--max-output-tokens",
+        "16",
+        "--isolation",
+        isolation,
+    ]
     if sigint_ignored:
         cmd = [sys.executable, "-c", _SIGINT_IGNORED, *cmd]
     env = {**os.environ, "TMPDIR": str(base), "OMP_NUM_THREADS": "1"}
     with open(log, "wb") as f:
-        return subprocess.Popen(cmd, cwd=project_root(), env=env, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, cwd=project_root(), env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
@@ -497,8 +590,11 @@ def test_sigint_to_the_runner_leaves_a_consistent_run_folder(tmp_path, tmp_base,
     try:
         # Which two finish depends on who reaches the engine first (a task's leader starts alone, its
         # followers once its first call is at the engine: RolloutConfig.lead_s), not on their names.
-        _wait(lambda: len(list(out.glob("r00*/summary.json"))) >= 2 and _tooled(upstream) >= 4,
-              240, "two finished rollouts and two mid-call")
+        _wait(
+            lambda: len(list(out.glob("r00*/summary.json"))) >= 2 and _tooled(upstream) >= 4,
+            240,
+            "two finished rollouts and two mid-call",
+        )
         time.sleep(1)
         runner.send_signal(signal.SIGINT)
         t0 = time.monotonic()
@@ -561,7 +657,7 @@ def test_sigkill_of_the_runner_leaves_no_process_behind(tmp_path, tmp_base, upst
     assert list(tmp_base.iterdir()) == []
 
 
-FAKE_VLLM = '''
+FAKE_VLLM = """
 import json, os, signal, subprocess, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -592,7 +688,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 HTTPServer(("127.0.0.1", port), Handler).serve_forever()
-'''
+"""
 
 
 def test_engine_dies_with_its_runner(tmp_path):
@@ -605,11 +701,13 @@ def test_engine_dies_with_its_runner(tmp_path):
     build("tiny")
     (tmp_path / "fake_vllm.py").write_text(FAKE_VLLM)
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'fake_vllm.py'} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "fake_vllm.py"} "$@"\n')
     python.chmod(0o755)
-    code = ("import time\nfrom workbench.engine import Engine, EngineConfig\n"
-            "e = Engine(EngineConfig(model='tiny', startup_timeout_s=60)).start()\n"
-            "print(e.pgid, flush=True)\ntime.sleep(600)\n")
+    code = (
+        "import time\nfrom workbench.engine import Engine, EngineConfig\n"
+        "e = Engine(EngineConfig(model='tiny', startup_timeout_s=60)).start()\n"
+        "print(e.pgid, flush=True)\ntime.sleep(600)\n"
+    )
     cleaned = tmp_path / "cleaned"
     env = {**os.environ, "WORKBENCH_VLLM_PYTHON": str(python), "WB_FAKE_VLLM_CLEANED": str(cleaned)}
     runner = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, start_new_session=True)
@@ -641,6 +739,7 @@ def _group(pgid: int) -> list[int]:
 
 # ------------------------------------------------------------------------------- corrupt artefacts
 
+
 def test_corrupt_trace_or_turns_names_file_and_position_and_spares_the_rest(tmp_path):
     """In a run of four rollouts: a truncated trace.json, a trace.json with one byte garbled mid-file
     and a truncated turns.json each raise TraceError naming the file and the line and column; the
@@ -653,7 +752,7 @@ def test_corrupt_trace_or_turns_names_file_and_position_and_spares_the_rest(tmp_
     text = source.read_text()
     (truncated / "trace.json").write_text(text[: len(text) // 2])
     middle = text.index(",", len(text) // 2)
-    (garbled / "trace.json").write_text(text[:middle] + ";" + text[middle + 1:])
+    (garbled / "trace.json").write_text(text[:middle] + ";" + text[middle + 1 :])
     write_turns(bad_turns)
     turns_text = (bad_turns / "turns.json").read_text()
     (bad_turns / "turns.json").write_text(turns_text[: len(turns_text) // 3])
@@ -678,6 +777,7 @@ def _copy_rollout(trace: Path, folder: Path) -> Path:
 
 # ----------------------------------------------------------------------------------------- the soak
 
+
 def _snapshot(base: Path) -> dict[str, int]:
     """What a leak would grow: this process's fds, threads and child processes, and the processes and
     folders of sandboxes and verifications (in `base`)."""
@@ -689,8 +789,13 @@ def _snapshot(base: Path) -> dict[str, int]:
         except OSError:
             continue
         children += stat[1].decode() == me and stat[0] not in (b"Z", b"X")
-    return {"fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(), "children": children,
-            "sandbox_processes": len(_pids_under(base)), "temp_dirs": len(list(base.iterdir()))}
+    return {
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": threading.active_count(),
+        "children": children,
+        "sandbox_processes": len(_pids_under(base)),
+        "temp_dirs": len(list(base.iterdir())),
+    }
 
 
 def _rss_mib() -> float:
@@ -745,8 +850,10 @@ def test_soak_parallel_rollouts_leak_nothing(tmp_path, tmp_base):
     gc.collect()
     after = _snapshot(tmp_base)
     recorded = Counter(_summary(out)["status"] for out in folders)
-    print(f"\nMEASURED soak: {len(folders)} rollouts in {elapsed:.0f} s, statuses {dict(recorded)}; "
-          f"before {before}; between batches at most {peak}; after {after}")
+    print(
+        f"\nMEASURED soak: {len(folders)} rollouts in {elapsed:.0f} s, statuses {dict(recorded)}; "
+        f"before {before}; between batches at most {peak}; after {after}"
+    )
     assert recorded == statuses and set(recorded) <= set(STATUSES)
     # <=, not ==: pytest's logging plugin may close its own /dev/null handler meanwhile
     assert all(after[k] <= before[k] for k in ("fds", "threads", "children")), (before, after)
@@ -755,6 +862,7 @@ def test_soak_parallel_rollouts_leak_nothing(tmp_path, tmp_base):
 
 
 # ------------------------------------------------------------------------ a failed grade, a timeout
+
 
 def test_verification_that_raises_still_writes_the_artefact(tmp_path, tmp_base, upstream, proxy, monkeypatch):
     """The grader itself failing (ours, not the agent's) leaves the rollout unscored as `verify_error`

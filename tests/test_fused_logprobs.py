@@ -31,9 +31,18 @@ T = 96
 def tiny_qwen3(seed: int = 0) -> PreTrainedModel:
     torch.manual_seed(seed)
     # initializer_range well above the default 0.02 so logits are far from uniform and ratios get clipped.
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
-                         initializer_range=0.2, use_cache=False)
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+        use_cache=False,
+    )
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     return model.train()
 
@@ -44,7 +53,7 @@ def make_row(seed: int = 1) -> dict[str, torch.Tensor]:
     mask = torch.zeros(T)
     mask[20:35] = 1
     mask[60:80] = 1
-    mask[T - 5:] = 1
+    mask[T - 5 :] = 1
     logp_old = -torch.rand(T, generator=g) * 8  # wide enough that some ratios leave [0.8, 1.2]
     advantages = torch.full((T,), 0.7)
     advantages[60:] = -1.3
@@ -57,8 +66,9 @@ def naive_loss(model: PreTrainedModel, row: dict[str, torch.Tensor]) -> torch.Te
     return grpo_loss(logp, row["logp_old"][1:], row["advantages"][1:], row["mask"][1:])
 
 
-def fused_loss(model: PreTrainedModel, row: dict[str, torch.Tensor], chunk_size: int = 7,
-               num_tokens: int | None = None) -> torch.Tensor:
+def fused_loss(
+    model: PreTrainedModel, row: dict[str, torch.Tensor], chunk_size: int = 7, num_tokens: int | None = None
+) -> torch.Tensor:
     hidden = model.model(input_ids=row["ids"][None]).last_hidden_state[0]
     logp, pos = sampled_logprobs(hidden, model.lm_head.weight, row["ids"], row["mask"], chunk_size)
     return grpo_loss(logp, row["logp_old"][pos], row["advantages"][pos], num_tokens=num_tokens)
@@ -168,7 +178,11 @@ def test_chained_row_loss_equals_one_row_per_turn() -> None:
     for start, stop in turns:
         mask = torch.zeros(stop)
         mask[start:stop] = 1
-        sub = {"ids": row["ids"][:stop], "mask": mask, "logp_old": row["logp_old"][:stop],
-               "advantages": row["advantages"][:stop]}
+        sub = {
+            "ids": row["ids"][:stop],
+            "mask": mask,
+            "logp_old": row["logp_old"][:stop],
+            "advantages": row["advantages"][:stop],
+        }
         per_turn = per_turn + fused_loss(model, sub, num_tokens=total)
     assert per_turn.item() == pytest.approx(chained.item(), rel=1e-5)

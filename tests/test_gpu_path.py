@@ -116,8 +116,9 @@ class RemoteEngine:
                 if self.headers.get("Authorization") != f"Bearer {KEY}":
                     return self._answer(401, {"error": "bad key"})
                 if self.path == "/v1/models":
-                    return self._answer(200, {"data": [{"id": n, "max_model_len": 16384}
-                                                       for n in ["tiny", *engine.loaded]]})
+                    return self._answer(
+                        200, {"data": [{"id": n, "max_model_len": 16384} for n in ["tiny", *engine.loaded]]}
+                    )
                 self._answer(404, {})
 
             def do_POST(self) -> None:
@@ -129,8 +130,11 @@ class RemoteEngine:
                     path = str(body.get("lora_path", ""))
                     if not path.startswith(engine.view + "/"):
                         return self._answer(400, {"error": f"cannot read {path}: not under {engine.view}"})
-                    here = engine.actual / path[len(engine.view) + 1:]
-                    if not (here / "adapter_config.json").is_file() or not (here / "adapter_model.safetensors").is_file():
+                    here = engine.actual / path[len(engine.view) + 1 :]
+                    if (
+                        not (here / "adapter_config.json").is_file()
+                        or not (here / "adapter_model.safetensors").is_file()
+                    ):
                         return self._answer(400, {"error": f"no adapter at {path}"})
                     engine.loaded[body["lora_name"]] = path
                     return self._answer(200, {})
@@ -168,9 +172,13 @@ def _peft_tiny() -> Any:
 def test_adapter_reaches_an_engine_that_reads_only_the_shared_folder(tmp_path, shared):
     actual, remote = shared
     with CaptureProxy(remote.url, "tiny", upstream_api_key=KEY) as proxy:
-        host = SimpleNamespace(trainer=SimpleNamespace(state=SimpleNamespace(global_step=0), model=_peft_tiny()),
-                               engine=Engine.external(remote.url, "tiny", api_key=KEY), client=proxy.client(),
-                               dir=RunDir.create("x", path=tmp_path / "run"), step_stats={})
+        host = SimpleNamespace(
+            trainer=SimpleNamespace(state=SimpleNamespace(global_step=0), model=_peft_tiny()),
+            engine=Engine.external(remote.url, "tiny", api_key=KEY),
+            client=proxy.client(),
+            dir=RunDir.create("x", path=tmp_path / "run"),
+            step_stats={},
+        )
         # Today's behaviour (no sync_dir): the engine is sent the trainer's local path, which it cannot read.
         with pytest.raises(Exception, match="cannot read"):
             LoraSync(host).sync_weights()
@@ -182,8 +190,9 @@ def test_adapter_reaches_an_engine_that_reads_only_the_shared_folder(tmp_path, s
         assert remote.loaded[sync.current] == f"/mnt/engine-host/wb/{sync.current}"
         assert (tmp_path / "run" / "adapters" / "step-0003" / "adapter_model.safetensors").is_file()
         # published copies go one sync after their unload: step 1's, not step 2's (vLLM reads lazily)
-        assert sorted(p.name for p in actual.iterdir()) == sorted(n for n in [
-            f"policy-{sync.nonce}-step2", f"policy-{sync.nonce}-step3"])
+        assert sorted(p.name for p in actual.iterdir()) == sorted(
+            n for n in [f"policy-{sync.nonce}-step2", f"policy-{sync.nonce}-step3"]
+        )
 
 
 def test_missing_shared_folder_is_a_clear_error_before_training(tmp_path):
@@ -204,8 +213,12 @@ def test_async_engine_client_publishes_into_the_shared_folder(tmp_path, shared):
     adapters = tmp_path / "adapters"
     model = _peft_tiny()
     with CaptureProxy(remote.url, "tiny", upstream_api_key=KEY) as proxy:
-        client = EngineClient(remote.url, KEY, ProxyAddress.of(proxy.client()),
-                              shared=SharedFolder.of(str(actual), "/mnt/engine-host/wb").check())
+        client = EngineClient(
+            remote.url,
+            KEY,
+            ProxyAddress.of(proxy.client()),
+            shared=SharedFolder.of(str(actual), "/mnt/engine-host/wb").check(),
+        )
         for v in (1, 2, 3):  # what AsyncGRPOTrainer._sync_weight_lora does per version
             model.save_pretrained(adapters / f"pol-v{v}")
             client.load_lora_adapter(f"pol-v{v}", str(adapters / f"pol-v{v}"))
@@ -243,18 +256,30 @@ def test_nccl_sync_drives_trls_client_each_step(tmp_path):
         return made[-1]
 
     model = torch.nn.Linear(2, 2)
-    trainer = SimpleNamespace(model=model, state=SimpleNamespace(global_step=0),
-                              accelerator=SimpleNamespace(device=torch.device("cuda", 0), unwrap_model=lambda m: m))
+    trainer = SimpleNamespace(
+        model=model,
+        state=SimpleNamespace(global_step=0),
+        accelerator=SimpleNamespace(device=torch.device("cuda", 0), unwrap_model=lambda m: m),
+    )
     names: list[str] = []
-    host = SimpleNamespace(trainer=trainer, engine=Engine.external("http://gpu:8000", "Qwen/Qwen3-0.6B", api_key=KEY),
-                           client=SimpleNamespace(set_model=names.append), dir=None, step_stats={})
+    host = SimpleNamespace(
+        trainer=trainer,
+        engine=Engine.external("http://gpu:8000", "Qwen/Qwen3-0.6B", api_key=KEY),
+        client=SimpleNamespace(set_model=names.append),
+        dir=None,
+        step_stats={},
+    )
     sync = NcclSync(host, group_port=51299, client_factory=factory)
     sync.sync_weights()
     sync.sync_weights()
     assert len(made) == 1 and made[0].made_with == ("http://gpu:8000", KEY, 51299)
-    assert made[0].calls == [("init_communicator", "cuda:0"), ("update_model_params", ["bias", "weight"]),
-                             ("reset_prefix_cache",), ("update_model_params", ["bias", "weight"]),
-                             ("reset_prefix_cache",)]
+    assert made[0].calls == [
+        ("init_communicator", "cuda:0"),
+        ("update_model_params", ["bias", "weight"]),
+        ("reset_prefix_cache",),
+        ("update_model_params", ["bias", "weight"]),
+        ("reset_prefix_cache",),
+    ]
     assert names == ["Qwen/Qwen3-0.6B"] and sync.current == "Qwen/Qwen3-0.6B"
 
 
@@ -287,11 +312,24 @@ def _harness_loop(factory: functools.partial, group_size: int) -> Any:
     assert trl.__version__ == "1.16.0"
     tok = AutoTokenizer.from_pretrained(build("tiny").path)
     return _HarnessRolloutLoop(
-        harness_session_factory=factory, harness_adapter=None, rollout_reward_fn=harness_reward, model_name="tiny",
-        dataset=Dataset.from_dict({"prompt": ["easy/0"]}), reward_funcs=[], processing_class=tok,
-        eos_token_ids=[tok.eos_token_id], rollout_buffer=queue.Queue(), model_version_value=mp.Value("i", 0),
-        heartbeat_value=mp.Value("d", 0.0), failed_event=mp.Event(), exception_info_queue=queue.Queue(),
-        metrics_queue=queue.Queue(), num_generations=group_size, max_inflight_tasks=1, temperature=0.5)
+        harness_session_factory=factory,
+        harness_adapter=None,
+        rollout_reward_fn=harness_reward,
+        model_name="tiny",
+        dataset=Dataset.from_dict({"prompt": ["easy/0"]}),
+        reward_funcs=[],
+        processing_class=tok,
+        eos_token_ids=[tok.eos_token_id],
+        rollout_buffer=queue.Queue(),
+        model_version_value=mp.Value("i", 0),
+        heartbeat_value=mp.Value("d", 0.0),
+        failed_event=mp.Event(),
+        exception_info_queue=queue.Queue(),
+        metrics_queue=queue.Queue(),
+        num_generations=group_size,
+        max_inflight_tasks=1,
+        temperature=0.5,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -307,9 +345,13 @@ def async_rollouts(tmp_path_factory):
     try:
         with CaptureProxy(up.url, "scripted") as proxy:
             address = ProxyAddress.of(proxy.client())
-            cases = {"tool_calls": dict(train_turns="tool_calls"), "all": dict(train_turns="all"),
-                     "budget": dict(token_budget=10), "few_shot": dict(few_shot=True),
-                     "failed": dict(train_turns="all")}
+            cases = {
+                "tool_calls": dict(train_turns="tool_calls"),
+                "all": dict(train_turns="all"),
+                "budget": dict(token_budget=10),
+                "few_shot": dict(few_shot=True),
+                "failed": dict(train_turns="all"),
+            }
             for name, over in cases.items():
                 cfg = TrainConfig(temperature=0.5, max_output_tokens=16, rollout_timeout_s=120, group_size=2, **over)
                 factory = session_factory(address, cfg, out / name)
@@ -318,8 +360,13 @@ def async_rollouts(tmp_path_factory):
                 up.script = ["500"] * 12 if name == "failed" else ["tool", "text"]  # the proxy retries a 5xx
                 before = len(up.requests)
                 result, metrics = getattr(loop, _compat.ASYNC_RUN_SESSION)("easy/0", group_id=7)
-                runs[name] = SimpleNamespace(result=result, metrics=metrics, requests=up.requests[before:],
-                                             folder=next((out / name).iterdir()), cfg=cfg)
+                runs[name] = SimpleNamespace(
+                    result=result,
+                    metrics=metrics,
+                    requests=up.requests[before:],
+                    folder=next((out / name).iterdir()),
+                    cfg=cfg,
+                )
     finally:
         up.stop()
     return out, runs
@@ -339,8 +386,14 @@ def test_async_sessions_honour_the_turn_policy(async_rollouts):
     (_, _, seqs_all, _, _, _), _ = runs["all"].result, runs["all"].metrics
     assert [_trained(s) for s in seqs_all] == [7, 7]
     summary = json.loads((runs["tool_calls"].folder / "summary.json").read_text())
-    assert summary["train"] == {"turns": 2, "turns_trained": 1, "rows": 2, "forks": 1, "rows_dropped_budget": 0,
-                                "excluded_calls": summary["train"]["excluded_calls"]}
+    assert summary["train"] == {
+        "turns": 2,
+        "turns_trained": 1,
+        "rows": 2,
+        "forks": 1,
+        "rows_dropped_budget": 0,
+        "excluded_calls": summary["train"]["excluded_calls"],
+    }
 
 
 @pytest.mark.opencode
@@ -357,12 +410,18 @@ def test_async_sessions_send_the_few_shot_prompt(async_rollouts):
     _, runs = async_rollouts
     instruction = load_task("easy/0").instruction
     prompt = get_harness("opencode").few_shot_prompt(instruction)
-    users = [m["content"] for r in runs["few_shot"].requests if r.get("tools") for m in r["messages"]
-             if m["role"] == "user"]
+    users = [
+        m["content"] for r in runs["few_shot"].requests if r.get("tools") for m in r["messages"] if m["role"] == "user"
+    ]
     flat = [c if isinstance(c, str) else "".join(p.get("text", "") for p in c) for c in users]
     assert flat and all(prompt in c for c in flat)
-    plain = [m["content"] for r in runs["tool_calls"].requests if r.get("tools") for m in r["messages"]
-             if m["role"] == "user"]
+    plain = [
+        m["content"]
+        for r in runs["tool_calls"].requests
+        if r.get("tools")
+        for m in r["messages"]
+        if m["role"] == "user"
+    ]
     assert plain and not any("<|im_start|>" in str(c) for c in plain)
 
 
@@ -397,14 +456,36 @@ def test_from_rollouts_runs_a_step_and_logs_loss_and_is_ratios(async_rollouts, t
     for name in ("tool_calls", "all"):  # a recorded group of two for easy/0
         shutil.copytree(runs[name].folder, rec / "async" / runs[name].folder.name)
     with pytest.raises(SystemExit) as exit_:
-        cli.main(["train", "--from-rollouts", str(rec), "--temperature", "0.5", "--steps", "1", "--group-size", "2",
-                  "--tasks-per-step", "4", "--device", "cpu", "--out", str(tmp_path / "run")])
+        cli.main(
+            [
+                "train",
+                "--from-rollouts",
+                str(rec),
+                "--temperature",
+                "0.5",
+                "--steps",
+                "1",
+                "--group-size",
+                "2",
+                "--tasks-per-step",
+                "4",
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
     assert exit_.value.code == 0, capsys.readouterr().err[-2000:]
     [m] = RunDir.open(tmp_path / "run").read_metrics()
     assert m["off_policy"] is True and m["behaviour_models"] == ["scripted", "smollm2"]
     assert m["rollouts"] == 8 and m["rollouts_not_recorded"] == 3 and m["device"] == "cpu"
-    for k in ("loss", "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
-              "sampling/importance_sampling_ratio/max", "sampling/sampling_logp_difference/mean"):
+    for k in (
+        "loss",
+        "sampling/importance_sampling_ratio/min",
+        "sampling/importance_sampling_ratio/mean",
+        "sampling/importance_sampling_ratio/max",
+        "sampling/sampling_logp_difference/mean",
+    ):
         assert isinstance(m[k], float), k
     assert len(m["rewards"]) == 8 and sorted(r for r in m["rewards"] if r is not None) == [0.0, 0.0, 0.0, 1.0, 1.0]
     assert not (tmp_path / "run" / "rollouts").exists()  # nothing was sampled
@@ -424,7 +505,11 @@ def test_from_rollouts_refuses_another_temperature_and_another_tokenizer(tmp_pat
     (rec / "a" / "workspace" / "x").mkdir()
     for name in ("trace.json", "summary.json"):
         shutil.copy(rec / "a" / name, rec / "a" / "workspace" / "x" / name)
-    assert GRPORun(TrainConfig(from_rollouts=str(rec), temperature=0.5), run_dir=tmp_path / "r3").recording.groups[
-        "easy/1"][0].out_dir == rec / "a"
+    assert (
+        GRPORun(TrainConfig(from_rollouts=str(rec), temperature=0.5), run_dir=tmp_path / "r3")
+        .recording.groups["easy/1"][0]
+        .out_dir
+        == rec / "a"
+    )
     with pytest.raises(ValueError, match="no rollout folders"):
         GRPORun(TrainConfig(from_rollouts=str(tmp_path / "r3")), run_dir=tmp_path / "r4")

@@ -32,8 +32,8 @@ def rows_of(name: str) -> list[Row]:
     return analyse(load_trace(FIXTURES / name / "trace.json"), None, lambda call: True).rows
 
 
-EASY = rows_of("smollm2-easy")        # one row: 2 turns chained (3159 tokens, 9 <|im_end|>)
-BPE = rows_of("smollm2-fork-bpe")     # two rows sharing 3107 tokens; the first output starts at 3066
+EASY = rows_of("smollm2-easy")  # one row: 2 turns chained (3159 tokens, 9 <|im_end|>)
+BPE = rows_of("smollm2-fork-bpe")  # two rows sharing 3107 tokens; the first output starts at 3066
 INVALID = rows_of("smollm2-fork-invalid")  # two rows sharing 3077 tokens; the first output starts at 3067
 
 
@@ -53,8 +53,15 @@ def make_trainer(tmp: Path, model_dir: Path, group_size: int, tokenizer_dir: Pat
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy((tokenizer_dir or FIXTURES / "smollm2-tokenizer") / f, asset / f)
     # TRL's own step (every lever off), as workbench.train builds it; the tests install the levers themselves
-    config = TrainConfig.baseline(model="tiny", tasks="easy[:1]", group_size=group_size, steps=1, temperature=T,
-                                  train_threads=1, learning_rate=1e-3)
+    config = TrainConfig.baseline(
+        model="tiny",
+        tasks="easy[:1]",
+        group_size=group_size,
+        steps=1,
+        temperature=T,
+        train_threads=1,
+        learning_rate=1e-3,
+    )
     trainer = GRPORun(config, run_dir=tmp / "run")._build_trainer(asset)
 
     class NoSync:
@@ -80,8 +87,9 @@ def own_logprobs(trainer, prompt: list[int], completion: list[int]) -> torch.Ten
     """The trainer's own fp32 logprobs of one row (TRL's method, no padding): the 'engine' logprobs."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        lp, _, _ = type(trainer)._get_per_token_logps_and_entropies(trainer, trainer.model, ids,
-                                                                     torch.ones_like(ids), len(completion))
+        lp, _, _ = type(trainer)._get_per_token_logps_and_entropies(
+            trainer, trainer.model, ids, torch.ones_like(ids), len(completion)
+        )
     return lp[0]
 
 
@@ -102,8 +110,13 @@ def scripted(batch: list[tuple[list[int], list[int], list[int]]], rewards: list[
                 for j, k in enumerate(trained):
                     lp[k] -= PATTERN[(i + j) % len(PATTERN)] + (ROW_OFFSET[i % len(ROW_OFFSET)] if j == 0 else 0.0)
                 cache.append(lp)
-        return {"prompt_ids": [b[0] for b in batch], "completion_ids": [b[1] for b in batch], "logprobs": cache,
-                "env_mask": [b[2] for b in batch], "wb_reward": rewards}
+        return {
+            "prompt_ids": [b[0] for b in batch],
+            "completion_ids": [b[1] for b in batch],
+            "logprobs": cache,
+            "env_mask": [b[2] for b in batch],
+            "wb_reward": rewards,
+        }
 
     return rollout_func
 
@@ -135,14 +148,15 @@ def assert_same_step(ref: tuple, got: tuple, tol: float = TOL) -> None:
 
 # -- the layout --------------------------------------------------------------------------------------------------
 
+
 def padded(batch):
     """TRL's tensors for rollout_func rows: prompts left-padded, completions right-padded."""
     P, K = max(len(p) for p, _, _ in batch), max(len(c) for _, c, _ in batch)
     ids = torch.full((len(batch), P + K), IM_END)
     am = torch.zeros_like(ids)
     for b, (p, c, _) in enumerate(batch):
-        ids[b, P - len(p):P + len(c)] = torch.tensor(p + c)
-        am[b, P - len(p):P + len(c)] = 1
+        ids[b, P - len(p) : P + len(c)] = torch.tensor(p + c)
+        am[b, P - len(p) : P + len(c)] = 1
     return ids, am, K
 
 
@@ -178,6 +192,7 @@ def test_plan_packs_each_group_once_and_every_row_reads_its_own_tokens():
 
 # -- exactness against TRL ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("attention", ["blockwise", "dense"])
 def test_logprobs_and_entropies_equal_trls_per_row(tiny, attention):
     ids, am, K = padded(BATCH)
@@ -212,7 +227,9 @@ def test_loss_and_lora_gradients_equal_trls_step(tiny, mode, checkpointing):
     step = group_step.install(tiny)
     calls = []
     get_logps = tiny._get_per_token_logps_and_entropies
-    tiny._get_per_token_logps_and_entropies = lambda *a, **k: calls.append(torch.is_grad_enabled()) or get_logps(*a, **k)
+    tiny._get_per_token_logps_and_entropies = lambda *a, **k: (
+        calls.append(torch.is_grad_enabled()) or get_logps(*a, **k)
+    )
     try:
         got = one_step(tiny)
     finally:
@@ -224,7 +241,8 @@ def test_loss_and_lora_gradients_equal_trls_step(tiny, mode, checkpointing):
     assert_same_step(ref, got)
     metrics = getattr(tiny, _compat.GRPO_METRICS)["train"]
     assert metrics["sampling/importance_sampling_ratio/mean"][-1] == pytest.approx(
-        metrics["sampling/importance_sampling_ratio/mean"][-2], abs=TOL)
+        metrics["sampling/importance_sampling_ratio/mean"][-2], abs=TOL
+    )
 
 
 def test_smollm2_loss_and_gradients_equal_trls_step(tmp_path):
@@ -244,9 +262,13 @@ def test_smollm2_loss_and_gradients_equal_trls_step(tmp_path):
     # The sandbox path in the system prompt tokenises 3 tokens longer in the BPE trace: cut there 3 tokens later.
     cut = {id(EASY[0]): 2900, id(BPE[0]): 2903, id(BPE[1]): 2903}
     split = 163  # the shortest prompt left (the BPE trace's task message); one split: one left padding
-    batch = [trl_row(Row(r.input_ids[cut[id(r)]:], r.mask[cut[id(r)]:], [], [], [], []), split)
-             for r in (EASY[0], *BPE)]
-    assert EASY[0].input_ids[2900:3042] == BPE[0].input_ids[2903:3045] and EASY[0].input_ids[3042] != BPE[0].input_ids[3045]
+    batch = [
+        trl_row(Row(r.input_ids[cut[id(r)] :], r.mask[cut[id(r)] :], [], [], [], []), split) for r in (EASY[0], *BPE)
+    ]
+    assert (
+        EASY[0].input_ids[2900:3042] == BPE[0].input_ids[2903:3045]
+        and EASY[0].input_ids[3042] != BPE[0].input_ids[3045]
+    )
     trainer.rollout_func = scripted(batch, [1.0, 0.0, 0.5])
     steps = {}
     for dtype in (torch.float32, torch.float64):
@@ -266,6 +288,7 @@ def test_smollm2_loss_and_gradients_equal_trls_step(tmp_path):
 
 
 # -- what reaches TRL's loss in a real step ----------------------------------------------------------------------
+
 
 def test_every_row_reaches_the_loss_with_its_mask_and_its_rollouts_advantage(tmp_path):
     """A real `trainer.train()` step: the chained row (interior <|im_end|>, both turns trained) and every row of
@@ -295,15 +318,17 @@ def test_every_row_reaches_the_loss_with_its_mask_and_its_rollouts_advantage(tmp
     completions = inputs["completion_ids"].tolist()
     n_trained = 0
     for p, c, m in batch:
-        b = next(i for i, x in enumerate(completions) if x[:len(c)] == c and inputs["completion_mask"][i].sum() == len(c))
-        assert inputs["completion_mask"][b, :len(c)].all()  # not cut at the first <|im_end|>
-        assert inputs["tool_mask"][b, :len(c)].tolist() == list(m)  # env_mask reaches the loss as it was
+        b = next(
+            i for i, x in enumerate(completions) if x[: len(c)] == c and inputs["completion_mask"][i].sum() == len(c)
+        )
+        assert inputs["completion_mask"][b, : len(c)].all()  # not cut at the first <|im_end|>
+        assert inputs["tool_mask"][b, : len(c)].tolist() == list(m)  # env_mask reaches the loss as it was
         n_trained += sum(m)
         slot = batch.index((p, c, m))
         assert inputs["advantages"][b].item() == pytest.approx(expected_adv[slot].item(), abs=1e-5)
     easy_c, easy_m = fields["completion_ids"][0], fields["env_mask"][0]
     first_eos = easy_c.index(IM_END)
-    assert sum(easy_m[first_eos + 1:]) > 0, "the chained row trains tokens after its first <|im_end|>"
+    assert sum(easy_m[first_eos + 1 :]) > 0, "the chained row trains tokens after its first <|im_end|>"
     assert inputs["num_items_in_batch"].item() == n_trained == sum(r.n_trained for rows in rollouts for r in rows)
     assert step.last["packs"] == 4  # the easy row, each forked pair once, the padding slot
     log = next(h for h in trainer.state.log_history if "loss" in h)

@@ -53,10 +53,20 @@ class ToolLoop(ScriptedUpstream):
     def _answer(self, body, mode):
         answer = super()._answer(body, "text")
         if mode == "tool":
-            answer["choices"][0].update(finish_reason="tool_calls", message={
-                "role": "assistant", "content": None, "tool_calls": [{
-                    "id": f"call_{self.rng.randrange(10**9)}", "type": "function",
-                    "function": {"name": self.tool, "arguments": json.dumps(self.arguments)}}]})
+            answer["choices"][0].update(
+                finish_reason="tool_calls",
+                message={
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"call_{self.rng.randrange(10**9)}",
+                            "type": "function",
+                            "function": {"name": self.tool, "arguments": json.dumps(self.arguments)},
+                        }
+                    ],
+                },
+            )
         answer["usage"] = {"prompt_tokens": self.usage, "completion_tokens": 7, "total_tokens": self.usage + 7}
         return answer
 
@@ -64,8 +74,7 @@ class ToolLoop(ScriptedUpstream):
 def _scripted_rollout(tmp_path, harness: str, up: ToolLoop, script: list[str]) -> list[dict]:
     up.script = script
     with CaptureProxy(up.url, "scripted") as proxy:
-        config = RolloutConfig(harness=harness, temperature=1.0, max_output_tokens=64, timeout_s=120,
-                               max_model_calls=8)
+        config = RolloutConfig(harness=harness, temperature=1.0, max_output_tokens=64, timeout_s=120, max_model_calls=8)
         result = run_rollout(load_task("easy/0"), proxy.client(), config, tmp_path / "r")
     assert result.status == "ok", result.reason
     return json.loads((tmp_path / "r" / "trace.json").read_text())
@@ -102,8 +111,9 @@ def test_pi_compaction_is_tagged_and_not_sent_below_the_threshold(tmp_path):
 
 @pytest.mark.parametrize("harness", sorted(HARNESSES))
 def test_launch_keeps_the_key_out_of_files_and_argv(harness):
-    launch = get_harness(harness).launch(base_url="http://127.0.0.1:1/v1", api_key="sk-rollout-key", model="m",
-                                         prompt="do it", options=HarnessOptions())
+    launch = get_harness(harness).launch(
+        base_url="http://127.0.0.1:1/v1", api_key="sk-rollout-key", model="m", prompt="do it", options=HarnessOptions()
+    )
     assert not any("sk-rollout-key" in text for text in launch.files.values())
     assert not any("sk-rollout-key" in a for a in launch.argv)
     assert launch.stdin == b"do it"
@@ -119,7 +129,8 @@ def test_few_shot_examples_use_each_harness_schema():
         "<|im_start|>user\nRun a quick check with the bash tool.<|im_end|>\n"
         '<|im_start|>assistant\n<tool_call>\n{"name": "bash", "arguments": {"command": '
         '"python -c \\"from solution import hello; print(hello())\\""}}\n</tool_call><|im_end|>\n'
-        "<|im_start|>user\n" + instruction)
+        "<|im_start|>user\n" + instruction
+    )
     assert '"name": "write", "arguments": {"path": "solution.py"' in get_harness("pi").few_shot_prompt(instruction)
     codex = get_harness("codex").few_shot_prompt(instruction)
     assert '"name": "exec_command", "arguments": {"cmd": "cat > solution.py' in codex

@@ -9,11 +9,22 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["workbench.train", "workbench.rollout", "workbench.capture_client",
-                                    "workbench.evaluate", "workbench.turns", "workbench.verify"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "workbench.train",
+        "workbench.rollout",
+        "workbench.capture_client",
+        "workbench.evaluate",
+        "workbench.turns",
+        "workbench.verify",
+    ],
+)
 def test_importing_does_not_pull_openenvs_server(module):
-    code = (f"import sys; import {module}; heavy = sorted(m for m in ('gradio', 'pandas', 'openenv', 'fastmcp') "
-            "if m in sys.modules); print(heavy, len(sys.modules))")
+    code = (
+        f"import sys; import {module}; heavy = sorted(m for m in ('gradio', 'pandas', 'openenv', 'fastmcp') "
+        "if m in sys.modules); print(heavy, len(sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     heavy, count = out.stdout.rsplit(" ", 1)
     assert heavy == "[]", (module, out.stdout)
@@ -37,15 +48,18 @@ def test_every_subcommands_help_renders():
 
 
 def test_the_package_names_its_stages_and_loads_them_on_first_use():
-    code = ("import sys, workbench; before = sorted(m for m in sys.modules if m.startswith('workbench.')); "
-            "names = {n: getattr(workbench, n).__module__ for n in workbench.__all__}; "
-            "print(before); print(names)")
+    code = (
+        "import sys, workbench; before = sorted(m for m in sys.modules if m.startswith('workbench.')); "
+        "names = {n: getattr(workbench, n).__module__ for n in workbench.__all__}; "
+        "print(before); print(names)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     before, names = out.stdout.splitlines()
     assert before == "[]"
     assert "'load_task': 'workbench.tasks'" in names and "'GRPORun': 'workbench.train'" in names
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         import workbench
+
         workbench.nothing  # noqa: B018
 
 
@@ -70,8 +84,12 @@ def _module_level_imports() -> dict[str, set[str]]:
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 nodes += node.orelse
             elif isinstance(node, (ast.If, ast.Try)):  # e.g. an optional import: both branches may run
-                nodes += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
-                          *(s for h in getattr(node, "handlers", []) for s in h.body)]
+                nodes += [
+                    *node.body,
+                    *getattr(node, "orelse", []),
+                    *getattr(node, "finalbody", []),
+                    *(s for h in getattr(node, "handlers", []) for s in h.body),
+                ]
             else:
                 nodes.append(node)
         targets = set()
@@ -81,12 +99,16 @@ def _module_level_imports() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(up + ([node.module] if node.module else []))
                 targets |= {base} | {f"{base}.{a.name}" for a in node.names}
         # the target module and the packages above it run first (not the importer's own, nor the lazy root)
-        graph[mod] = {p for t in targets for i in range(2, t.count(".") + 2)
-                      if (p := ".".join(t.split(".")[:i])) in files and p != mod and not mod.startswith(p + ".")}
+        graph[mod] = {
+            p
+            for t in targets
+            for i in range(2, t.count(".") + 2)
+            if (p := ".".join(t.split(".")[:i])) in files and p != mod and not mod.startswith(p + ".")
+        }
     return graph
 
 
@@ -101,7 +123,7 @@ def test_workbench_modules_import_each_other_in_one_direction():
         state[mod] = "open"
         for dep in sorted(graph.get(mod, ())):
             if state.get(dep) == "open":
-                cycles.append(path[path.index(dep):] + [dep] if dep in path else [mod, dep])
+                cycles.append(path[path.index(dep) :] + [dep] if dep in path else [mod, dep])
             elif dep not in state:
                 visit(dep, [*path, dep])
         state[mod] = "done"

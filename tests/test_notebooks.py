@@ -19,7 +19,9 @@ NB_DIR = project_root() / "notebooks"
 def test_committed_notebooks_are_stripped_and_parameterised(name):
     nb = json.loads((NB_DIR / f"{name}.ipynb").read_text())
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), "commit notebooks without outputs"
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), (
+        "commit notebooks without outputs"
+    )
     tagged = [i for i, c in enumerate(nb["cells"]) if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1
     # the cell after the parameters builds the typed config (papermill injects in between)
@@ -49,8 +51,13 @@ def _outputs(nb_path: Path) -> tuple[list[dict], list[dict]]:
 def test_all_notebooks_execute_headless(tmp_path):
     """`workbench notebooks run --params small`: the same command users run, end to end."""
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "workbench", "notebooks", "run", "--params", "small", "--out", str(out)],
-                          capture_output=True, text=True, timeout=2400, cwd=project_root())
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench", "notebooks", "run", "--params", "small", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        cwd=project_root(),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in NOTEBOOKS:
         errors, outputs = _outputs(out / f"{name}.ipynb")
@@ -63,7 +70,17 @@ def test_all_notebooks_execute_headless(tmp_path):
     assert (out / "rollouts" / "r0" / "trace.json").exists() and (out / "rollouts" / "r0" / "turns.json").exists()
     assert (out / "grpo" / "metrics.jsonl").exists() and (out / "grpo" / "adapters" / "final").is_dir()
     figures = {p.stem for p in (out / "figures").glob("*.html")}
-    assert {"sandbox_probes", "two_urls", "trace", "turn0", "row", "fork_causes", "verify_hostile", "steps", "curves"} <= figures
+    assert {
+        "sandbox_probes",
+        "two_urls",
+        "trace",
+        "turn0",
+        "row",
+        "fork_causes",
+        "verify_hostile",
+        "steps",
+        "curves",
+    } <= figures
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {m["notebook"] for m in metrics} >= set(NOTEBOOKS)
     # widgets degrade headless: the executed notebook holds the static token view

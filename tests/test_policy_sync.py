@@ -26,8 +26,9 @@ def _peft_tiny(seed: int = 0):
 
     path = build("tiny").path
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS,
-                                            task_type="CAUSAL_LM"))
+    peft = get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM")
+    )
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in peft.named_parameters():
@@ -72,8 +73,10 @@ def test_a_fresh_adapter_merges_to_the_base_weights_exactly():
     from workbench.assets import build
 
     path = build("tiny").path
-    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-                          LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, task_type="CAUSAL_LM"))
+    peft = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, task_type="CAUSAL_LM"),
+    )
     checkpoint = load_file(path / "model.safetensors")
     assert all(torch.equal(v, checkpoint[k]) for k, v in merged_state_dict(peft).items())
 
@@ -122,7 +125,7 @@ def test_the_engine_serves_the_merged_weights_it_reloaded(plain_engine, tmp_path
     def model_logps(prompt: list[int], completion: list[int], model) -> list[float]:
         ids = torch.tensor([prompt + completion])
         with torch.no_grad():
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1]
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
         return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
     engine = plain_engine
@@ -155,8 +158,17 @@ def test_a_merged_run_trains_on_what_the_engine_serves_after_an_update(plain_eng
         lps = [lp for c in outcome.calls if c.get("purpose") == "agent" for lp in c.get("per_token_logps") or []]
         return sum(lps) / len(lps) if lps else None
 
-    config = TrainConfig(model="tiny", tasks="easy[:2]", steps=2, group_size=2, temperature=0.7, learning_rate=2e-2,
-                         max_output_tokens=24, train_turns="all", weight_sync="merged")
+    config = TrainConfig(
+        model="tiny",
+        tasks="easy[:2]",
+        steps=2,
+        group_size=2,
+        temperature=0.7,
+        learning_rate=2e-2,
+        max_output_tokens=24,
+        train_turns="all",
+        weight_sync="merged",
+    )
     engine = plain_engine
     with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
         run = GRPORun(config, run_dir=tmp_path / "run", engine=engine, client=proxy.client(), reward_fn=mean_logprob)
@@ -183,8 +195,17 @@ def test_a_merged_evaluation_serves_the_adapter_then_the_base_model_again(plain_
     path, peft = _peft_tiny(seed=2)
     peft.save_pretrained(tmp_path / "adapter")
     engine = plain_engine
-    config = EvalConfig(model="tiny", adapter=str(tmp_path / "adapter"), tasks="easy-eval[:1]", n=1, temperature=0.7,
-                        max_output_tokens=16, max_model_calls=2, timeout_s=120, serving="merged")
+    config = EvalConfig(
+        model="tiny",
+        adapter=str(tmp_path / "adapter"),
+        tasks="easy-eval[:1]",
+        n=1,
+        temperature=0.7,
+        max_output_tokens=16,
+        max_model_calls=2,
+        timeout_s=120,
+        serving="merged",
+    )
     with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
         result = run_eval(config, run_dir=tmp_path / "run", engine=engine, client=proxy.client(), progress=False)
     assert result["policy"] == f"{engine.served_name}+adapter (merged)" and result["stale_calls"] == 0
@@ -194,7 +215,7 @@ def test_a_merged_evaluation_serves_the_adapter_then_the_base_model_again(plain_
     prompt, completion = engine.tokenize(messages), out["token_ids"]
     base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
-        logits = base(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
+        logits = base(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
     want = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
     got = [t["logprob"] for t in out["logprobs"]["content"]]
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4  # the base model again

@@ -40,8 +40,10 @@ def adapters(tiny, tmp_path_factory):
     targets = ["q_proj", "v_proj", "down_proj"]
     for name, layers in (("zero", None), ("late", [1])):
         model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
-        peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, layers_to_transform=layers,
-                                                task_type="CAUSAL_LM"))
+        peft = get_peft_model(
+            model,
+            LoraConfig(r=4, lora_alpha=8, target_modules=targets, layers_to_transform=layers, task_type="CAUSAL_LM"),
+        )
         if name == "late":
             g = torch.Generator().manual_seed(0)
             with torch.no_grad():
@@ -68,8 +70,11 @@ def test_a_changed_adapter_moves_the_logprobs(tiny, adapters, smol_tok):
     via_zero = rescore(EASY, tiny, adapters / "zero", adapters / "late", smol_tok)
     assert [t.delta for t in via_zero.tokens] == [t.delta for t in late.tokens]
     s = late.summary(top=3)
-    assert s["n"] == 53 and len(s["top_increased"]) <= 3 and set(s["by_part"]) <= {"tool_name", "arguments", "code",
-                                                                                   "tool_syntax", "text", "special"}
+    assert (
+        s["n"] == 53
+        and len(s["top_increased"]) <= 3
+        and set(s["by_part"]) <= {"tool_name", "arguments", "code", "tool_syntax", "text", "special"}
+    )
 
 
 def test_scores_are_the_models_plain_forward_at_the_trace_temperature(tiny, adapters, smol_tok):

@@ -21,8 +21,17 @@ from workbench.tasks import load_task
 
 pytestmark = [pytest.mark.engine, pytest.mark.opencode]
 
-SEED_FILES = {"trace.json", "task.json", "visible_tests.txt", "held_out_tests.json", "summary.json",
-              "events.jsonl", "harness.stderr.txt", "workspace", "verify.json"}
+SEED_FILES = {
+    "trace.json",
+    "task.json",
+    "visible_tests.txt",
+    "held_out_tests.json",
+    "summary.json",
+    "events.jsonl",
+    "harness.stderr.txt",
+    "workspace",
+    "verify.json",
+}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +66,9 @@ def test_rollout_artefact_has_exact_engine_tokens(engine, proxy, tmp_path, isola
         assert tok.decode(c["completion_token_ids"], skip_special_tokens=True).strip().startswith(content.strip()[:20])
     # the hidden tests never entered the workspace
     held = json.loads((out / "held_out_tests.json").read_text())
-    assert held and not any("check(" in p.read_text(errors="ignore") for p in (out / "workspace").rglob("*") if p.is_file())
+    assert held and not any(
+        "check(" in p.read_text(errors="ignore") for p in (out / "workspace").rglob("*") if p.is_file()
+    )
     assert json.loads((out / "task.json").read_text())["id"] == "humaneval/0"
 
 
@@ -78,7 +89,7 @@ def test_captured_logprobs_are_the_engines_at_the_pinned_temperature(engine, pro
     model = AutoModelForCausalLM.from_pretrained(engine.asset.path, dtype=torch.float32)
     prompt, out = call["prompt_token_ids"], call["completion_token_ids"]
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1]
+        logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1 : -1]
     ours = torch.log_softmax(logits / 0.5, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
     assert (ours - torch.tensor(call["per_token_logps"])).abs().mean() < 1e-4
 
@@ -110,8 +121,9 @@ def test_harness_hang_ends_at_the_wall_clock_limit(tmp_path):
 
 def test_openenv_protocols_for_trl(proxy, tmp_path):
     """TRL's HarnessRolloutWorker calls factory(sampling=...) then create/wait/fetch/verify/close."""
-    make = functools.partial(HarnessSessionFactory, proxy.client(), RolloutConfig(max_output_tokens=16),
-                             out_root=tmp_path, train_turns="all")  # the tiny model's 16 tokens call no tool
+    make = functools.partial(
+        HarnessSessionFactory, proxy.client(), RolloutConfig(max_output_tokens=16), out_root=tmp_path, train_turns="all"
+    )  # the tiny model's 16 tokens call no tool
     factory = make(sampling=training_sampling({"temperature": 0.6}))
     session = factory.create("humaneval/2", seed=0, episode_id="ep1")
     try:

@@ -8,8 +8,13 @@ from workbench.paths import harness_bin, project_root
 
 
 def test_opencode_runs_offline_from_project_install():
-    out = subprocess.run([str(harness_bin("opencode")), "--version"], capture_output=True, text=True,
-                         timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
+    out = subprocess.run(
+        [str(harness_bin("opencode")), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
+    )
     assert out.returncode == 0 and out.stdout.strip() == "1.18.33"
     assert str(harness_bin("opencode")).startswith(str(project_root() / "tools"))
 

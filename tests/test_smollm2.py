@@ -20,8 +20,15 @@ def test_smollm2_writes_solution_with_opencodes_write_tool(tmp_path):
     opencode's `write` tool create solution.py: in opencode's own events, in the workspace, and as a
     tool call in the engine's captured answer."""
     build("smollm2")
-    config = RolloutConfig(temperature=0.3, max_output_tokens=256, max_model_calls=6, timeout_s=300, few_shot=True,
-                           system_prompt=SHORT_AGENT_PROMPT, tools=SHORT_AGENT_TOOLS)
+    config = RolloutConfig(
+        temperature=0.3,
+        max_output_tokens=256,
+        max_model_calls=6,
+        timeout_s=300,
+        few_shot=True,
+        system_prompt=SHORT_AGENT_PROMPT,
+        tools=SHORT_AGENT_TOOLS,
+    )
     outcomes = []
     with local_stack("smollm2") as (_, _, client):
         for i in range(5):

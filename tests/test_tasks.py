@@ -12,8 +12,12 @@ from workbench.tasks import FIXTURE_PATH, Limits, Task, load_task, load_tasks
 
 def test_humaneval_task_shows_the_prompt_and_hides_check():
     task = load_task("humaneval/0")
-    assert (task.id, task.source, task.test_kind, task.entry_point) == ("humaneval/0", "humaneval", "humaneval",
-                                                                         "has_close_elements")
+    assert (task.id, task.source, task.test_kind, task.entry_point) == (
+        "humaneval/0",
+        "humaneval",
+        "humaneval",
+        "has_close_elements",
+    )
     assert "solution.py" in task.instruction and "def has_close_elements(" in task.instruction
     assert ">>> has_close_elements([1.0, 2.0, 3.0], 0.5)\nFalse" in task.visible_tests
     [test] = task.held_out_tests
@@ -31,7 +35,7 @@ def test_humaneval_collection_ids_and_slices():
     assert [t.id for t in load_tasks("humaneval[160:]")] == [f"humaneval/{i}" for i in range(160, 164)]
     assert load_tasks("humaneval/5")[0].id == "humaneval/5"
     # Free-form examples (no doctest) are found too; problems without examples say so.
-    assert "digitSum(\"abAB\") => 131" in tasks[66].visible_tests
+    assert 'digitSum("abAB") => 131' in tasks[66].visible_tests
     assert "gives no examples" in tasks[83].visible_tests
 
 
@@ -42,14 +46,17 @@ def test_round_trip_through_json():
     assert load_task(task.id) == Task.from_json({**task.to_json(), "limits": {}})
 
 
-@pytest.mark.parametrize("spec, error, message", [
-    ("humaneval/999", ValueError, "unknown task 'humaneval/999': HumanEval has 164 tasks (0-163)"),
-    ("mbpp/3", ValueError, "unknown task 'mbpp/3'"),
-    ("deepcoder-fixture/6", ValueError, "the DeepCoder fixture has 6 rows (0-5)"),
-    ("deepcoder-fixture/5", ValueError, "is unusable: no usable test"),
-    ("jsonl:/nonexistent/tasks.jsonl", FileNotFoundError, "no JSONL task file"),
-    ("humaneval/3[:2]", ValueError, "cannot slice"),
-])
+@pytest.mark.parametrize(
+    "spec, error, message",
+    [
+        ("humaneval/999", ValueError, "unknown task 'humaneval/999': HumanEval has 164 tasks (0-163)"),
+        ("mbpp/3", ValueError, "unknown task 'mbpp/3'"),
+        ("deepcoder-fixture/6", ValueError, "the DeepCoder fixture has 6 rows (0-5)"),
+        ("deepcoder-fixture/5", ValueError, "is unusable: no usable test"),
+        ("jsonl:/nonexistent/tasks.jsonl", FileNotFoundError, "no JSONL task file"),
+        ("humaneval/3[:2]", ValueError, "cannot slice"),
+    ],
+)
 def test_bad_specs_fail_clearly(spec, error, message):
     with pytest.raises(error) as info:
         load_tasks(spec)
@@ -58,11 +65,19 @@ def test_bad_specs_fail_clearly(spec, error, message):
 
 def test_bad_records_fail_clearly():
     with pytest.raises(ValueError, match="test_kind 'unit' is not one of"):
-        Task(id="x", instruction="", files={}, visible_tests="", held_out_tests=[{}], test_kind="unit",
-             entry_point=None)
+        Task(
+            id="x", instruction="", files={}, visible_tests="", held_out_tests=[{}], test_kind="unit", entry_point=None
+        )
     with pytest.raises(ValueError, match="needs an entry_point"):
-        Task(id="x", instruction="", files={}, visible_tests="", held_out_tests=[{}], test_kind="function_call",
-             entry_point=None)
+        Task(
+            id="x",
+            instruction="",
+            files={},
+            visible_tests="",
+            held_out_tests=[{}],
+            test_kind="function_call",
+            entry_point=None,
+        )
     with pytest.raises(ValueError, match="Limits.time_s must be positive"):
         Limits(time_s=0)
     with pytest.raises(ValueError, match="max_tests must be at least 1, got 0"):
@@ -73,8 +88,13 @@ def test_deepcoder_fixture_loads_through_datasets():
     with pytest.warns(UserWarning, match="skipped 1 rows: 1 x no usable test"):
         tasks = load_tasks("deepcoder-fixture")
     assert [t.id for t in tasks] == [f"deepcoder-fixture/{i}" for i in range(5)]
-    assert [t.test_kind for t in tasks] == ["stdin_stdout", "stdin_stdout", "function_call", "function_call",
-                                            "stdin_stdout"]
+    assert [t.test_kind for t in tasks] == [
+        "stdin_stdout",
+        "stdin_stdout",
+        "function_call",
+        "function_call",
+        "stdin_stdout",
+    ]
     assert [t.entry_point for t in tasks] == [None, None, "count_vowels", "divisors", None]
     assert {t.source for t in tasks} == {"deepcoder"}
     sum_task = tasks[0]
@@ -84,7 +104,7 @@ def test_deepcoder_fixture_loads_through_datasets():
     assert "=== example 2: input ===\n-5 5" in sum_task.visible_tests
     assert "123 -23" not in sum_task.visible_tests  # a held-out input
     assert "return the code" not in sum_task.instruction and "solution.py" in sum_task.instruction
-    assert "fox brown quick the" in tasks[1].visible_tests                      # "Sample Input 1" style
+    assert "fox brown quick the" in tasks[1].visible_tests  # "Sample Input 1" style
     assert tasks[4].visible_tests.endswith("expected output ===\n1\n3\n6\n")  # prose after it is not output
     assert 'count_vowels("RHYTHM") == 0' in tasks[2].visible_tests
     assert "`count_vowels`" in tasks[2].instruction
@@ -104,14 +124,24 @@ def test_fixture_is_in_the_dataset_schema():
 def test_jsonl_tasks_accept_the_dataset_variants(tmp_path):
     rows = [
         # tests as a list, stdin given as a list of lines
-        {"problem": "Double it.\n\nExamples\n\nInput\n2\n\nOutput\n4\n",
-         "tests": [{"type": "stdin_stdout", "input": ["2"], "output": "4\n"},
-                   {"type": "stdin_stdout", "input": "5\n", "output": "10\n"}]},
+        {
+            "problem": "Double it.\n\nExamples\n\nInput\n2\n\nOutput\n4\n",
+            "tests": [
+                {"type": "stdin_stdout", "input": ["2"], "output": "4\n"},
+                {"type": "stdin_stdout", "input": "5\n", "output": "10\n"},
+            ],
+        },
         # function-call arguments as a JSON string; a stdin test after it is dropped (first kind wins)
-        {"problem": "Write add(a, b).", "tests": json.dumps([
-            {"type": "function_call", "fn_name": "add", "input": "[1, 2]", "output": [3]},
-            {"type": "stdin_stdout", "input": "1 2", "output": "3"},
-            {"type": "function_call", "fn_name": "add", "input": [2, 2], "output": [4]}])},
+        {
+            "problem": "Write add(a, b).",
+            "tests": json.dumps(
+                [
+                    {"type": "function_call", "fn_name": "add", "input": "[1, 2]", "output": [3]},
+                    {"type": "stdin_stdout", "input": "1 2", "output": "3"},
+                    {"type": "function_call", "fn_name": "add", "input": [2, 2], "output": [4]},
+                ]
+            ),
+        },
         {"problem": "Broken.", "tests": "not json"},
         {"problem": "", "tests": [{"type": "stdin_stdout", "input": "", "output": ""}]},
     ]

@@ -53,8 +53,16 @@ def test_advantages_and_loss_match_a_direct_computation(tmp_path, levers):
     step and the step with the speed levers (workbench.group_step) give the same loss."""
     asset = build("tiny")
     make = TrainConfig.baseline if levers == "baseline" else TrainConfig
-    config = make(model="tiny", tasks="easy[:3]", tasks_per_step=3, group_size=3, steps=1,
-                  temperature=0.7, learning_rate=1e-3, every_row=False)
+    config = make(
+        model="tiny",
+        tasks="easy[:3]",
+        tasks_per_step=3,
+        group_size=3,
+        steps=1,
+        temperature=0.7,
+        learning_rate=1e-3,
+        every_row=False,
+    )
     run = GRPORun(config, run_dir=tmp_path / "run")
     trainer = run._build_trainer(asset.path)
     rewards = [1.0, 0.0, None, 0.5, 0.5, 0.5, 1.0, 0.0, 0.0]
@@ -71,7 +79,7 @@ def test_advantages_and_loss_match_a_direct_computation(tmp_path, levers):
             completion = torch.randint(0, 151000, (n + 2,), generator=g).tolist()
             mask = [1] * n + [0, 0]  # two context tokens after the sampled ones
             with torch.no_grad():  # the generator's logprobs: the same weights at the same temperature
-                logits = base(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
+                logits = base(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
             lps = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
             out["prompt_ids"].append(prompt)
             out["completion_ids"].append(completion)
@@ -108,21 +116,44 @@ def test_two_step_run_syncs_the_policy_to_the_engine(engine, tmp_path):
     and GRPO would have nothing to learn from. This test is about the mechanics: it trains all turns and
     rewards each rollout by the mean logprob of what it sampled, which differs between rollouts.
     """
+
     def mean_logprob(outcome):
         lps = [lp for c in outcome.calls if c.get("purpose") == "agent" for lp in c.get("per_token_logps") or []]
         return sum(lps) / len(lps) if lps else None
 
-    config = TrainConfig(model="tiny", tasks="easy[:2]", steps=2, group_size=2, temperature=0.7,
-                         learning_rate=2e-2, max_output_tokens=24, train_turns="all")
+    config = TrainConfig(
+        model="tiny",
+        tasks="easy[:2]",
+        steps=2,
+        group_size=2,
+        temperature=0.7,
+        learning_rate=2e-2,
+        max_output_tokens=24,
+        train_turns="all",
+    )
     with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
-        run = GRPORun(config, run_dir=tmp_path / "run", engine=engine, client=proxy.client(),
-                      reward_fn=mean_logprob)
+        run = GRPORun(config, run_dir=tmp_path / "run", engine=engine, client=proxy.client(), reward_fn=mean_logprob)
         summary = run.train()
     metrics = run.dir.read_metrics()
     assert [m["step"] for m in metrics] == [1, 2] and all(m["loss"] is not None for m in metrics)
-    for key in ("reward", "reward_std", "frac_reward_zero_std", "rollouts", "rollouts_failed", "rollout_failures",
-                "effective_group_size", "rows_dropped_budget", "rows_dropped_fork", "rollouts_no_trainable_turn",
-                "stale_calls", "rollout_s", "sync_s", "train_s", "entropy", "clip_ratio/region_mean"):
+    for key in (
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "rollouts",
+        "rollouts_failed",
+        "rollout_failures",
+        "effective_group_size",
+        "rows_dropped_budget",
+        "rows_dropped_fork",
+        "rollouts_no_trainable_turn",
+        "stale_calls",
+        "rollout_s",
+        "sync_s",
+        "train_s",
+        "entropy",
+        "clip_ratio/region_mean",
+    ):
         assert key in metrics[0], key
     assert metrics[0]["rollouts"] == 2 and metrics[0]["stale_calls"] == 0
     # step 1, before any update: trainer and engine agree on the sampled tokens at T=0.7

@@ -11,8 +11,19 @@ from pathlib import Path
 import pytest
 
 from workbench.assets import build_tokenizer
-from workbench.turns import (CAUSES, Turn, TraceError, build_rows, derive_turns, diagnose, has_tool_call,
-                             load_trace, load_turns, rollout_report, write_turns)
+from workbench.turns import (
+    CAUSES,
+    Turn,
+    TraceError,
+    build_rows,
+    derive_turns,
+    diagnose,
+    has_tool_call,
+    load_trace,
+    load_turns,
+    rollout_report,
+    write_turns,
+)
 from workbench.views import render_drift, render_row, render_trace, render_turn
 
 FIXTURES = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"  # real captures, shipped as examples
@@ -31,6 +42,7 @@ def smol_tok():
 
 
 # -- real traces ---------------------------------------------------------------------------------
+
 
 def _fixture(name: str) -> list[dict]:
     return load_trace(FIXTURES / name / "trace.json")
@@ -76,9 +88,19 @@ def test_multiturn_tool_rollout_chains_into_one_row():
 
 # -- synthetic forks -----------------------------------------------------------------------------
 
-TOOLS = [{"type": "function", "function": {"name": "write", "description": "write a file",
-                                           "parameters": {"type": "object", "properties": {
-                                               "filePath": {"type": "string"}, "content": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "write",
+            "description": "write a file",
+            "parameters": {
+                "type": "object",
+                "properties": {"filePath": {"type": "string"}, "content": {"type": "string"}},
+            },
+        },
+    }
+]
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 USER = {"role": "user", "content": "Write solution.py"}
 ARGS = {"filePath": "solution.py", "content": "x = 1\n"}
@@ -96,21 +118,30 @@ def _conversation(tok, sampled_text, replayed, *, sampled_ids=None, between=(), 
     out0 = out0 + [tok.convert_tokens_to_ids("<|im_end|>")]
     msgs1 = (history or [SYSTEM, USER]) + [replayed, {"role": "tool", "content": "ok", "tool_call_id": "c1"}]
     p1 = _ids(tok, msgs1)
-    message0 = {"role": "assistant", "content": sampled_text, "tool_calls": [{"id": "c1", "function": {"name": "write"}}]}
+    message0 = {
+        "role": "assistant",
+        "content": sampled_text,
+        "tool_calls": [{"id": "c1", "function": {"name": "write"}}],
+    }
     if reasoning:
         message0["reasoning_content"] = reasoning
     calls = [{"purpose": "agent", "status": "ok", "response": {"choices": [{"message": message0}]}}]
     calls += [{"purpose": p, "status": "ok"} for p in between]
     calls.append({"purpose": "agent", "status": "ok", "response": {"choices": [{"message": {"content": "done"}}]}})
     out1 = tok("done", add_special_tokens=False)["input_ids"]
-    turns = [Turn(0, 0, p0, out0, [-0.5] * len(out0), True),
-             Turn(1, len(calls) - 1, p1, out1, [-0.1] * len(out1), False)]
+    turns = [
+        Turn(0, 0, p0, out0, [-0.5] * len(out0), True),
+        Turn(1, len(calls) - 1, p1, out1, [-0.1] * len(out1), False),
+    ]
     return turns, calls
 
 
 def _tc(name=ARGS and "write", args=None):
-    return {"role": "assistant", "content": "",
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": name, "arguments": args or ARGS}}]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": name, "arguments": args or ARGS}}],
+    }
 
 
 def _diagnosed(tok, turns, calls):
@@ -126,7 +157,9 @@ def _diagnosed(tok, turns, calls):
 
 
 def test_clean_continuation_chains(tok):
-    text = '<tool_call>\n{"name": "write", "arguments": {"filePath": "solution.py", "content": "x = 1\\n"}}\n</tool_call>'
+    text = (
+        '<tool_call>\n{"name": "write", "arguments": {"filePath": "solution.py", "content": "x = 1\\n"}}\n</tool_call>'
+    )
     turns, calls = _conversation(tok, text, _tc())
     rows, forks = build_rows(turns)
     assert len(rows) == 1 and not forks
@@ -141,7 +174,9 @@ def test_template_rerender_one_line_tool_call(tok):
 
 
 def test_arguments_reserialised(tok):
-    text = '<tool_call>\n{"name": "write", "arguments": {"filePath": "solution.py", "content": "x = 1\\n"}}\n</tool_call>'
+    text = (
+        '<tool_call>\n{"name": "write", "arguments": {"filePath": "solution.py", "content": "x = 1\\n"}}\n</tool_call>'
+    )
     reordered = {"content": "x = 1\n", "filePath": "solution.py"}
     turns, calls = _conversation(tok, text, _tc(args=reordered))
     assert _diagnosed(tok, turns, calls).cause == "arguments_reserialised"
@@ -170,19 +205,30 @@ def test_bpe_boundary(tok):
 
 
 def test_compaction(tok):
-    text = '<tool_call>\n{"name": "write", "arguments": {"filePath": "solution.py", "content": "x = 1\\n"}}\n</tool_call>'
+    text = (
+        '<tool_call>\n{"name": "write", "arguments": {"filePath": "solution.py", "content": "x = 1\\n"}}\n</tool_call>'
+    )
     summary = [SYSTEM, {"role": "user", "content": "Summary: the user wants solution.py."}]
     turns, calls = _conversation(tok, text, _tc(), history=summary, between=("compaction",))
     assert _diagnosed(tok, turns, calls).cause == "compaction"
 
 
 def test_history_rewritten(tok):
-    text = '<tool_call>\n{"name": "write", "arguments": {"filePath": "solution.py", "content": "x = 1\\n"}}\n</tool_call>'
+    text = (
+        '<tool_call>\n{"name": "write", "arguments": {"filePath": "solution.py", "content": "x = 1\\n"}}\n</tool_call>'
+    )
     edited = [SYSTEM, {"role": "user", "content": "Write solution.py please"}]
     turns, calls = _conversation(tok, text, _tc(), history=edited)
     assert _diagnosed(tok, turns, calls).cause == "history_rewritten"
-    assert set(CAUSES) >= {"template_rerender", "arguments_reserialised", "harness_rewrote_call",
-                           "reasoning_stripped", "bpe_boundary", "compaction", "history_rewritten"}
+    assert set(CAUSES) >= {
+        "template_rerender",
+        "arguments_reserialised",
+        "harness_rewrote_call",
+        "reasoning_stripped",
+        "bpe_boundary",
+        "compaction",
+        "history_rewritten",
+    }
 
 
 def test_forked_rows_keep_every_sampled_token(tok):
@@ -191,10 +237,11 @@ def test_forked_rows_keep_every_sampled_token(tok):
     rows, _ = build_rows(turns)
     got = [(r.input_ids[i], r.logprobs[i]) for r in rows for i in range(len(r.input_ids)) if r.sampled[i]]
     assert got == [(i, lp) for t in turns for i, lp in zip(t.output_ids, t.per_token_logps)]
-    assert rows[0].input_ids[-len(turns[0].output_ids):] == turns[0].output_ids  # never overwritten
+    assert rows[0].input_ids[-len(turns[0].output_ids) :] == turns[0].output_ids  # never overwritten
 
 
 # -- corrupt files -------------------------------------------------------------------------------
+
 
 def test_truncated_trace_names_file_and_position(tmp_path):
     text = (FIXTURES / "tiny-humaneval" / "trace.json").read_text()
@@ -214,6 +261,7 @@ def test_inconsistent_turns_file_is_refused(tmp_path):
 
 
 # -- views ----------------------------------------------------------------------------------------
+
 
 class _Tokens(HTMLParser):
     def __init__(self) -> None:
@@ -261,8 +309,9 @@ def test_drift_view_marks_the_divergence(tok):
     assert "template_rerender" in html and html.count("wb-div") >= 2
 
 
-@pytest.mark.parametrize("name, cause", [("smollm2-fork-invalid", "harness_rewrote_call"),
-                                         ("smollm2-fork-bpe", "bpe_boundary")])
+@pytest.mark.parametrize(
+    "name, cause", [("smollm2-fork-invalid", "harness_rewrote_call"), ("smollm2-fork-bpe", "bpe_boundary")]
+)
 def test_real_forks_are_diagnosed(smol_tok, name, cause):
     """Captured SmolLM2 rollouts whose conversation forked: an unknown tool opencode replayed as its
     `invalid` tool, and a tool call sampled with a non-canonical token split."""

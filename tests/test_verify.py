@@ -23,8 +23,12 @@ from workbench import cli
 from workbench.tasks import Limits, Task, humaneval_path, load_task, load_tasks
 from workbench.verify import Shaping, VerifyResult, sandbox_guards, shaped_reward, verify, verify_many
 
-BWRAP = pytest.param("bwrap", marks=pytest.mark.skipif("bwrap" not in sandbox_guards(),
-                                                       reason="bwrap is not installed or cannot create namespaces"))
+BWRAP = pytest.param(
+    "bwrap",
+    marks=pytest.mark.skipif(
+        "bwrap" not in sandbox_guards(), reason="bwrap is not installed or cannot create namespaces"
+    ),
+)
 SANDBOXES = ["none", BWRAP]
 FAST = Limits(time_s=1.0, deadline_s=30.0)
 
@@ -50,17 +54,28 @@ def workspace(path: Path, code: str | None) -> Path:
 
 
 def stdin_task(output: str = "3\n", limits: Limits = FAST) -> Task:
-    return Task(id="t/stdin", instruction="", files={}, visible_tests="", test_kind="stdin_stdout",
-                held_out_tests=[{"input": "1 2\n", "output": output}], entry_point=None, limits=limits)
+    return Task(
+        id="t/stdin",
+        instruction="",
+        files={},
+        visible_tests="",
+        test_kind="stdin_stdout",
+        held_out_tests=[{"input": "1 2\n", "output": output}],
+        entry_point=None,
+        limits=limits,
+    )
 
 
 # ------------------------------------------------------------------------------------------- HumanEval
 
+
 @pytest.mark.parametrize("sandbox", SANDBOXES)
 def test_all_humaneval_canonical_solutions_pass(tmp_path, humaneval_rows, sandbox):
     tasks = load_tasks("humaneval")
-    items = [(task, workspace(tmp_path / str(i), row["prompt"] + row["canonical_solution"]))
-             for i, (task, row) in enumerate(zip(tasks, humaneval_rows, strict=True))]
+    items = [
+        (task, workspace(tmp_path / str(i), row["prompt"] + row["canonical_solution"]))
+        for i, (task, row) in enumerate(zip(tasks, humaneval_rows, strict=True))
+    ]
     results = verify_many(items, progress=False, sandbox=sandbox)
     assert [r.task_id for r in results] == [t.id for t in tasks]
     failed = {r.task_id: r.tests[0].reason for r in results if r.reward != 1.0}
@@ -68,16 +83,25 @@ def test_all_humaneval_canonical_solutions_pass(tmp_path, humaneval_rows, sandbo
     assert all(r.passed == r.total == 1 for r in results)
 
 
-@pytest.mark.parametrize("code, outcome, reason", [
-    ("", "crash", "solution.py defines no function 'has_close_elements'"),
-    ("def has_close_elements(numbers, threshold)\n    return False\n", "crash", "SyntaxError"),
-    ("def has_close_elements(numbers, threshold):\n    return False\n", "wrong",
-     "assertion failed: assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True"),
-    ("def has_close_elements(numbers, threshold):\n    return 1 / 0\n", "crash",
-     "ZeroDivisionError: division by zero (solution.py line 2)"),
-    ("def has_close_elements(numbers, threshold):\n    return None\n", "wrong", "assertion failed"),
-    (None, "missing_file", "there is no solution.py"),
-])
+@pytest.mark.parametrize(
+    "code, outcome, reason",
+    [
+        ("", "crash", "solution.py defines no function 'has_close_elements'"),
+        ("def has_close_elements(numbers, threshold)\n    return False\n", "crash", "SyntaxError"),
+        (
+            "def has_close_elements(numbers, threshold):\n    return False\n",
+            "wrong",
+            "assertion failed: assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True",
+        ),
+        (
+            "def has_close_elements(numbers, threshold):\n    return 1 / 0\n",
+            "crash",
+            "ZeroDivisionError: division by zero (solution.py line 2)",
+        ),
+        ("def has_close_elements(numbers, threshold):\n    return None\n", "wrong", "assertion failed"),
+        (None, "missing_file", "there is no solution.py"),
+    ],
+)
 def test_humaneval_failures_score_zero_with_reasons(tmp_path, code, outcome, reason):
     result = verify(load_task("humaneval/0"), workspace(tmp_path / "ws", code))
     assert (result.reward, result.passed, result.total) == (0.0, 0, 1)
@@ -86,13 +110,16 @@ def test_humaneval_failures_score_zero_with_reasons(tmp_path, code, outcome, rea
 
 
 def test_an_object_that_equals_everything_does_not_pass(tmp_path):
-    code = ("class Anything:\n    def __eq__(self, other):\n        return True\n\n"
-            "def has_close_elements(numbers, threshold):\n    return Anything()\n")
+    code = (
+        "class Anything:\n    def __eq__(self, other):\n        return True\n\n"
+        "def has_close_elements(numbers, threshold):\n    return Anything()\n"
+    )
     result = verify(load_task("humaneval/0"), workspace(tmp_path / "ws", code))
     assert result.tests[0].outcome == "crash" and "cannot be compared" in result.tests[0].reason
 
 
 # ------------------------------------------------------------------------------------ DeepCoder fixture
+
 
 def test_stdin_stdout_full_and_partial_credit(tmp_path, fixture_tasks):
     sum_task = fixture_tasks[0]  # six tests: 1 2 | -5 5 | 1e9 1e9 | -7 -8 | 0 0 | 123 -23
@@ -107,8 +134,9 @@ def test_stdin_stdout_full_and_partial_credit(tmp_path, fixture_tasks):
 
 def test_stdin_stdout_output_normalisation(tmp_path, fixture_tasks):
     totals = fixture_tasks[4]  # running totals, one per line
-    crlf = ("n = int(input())\ns = 0\nfor x in input().split():\n    s += int(x)\n"
-            "    print(s, end='  \\r\\n')\nprint()\n")
+    crlf = (
+        "n = int(input())\ns = 0\nfor x in input().split():\n    s += int(x)\n    print(s, end='  \\r\\n')\nprint()\n"
+    )
     assert verify(totals, workspace(tmp_path / "a", crlf)).reward == 1.0
     one_line = "n = int(input())\nimport itertools\nprint(*itertools.accumulate(map(int, input().split())))\n"
     assert verify(totals, workspace(tmp_path / "b", one_line)).reward == 1.0  # same tokens
@@ -128,8 +156,9 @@ def test_function_call_full_and_partial_credit(tmp_path, fixture_tasks):
     assert result.tests[2].reason == "returned 4, expected 5"
     as_tuple = "def divisors(n):\n    return tuple(d for d in range(1, n + 1) if n % d == 0)\n"
     assert verify(divisors, workspace(tmp_path / "c", as_tuple)).reward == 1.0
-    leetcode = ("class Solution:\n    def divisors(self, n):\n"
-                "        return [d for d in range(1, n + 1) if n % d == 0]\n")
+    leetcode = (
+        "class Solution:\n    def divisors(self, n):\n        return [d for d in range(1, n + 1) if n % d == 0]\n"
+    )
     assert verify(divisors, workspace(tmp_path / "d", leetcode)).reward == 1.0
     reads_stdin = "def count_vowels(s):\n    return len(input())\n"
     eof = verify(vowels, workspace(tmp_path / "e", reads_stdin))
@@ -191,6 +220,7 @@ def test_shaping_is_separate_and_matches_the_seed():
 
 # ---------------------------------------------------------------------------------- hostile solutions
 
+
 @pytest.fixture
 def sandbox_dir(monkeypatch):
     """Where verify makes its private directories during the test, to check that none is left."""
@@ -227,22 +257,41 @@ def _relaunched(marker: str, body: str) -> str:
 
 
 @pytest.mark.parametrize("sandbox", SANDBOXES)
-@pytest.mark.parametrize("body, outcome, reason", [
-    pytest.param("while True:\n    pass\n", "timeout", "no result within 1 s", id="infinite-loop"),
-    pytest.param("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-                 "timeout", "no result within 1 s", id="fork-bomb"),
-    pytest.param("import sys\nblock = b'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.buffer.write(block)\n",
-                 "crash", "stdout passed the output limit of 2000000 bytes", id="1GB-stdout"),
-    pytest.param("import sys\nblock = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stderr.write(block)\n",
-                 "crash", "stderr passed the output limit", id="1GB-stderr"),
-    pytest.param("x = bytearray(10 * 2**30)\nprint(3)\n", "crash", "MemoryError", id="10GB-allocation"),
-    pytest.param("open('big.bin', 'wb').write(b'x' * (100 << 20))\nprint(3)\n", "crash", "File too large",
-                 id="100MB-file"),
-])
+@pytest.mark.parametrize(
+    "body, outcome, reason",
+    [
+        pytest.param("while True:\n    pass\n", "timeout", "no result within 1 s", id="infinite-loop"),
+        pytest.param(
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+            "timeout",
+            "no result within 1 s",
+            id="fork-bomb",
+        ),
+        pytest.param(
+            "import sys\nblock = b'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.buffer.write(block)\n",
+            "crash",
+            "stdout passed the output limit of 2000000 bytes",
+            id="1GB-stdout",
+        ),
+        pytest.param(
+            "import sys\nblock = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stderr.write(block)\n",
+            "crash",
+            "stderr passed the output limit",
+            id="1GB-stderr",
+        ),
+        pytest.param("x = bytearray(10 * 2**30)\nprint(3)\n", "crash", "MemoryError", id="10GB-allocation"),
+        pytest.param(
+            "open('big.bin', 'wb').write(b'x' * (100 << 20))\nprint(3)\n", "crash", "File too large", id="100MB-file"
+        ),
+    ],
+)
 def test_hostile_solution_is_contained(tmp_path, sandbox_dir, sandbox, body, outcome, reason):
     marker = f"wb-hostile-{uuid.uuid4().hex}"
-    result = verify(stdin_task(limits=replace(FAST, file_mb=8)),
-                    workspace(tmp_path / "ws", _relaunched(marker, body)), sandbox=sandbox)
+    result = verify(
+        stdin_task(limits=replace(FAST, file_mb=8)),
+        workspace(tmp_path / "ws", _relaunched(marker, body)),
+        sandbox=sandbox,
+    )
     assert (result.tests[0].outcome, result.total) == (outcome, 1)
     assert reason in result.tests[0].reason
     _assert_clean(marker, sandbox_dir)
@@ -253,9 +302,11 @@ def test_a_daemon_leaving_the_process_group_is_killed(tmp_path, sandbox_dir, san
     if sandbox == "none" and os.geteuid() != 0:
         pytest.skip("without bwrap and not root, a process that calls setsid and clears its environment escapes")
     marker = f"wb-hostile-{uuid.uuid4().hex}"
-    body = ("import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-            "        sleeper = [sys.executable, '-c', 'import time; time.sleep(60)', *sys.argv[1:]]\n"
-            "        os.execve(sys.executable, sleeper, {})\n    os._exit(0)\nprint(3)\n")
+    body = (
+        "import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        sleeper = [sys.executable, '-c', 'import time; time.sleep(60)', *sys.argv[1:]]\n"
+        "        os.execve(sys.executable, sleeper, {})\n    os._exit(0)\nprint(3)\n"
+    )
     result = verify(stdin_task(), workspace(tmp_path / "ws", _relaunched(marker, body)), sandbox=sandbox)
     assert result.tests[0].outcome == "passed"
     _assert_clean(marker, sandbox_dir)
@@ -267,10 +318,18 @@ def test_writes_outside_the_copy_fail_or_vanish(tmp_path, sandbox_dir, sandbox):
         pytest.skip("without bwrap and not root, the solution has the user's own write rights")
     marker = f"wb-hostile-{uuid.uuid4().hex}"
     live = tmp_path / "live"
-    targets = [str(live / "escaped.txt"), "../escaped.txt", f"/tmp/{marker}", f"/var/tmp/{marker}",
-               f"/dev/shm/{marker}", str(Path.home() / marker)]
-    code = (f"import os\nfor path in {targets!r}:\n    try:\n        open(path, 'w').write('x')\n"
-            "    except OSError:\n        pass\nprint(3)\n")
+    targets = [
+        str(live / "escaped.txt"),
+        "../escaped.txt",
+        f"/tmp/{marker}",
+        f"/var/tmp/{marker}",
+        f"/dev/shm/{marker}",
+        str(Path.home() / marker),
+    ]
+    code = (
+        f"import os\nfor path in {targets!r}:\n    try:\n        open(path, 'w').write('x')\n"
+        "    except OSError:\n        pass\nprint(3)\n"
+    )
     result = verify(stdin_task(), workspace(live, code), sandbox=sandbox)
     assert result.reward == 1.0
     assert sorted(p.name for p in live.iterdir()) == ["solution.py"]
@@ -319,13 +378,32 @@ def test_held_out_tests_cannot_be_read(tmp_path, sandbox_dir, sandbox, kind):
     secret = f"SECRET-wb{uuid.uuid4().hex}"
     limits = Limits(time_s=20.0)
     if kind == "function_call":
-        task = Task(id="t/secret", instruction="", files={}, visible_tests="", test_kind="function_call",
-                    held_out_tests=[{"input": [], "output": [secret]}], entry_point="snoop", limits=limits)
+        task = Task(
+            id="t/secret",
+            instruction="",
+            files={},
+            visible_tests="",
+            test_kind="function_call",
+            held_out_tests=[{"input": [], "output": [secret]}],
+            entry_point="snoop",
+            limits=limits,
+        )
     else:
-        task = Task(id="t/secret", instruction="", files={}, visible_tests="", test_kind="humaneval",
-                    held_out_tests=[{"prelude": "def snoop():\n    pass\n",
-                                     "check": f"def check(candidate):\n    assert candidate() == {secret!r}\n"}],
-                    entry_point="snoop", limits=limits)
+        task = Task(
+            id="t/secret",
+            instruction="",
+            files={},
+            visible_tests="",
+            test_kind="humaneval",
+            held_out_tests=[
+                {
+                    "prelude": "def snoop():\n    pass\n",
+                    "check": f"def check(candidate):\n    assert candidate() == {secret!r}\n",
+                }
+            ],
+            entry_point="snoop",
+            limits=limits,
+        )
     result = verify(task, workspace(tmp_path / "ws", _SNOOP), sandbox=sandbox)
     assert result.tests[0].outcome == "wrong"
     assert "'nothing'" in result.tests[0].reason
@@ -335,8 +413,10 @@ def test_held_out_tests_cannot_be_read(tmp_path, sandbox_dir, sandbox, kind):
 @pytest.mark.parametrize("sandbox", SANDBOXES)
 def test_the_humaneval_data_is_hidden(tmp_path, sandbox_dir, sandbox):
     """bwrap masks it; in plain mode the fresh uid, with no capability, cannot enter its 0700 folder."""
-    code = (f"try:\n    open({str(humaneval_path())!r}, 'rb').read()\n    print('visible')\n"
-            "except OSError:\n    print('hidden')\n")
+    code = (
+        f"try:\n    open({str(humaneval_path())!r}, 'rb').read()\n    print('visible')\n"
+        "except OSError:\n    print('hidden')\n"
+    )
     result = verify(stdin_task("hidden\n"), workspace(tmp_path / "ws", code), sandbox=sandbox)
     if "uid" not in result.guards and "bwrap" not in result.guards:
         pytest.skip("not root and no bwrap: the solution has this user's rights")
@@ -350,11 +430,14 @@ def test_network_is_unreachable(tmp_path, sandbox_dir, sandbox):
         server.listen()
         server.setblocking(False)
         port = server.getsockname()[1]
-        code = (f"import socket\nfor address in [('127.0.0.1', {port}), ('1.1.1.1', 53)]:\n    try:\n"
-                "        socket.create_connection(address, timeout=2).close()\n        print('connected', address)\n"
-                "        break\n    except OSError:\n        pass\nelse:\n    print('blocked')\n")
-        result = verify(stdin_task("blocked\n", limits=Limits(time_s=10.0)), workspace(tmp_path / "ws", code),
-                        sandbox=sandbox)
+        code = (
+            f"import socket\nfor address in [('127.0.0.1', {port}), ('1.1.1.1', 53)]:\n    try:\n"
+            "        socket.create_connection(address, timeout=2).close()\n        print('connected', address)\n"
+            "        break\n    except OSError:\n        pass\nelse:\n    print('blocked')\n"
+        )
+        result = verify(
+            stdin_task("blocked\n", limits=Limits(time_s=10.0)), workspace(tmp_path / "ws", code), sandbox=sandbox
+        )
         if "netns" not in result.guards:
             pytest.skip("no network namespace here (not root, no bwrap)")
         assert result.tests[0].outcome == "passed", result.tests[0].reason

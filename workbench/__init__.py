@@ -27,16 +27,53 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["Task", "load_task", "load_tasks", "Sandbox", "SandboxLimits", "Engine", "EngineConfig", "CaptureProxy",
-           "ProxyClient", "local_stack", "RolloutConfig", "run_rollout", "run_rollouts", "analyse", "load_trace",
-           "VerifyResult", "GRPORun", "TrainConfig", "EvalConfig", "run_eval", "compare"]
+__all__ = [
+    "Task",
+    "load_task",
+    "load_tasks",
+    "Sandbox",
+    "SandboxLimits",
+    "Engine",
+    "EngineConfig",
+    "CaptureProxy",
+    "ProxyClient",
+    "local_stack",
+    "RolloutConfig",
+    "run_rollout",
+    "run_rollouts",
+    "analyse",
+    "load_trace",
+    "VerifyResult",
+    "GRPORun",
+    "TrainConfig",
+    "EvalConfig",
+    "run_eval",
+    "compare",
+]
 
-_HOME = {"Task": "tasks", "load_task": "tasks", "load_tasks": "tasks", "Sandbox": "sandbox",
-         "SandboxLimits": "sandbox_spec", "Engine": "engine", "EngineConfig": "engine", "CaptureProxy": "capture",
-         "ProxyClient": "capture_client", "local_stack": "stack", "RolloutConfig": "rollout_types", "run_rollout": "rollout",
-         "run_rollouts": "rollout", "analyse": "turns", "load_trace": "turns",
-         "VerifyResult": "verify", "GRPORun": "train", "TrainConfig": "train", "EvalConfig": "evaluate",
-         "run_eval": "evaluate", "compare": "evaluate"}
+_HOME = {
+    "Task": "tasks",
+    "load_task": "tasks",
+    "load_tasks": "tasks",
+    "Sandbox": "sandbox",
+    "SandboxLimits": "sandbox_spec",
+    "Engine": "engine",
+    "EngineConfig": "engine",
+    "CaptureProxy": "capture",
+    "ProxyClient": "capture_client",
+    "local_stack": "stack",
+    "RolloutConfig": "rollout_types",
+    "run_rollout": "rollout",
+    "run_rollouts": "rollout",
+    "analyse": "turns",
+    "load_trace": "turns",
+    "VerifyResult": "verify",
+    "GRPORun": "train",
+    "TrainConfig": "train",
+    "EvalConfig": "evaluate",
+    "run_eval": "evaluate",
+    "compare": "evaluate",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -24,10 +24,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TRL_VERSION", "OPENENV_VERSION", "check_versions", "GRPO_GET_LOGPS", "GRPO_GENERATE",
-           "GRPO_COMPUTE_LOSS", "GRPO_METRICS", "GRPO_LAST_LOADED_STEP", "ASYNC_RUN_SESSION",
-           "trl_use_triton", "patch_trl_use_triton", "OPENENV_PRIVATE", "OPENENV_CLIENT_POST", "ClientPolicy",
-           "client_policy"]
+__all__ = [
+    "TRL_VERSION",
+    "OPENENV_VERSION",
+    "check_versions",
+    "GRPO_GET_LOGPS",
+    "GRPO_GENERATE",
+    "GRPO_COMPUTE_LOSS",
+    "GRPO_METRICS",
+    "GRPO_LAST_LOADED_STEP",
+    "ASYNC_RUN_SESSION",
+    "trl_use_triton",
+    "patch_trl_use_triton",
+    "OPENENV_PRIVATE",
+    "OPENENV_CLIENT_POST",
+    "ClientPolicy",
+    "client_policy",
+]
 
 TRL_VERSION = "1.16.0"
 OPENENV_VERSION = "0.10.0"
@@ -53,9 +66,14 @@ OPENENV_PRIVATE: dict[str, tuple[str, str]] = {
 # (workbench.capture_openenv overrides it to count a non-JSON reply as an upstream error), and its retry policy,
 # kept as private class attributes, which the streamed relay (workbench.capture_upstream) follows too.
 OPENENV_CLIENT_POST = "_post_with_retries"  # async (self, path, body, *, headers=None) -> the reply's JSON
-_CLIENT_POLICY = {"max_attempts": "_MAX_ATTEMPTS", "retry_statuses": "_RETRY_STATUSES", "backoff_s": "_BACKOFF_S",
-                  "max_retry_after_s": "_MAX_RETRY_AFTER_S", "connect_timeout_s": "_CONNECT_TIMEOUT_S",
-                  "liveness_timeout_s": "_LIVENESS_TIMEOUT_S"}
+_CLIENT_POLICY = {
+    "max_attempts": "_MAX_ATTEMPTS",
+    "retry_statuses": "_RETRY_STATUSES",
+    "backoff_s": "_BACKOFF_S",
+    "max_retry_after_s": "_MAX_RETRY_AFTER_S",
+    "connect_timeout_s": "_CONNECT_TIMEOUT_S",
+    "liveness_timeout_s": "_LIVENESS_TIMEOUT_S",
+}
 
 
 @dataclass(frozen=True)
@@ -82,8 +100,10 @@ def check_versions(installed: Callable[[str], str] = importlib.metadata.version)
     for dist, pinned in (("trl", TRL_VERSION), ("openenv", OPENENV_VERSION)):
         have = installed(dist)
         if have != pinned:
-            raise RuntimeError(f"workbench uses private names of {dist} {pinned} (workbench/_compat.py); "
-                               f"{have} is installed: pip install {dist}=={pinned}")
+            raise RuntimeError(
+                f"workbench uses private names of {dist} {pinned} (workbench/_compat.py); "
+                f"{have} is installed: pip install {dist}=={pinned}"
+            )
 
 
 check_versions()

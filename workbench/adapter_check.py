@@ -28,9 +28,16 @@ def _linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
     kv = config.get("num_key_value_heads", heads)
     head_dim = config.get("head_dim") or h // heads
     inter = config["intermediate_size"]
-    return {"q_proj": (h, heads * head_dim), "k_proj": (h, kv * head_dim), "v_proj": (h, kv * head_dim),
-            "o_proj": (heads * head_dim, h), "gate_proj": (h, inter), "up_proj": (h, inter),
-            "down_proj": (inter, h), "lm_head": (h, config["vocab_size"])}
+    return {
+        "q_proj": (h, heads * head_dim),
+        "k_proj": (h, kv * head_dim),
+        "v_proj": (h, kv * head_dim),
+        "o_proj": (heads * head_dim, h),
+        "gate_proj": (h, inter),
+        "up_proj": (h, inter),
+        "down_proj": (inter, h),
+        "lm_head": (h, config["vocab_size"]),
+    }
 
 
 def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
@@ -57,8 +64,10 @@ def check_adapter(path: str | Path, model: str, *, max_rank: int = 16) -> dict[s
     folder = Path(path).expanduser()
     cfg_file, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
     if not cfg_file.is_file() or not weights.is_file():
-        raise AdapterMismatch(f"{folder} is not a PEFT adapter folder (needs adapter_config.json and "
-                              "adapter_model.safetensors, as save_pretrained writes them)")
+        raise AdapterMismatch(
+            f"{folder} is not a PEFT adapter folder (needs adapter_config.json and "
+            "adapter_model.safetensors, as save_pretrained writes them)"
+        )
     cfg = json.loads(cfg_file.read_text())
     if cfg.get("peft_type") != "LORA":
         raise AdapterMismatch(f"{folder}: peft_type {cfg.get('peft_type')!r}, only LORA adapters are served")
@@ -73,8 +82,9 @@ def check_adapter(path: str | Path, model: str, *, max_rank: int = 16) -> dict[s
     targets = cfg.get("target_modules") or []
     unknown = sorted(set([targets] if isinstance(targets, str) else targets) - set(shapes))  # a str may be a regex
     if unknown and not (isinstance(targets, str) and not targets.isidentifier()):
-        raise AdapterMismatch(f"{folder}: target modules {unknown} are not linear layers of {model!r} "
-                              f"(it has {sorted(shapes)})")
+        raise AdapterMismatch(
+            f"{folder}: target modules {unknown} are not linear layers of {model!r} (it has {sorted(shapes)})"
+        )
     tensors = _safetensors_shapes(weights)
     problems, seen_layers, seen_modules = [], set(), set()
     for key, shape in tensors.items():
@@ -100,8 +110,17 @@ def check_adapter(path: str | Path, model: str, *, max_rank: int = 16) -> dict[s
     if not tensors:
         problems.append("no tensors")
     if problems:
-        raise AdapterMismatch(f"{folder} does not fit {model!r} (hidden {model_cfg['hidden_size']}, {layers} layers): "
-                              + "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""))
-    return {"path": str(folder.resolve()), "rank": rank, "lora_alpha": cfg.get("lora_alpha"),
-            "target_modules": sorted(seen_modules), "layers": sorted(seen_layers), "tensors": len(tensors),
-            "base_model_name_or_path": base}
+        raise AdapterMismatch(
+            f"{folder} does not fit {model!r} (hidden {model_cfg['hidden_size']}, {layers} layers): "
+            + "; ".join(problems[:5])
+            + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+        )
+    return {
+        "path": str(folder.resolve()),
+        "rank": rank,
+        "lora_alpha": cfg.get("lora_alpha"),
+        "target_modules": sorted(seen_modules),
+        "layers": sorted(seen_layers),
+        "tensors": len(tensors),
+        "base_model_name_or_path": base,
+    }

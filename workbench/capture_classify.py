@@ -39,7 +39,7 @@ class CallInfo:
 
     purpose: Purpose | Literal[""]
     harness_session: str | None  # the harness's own conversation id (opencode: x-session-id)
-    system_digest: str | None    # sha256 of the system prompt, first 16 hex digits
+    system_digest: str | None  # sha256 of the system prompt, first 16 hex digits
     # The call's last user message, set on the call being classified only: codex sends its
     # compaction request with the agent's own system prompt, the request itself is the last message.
     last_user: str = ""
@@ -51,5 +51,6 @@ class Classifier(Protocol):
     call is tagged from its request as it arrives (its output cap depends on the tag), and again from
     the recorded turn when the reply lands."""
 
-    def __call__(self, harness: str | None, *, system: str, has_tools: bool, call: CallInfo,
-                 prior: Sequence[CallInfo]) -> Purpose: ...
+    def __call__(
+        self, harness: str | None, *, system: str, has_tools: bool, call: CallInfo, prior: Sequence[CallInfo]
+    ) -> Purpose: ...

@@ -64,8 +64,15 @@ class ProxyClient:
         """What the sandboxed agent is given: the proxy, never the engine."""
         return f"{self.url}/v1"
 
-    def open_session(self, *, harness: str, temperature: float | None, max_model_calls: int = 0,
-                     max_output_tokens: int | None = None, metadata: dict[str, Any] | None = None) -> str:
+    def open_session(
+        self,
+        *,
+        harness: str,
+        temperature: float | None,
+        max_model_calls: int = 0,
+        max_output_tokens: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> str:
         """Mint a rollout key. With `temperature`, the full sampling policy is pinned for every call."""
         meta = {"harness": harness, **(metadata or {})}
         if max_output_tokens:

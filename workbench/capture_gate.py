@@ -107,8 +107,9 @@ def body_problem(path: str, body: Any) -> str | None:
             return "every message must be an object with a string role"
     else:
         items = body.get("input")
-        if not isinstance(items, (str, list)) or (isinstance(items, list) and
-                                                 not all(isinstance(i, dict) for i in items)):
+        if not isinstance(items, (str, list)) or (
+            isinstance(items, list) and not all(isinstance(i, dict) for i in items)
+        ):
             return "input must be a string or a list of objects"
     tools = body.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):

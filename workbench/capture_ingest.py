@@ -30,8 +30,9 @@ __all__ = ["ingest"]
 logger = logging.getLogger("workbench.capture")
 
 
-def ingest(session: Session, chat_request: dict[str, Any], response: dict[str, Any],
-            requested_sampling: dict[str, Any]) -> None:
+def ingest(
+    session: Session, chat_request: dict[str, Any], response: dict[str, Any], requested_sampling: dict[str, Any]
+) -> None:
     """OpenEnv's ``_ingest`` (server.py, the ``tokens`` level) for one accumulated response: a copy,
     since OpenEnv's is a closure inside `create_app` that nothing outside can call. Never raises: a
     capture problem degrades one turn, not the rollout or the server."""
@@ -45,8 +46,12 @@ def ingest(session: Session, chat_request: dict[str, Any], response: dict[str, A
         logprob_entries = (choice.get("logprobs") or {}).get("content") or []
         logprobs = [e.get("logprob") for e in logprob_entries] or None
         if logprobs is not None and any(lp is None for lp in logprobs):
-            logger.warning("[%s] %d of %d logprobs are null; treating the turn as untrainable",
-                           session.session_id, sum(1 for lp in logprobs if lp is None), len(logprobs))
+            logger.warning(
+                "[%s] %d of %d logprobs are null; treating the turn as untrainable",
+                session.session_id,
+                sum(1 for lp in logprobs if lp is None),
+                len(logprobs),
+            )
             logprobs = None
         sampled_ids = choice.get("token_ids") or []
         prompt_ids = response.get("prompt_token_ids") or []
@@ -54,8 +59,9 @@ def ingest(session: Session, chat_request: dict[str, Any], response: dict[str, A
         report = check_turn(prompt_ids, sampled_ids, logprobs, finish_reason=choice.get("finish_reason"), index=index)
         session.findings.extend(str(f) for f in report.findings)
         if not report.ok:
-            logger.warning("[%s] turn %d rejected: %s", session.session_id, index,
-                           "; ".join(str(f) for f in report.fatal))
+            logger.warning(
+                "[%s] turn %d rejected: %s", session.session_id, index, "; ".join(str(f) for f in report.fatal)
+            )
             logprobs = None
         overridden = truncating_params(requested_sampling or chat_request)
         if overridden and not session.metadata.get("sampling_overridden"):
@@ -66,23 +72,26 @@ def ingest(session: Session, chat_request: dict[str, Any], response: dict[str, A
                 + "; these were sent upstream at their no-op values because a processed "
                 "logprob is taken after they are applied, which would bias a full-vocab "
                 "recompute. requested_sampling_params preserves the harness request; "
-                "sampling_params records the submitted policy.")
-        session.graph.add_turn(TurnNode(
-            node_id=uuid.uuid4().hex[:12],
-            prompt_ids=list(prompt_ids),
-            sampled_ids=list(sampled_ids),
-            sampled_logprobs=list(logprobs) if logprobs else None,
-            model=chat_request.get("model"),
-            finish_reason=choice.get("finish_reason"),
-            harness_session_id=extract_harness_session({}, chat_request),
-            system_digest=system_digest(chat_request.get("messages") or []),
-            n_tools=len(chat_request.get("tools") or []),
-            request_messages=chat_request.get("messages") or [],
-            request_tools=chat_request.get("tools"),
-            sampling_params={key: chat_request[key] for key in SAMPLING_KEYS if chat_request.get(key) is not None},
-            requested_sampling_params=requested_sampling or {},
-            response_message=choice.get("message") or {},
-        ))
+                "sampling_params records the submitted policy."
+            )
+        session.graph.add_turn(
+            TurnNode(
+                node_id=uuid.uuid4().hex[:12],
+                prompt_ids=list(prompt_ids),
+                sampled_ids=list(sampled_ids),
+                sampled_logprobs=list(logprobs) if logprobs else None,
+                model=chat_request.get("model"),
+                finish_reason=choice.get("finish_reason"),
+                harness_session_id=extract_harness_session({}, chat_request),
+                system_digest=system_digest(chat_request.get("messages") or []),
+                n_tools=len(chat_request.get("tools") or []),
+                request_messages=chat_request.get("messages") or [],
+                request_tools=chat_request.get("tools"),
+                sampling_params={key: chat_request[key] for key in SAMPLING_KEYS if chat_request.get(key) is not None},
+                requested_sampling_params=requested_sampling or {},
+                response_message=choice.get("message") or {},
+            )
+        )
         session.last_turn_at = time.time()
         session.metadata.setdefault("api_type", APIType.OPENAI_CHAT.value)
     except Exception:  # as OpenEnv: one turn lost, never the server

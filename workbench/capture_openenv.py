@@ -114,8 +114,9 @@ class _CheckedClient(InferenceClient):
     minutes. As an `UpstreamError` it takes OpenEnv's own path: counted, and a 502 naming the cause.
     """
 
-    async def checked_post(self, path: str, body: dict[str, Any], *,
-                           headers: dict[str, str] | None = None) -> dict[str, Any]:
+    async def checked_post(
+        self, path: str, body: dict[str, Any], *, headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         try:
             payload = await getattr(super(), OPENENV_CLIENT_POST)(path, body, headers=headers)
         except ValueError as exc:  # json.JSONDecodeError: an SSE line, HTML, a truncated body...
@@ -128,17 +129,32 @@ class _CheckedClient(InferenceClient):
 setattr(_CheckedClient, OPENENV_CLIENT_POST, _CheckedClient.checked_post)  # the private seam, named in _compat
 
 
-def build_app(log: CallLog, upstream: Upstream, model: str, *, admin_key: str, max_output_tokens: int = 4096,
-              max_model_calls: int = 0) -> FastAPI:
+def build_app(
+    log: CallLog,
+    upstream: Upstream,
+    model: str,
+    *,
+    admin_key: str,
+    max_output_tokens: int = 4096,
+    max_model_calls: int = 0,
+) -> FastAPI:
     """OpenEnv's capture app at the ``tokens`` level on `upstream`, serving `model`, with the parts above."""
-    app = create_app(llm_url=upstream.url, model=model, max_output_tokens=max_output_tokens,
-                     api_key=upstream.api_key, capture_level="tokens", admin_key=admin_key,
-                     max_model_calls=max_model_calls, engine="vllm")
+    app = create_app(
+        llm_url=upstream.url,
+        model=model,
+        max_output_tokens=max_output_tokens,
+        api_key=upstream.api_key,
+        capture_level="tokens",
+        admin_key=admin_key,
+        max_model_calls=max_model_calls,
+        engine="vllm",
+    )
     app.state.registry = _Registry(log)
     app.state.transforms = _StrippingTransforms()
     # Same client create_app built (same arguments), but a non-JSON reply is an upstream error.
-    app.state.inference = _CheckedClient(base_url=upstream.url, served_model=model, api_key=upstream.api_key,
-                                         capture_level="tokens")
+    app.state.inference = _CheckedClient(
+        base_url=upstream.url, served_model=model, api_key=upstream.api_key, capture_level="tokens"
+    )
     app.state.upstreams = UpstreamPool(default_client=app.state.inference, default_level="tokens")
     _replace_public_routes(app)
     _add_control_routes(app, log, upstream, admin_key)

@@ -99,8 +99,14 @@ def _render(call: CallRecord) -> dict[str, Any]:
     try:
         return call.to_json()
     except Exception as exc:  # noqa: BLE001 - a record we cannot render is reported, not raised
-        return {"turn": call.index, "purpose": call.purpose, "status": "rejected", "http_status": call.http_status,
-                "error": f"unrenderable record: {type(exc).__name__}: {exc}"[:300], "timestamp": call.t_start}
+        return {
+            "turn": call.index,
+            "purpose": call.purpose,
+            "status": "rejected",
+            "http_status": call.http_status,
+            "error": f"unrenderable record: {type(exc).__name__}: {exc}"[:300],
+            "timestamp": call.t_start,
+        }
 
 
 # The call being served in this task: OpenEnv's graph adds a node without saying for which request, so
@@ -176,8 +182,9 @@ class CallLog:
             calls = self.by_session.get(session_id)
             if calls is None:
                 return None
-            call = CallRecord(index=len(calls), session_id=session_id, t_start=time.time(),
-                              harness_session=harness_session, **fields)
+            call = CallRecord(
+                index=len(calls), session_id=session_id, t_start=time.time(), harness_session=harness_session, **fields
+            )
             calls.append(call)
         return call
 
@@ -188,24 +195,32 @@ class CallLog:
         # Calls are tagged when their reply lands, so "prior" means tagged already (arrival order
         # among those): the first tool-enabled call of a session anchors its main agent.
         with self.lock:
-            prior = [CallInfo(c.purpose, c.harness_session, c.system_digest)
-                     for c in self.by_session.get(call.session_id, []) if c.classified and c is not call]
+            prior = [
+                CallInfo(c.purpose, c.harness_session, c.system_digest)
+                for c in self.by_session.get(call.session_id, [])
+                if c.classified and c is not call
+            ]
         call.system_digest = hashlib.sha256(system.encode()).hexdigest()[:16]
-        info = CallInfo(purpose="", harness_session=call.harness_session, system_digest=call.system_digest,
-                        last_user=last_user)
-        call.purpose = self.classify(str(harness) if harness else None, system=system, has_tools=has_tools,
-                                     call=info, prior=prior)
+        info = CallInfo(
+            purpose="", harness_session=call.harness_session, system_digest=call.system_digest, last_user=last_user
+        )
+        call.purpose = self.classify(
+            str(harness) if harness else None, system=system, has_tools=has_tools, call=info, prior=prior
+        )
         call.classified = True
 
     def tag_node(self, call: CallRecord, node: TurnNode) -> None:
         """Tag `call` from the turn it produced (the request as OpenEnv forwarded it)."""
-        self.tag(call, _system_text(node.request_messages), bool(node.request_tools),
-                 _last_user_text(node.request_messages))
+        self.tag(
+            call, _system_text(node.request_messages), bool(node.request_tools), _last_user_text(node.request_messages)
+        )
 
     def tag_body(self, call: CallRecord, body: dict[str, Any]) -> None:
         """Tag `call` from a request body as the harness sent it (any dialect OpenEnv forwards)."""
         chat = _chat_shaped(body)
-        self.tag(call, _system_text(chat.get("messages")), bool(chat.get("tools")), _last_user_text(chat.get("messages")))
+        self.tag(
+            call, _system_text(chat.get("messages")), bool(chat.get("tools")), _last_user_text(chat.get("messages"))
+        )
 
     def tag_raw(self, call: CallRecord) -> None:
         """Tag `call` from the request bytes it kept (a call that produced no turn)."""
@@ -243,9 +258,9 @@ class CallRecorder:
         self.errors_before, self.stops_before = session.upstream_errors, session.budget_stop_count
         self.finish_on_last_byte = True
         self.error_body = bytearray()  # an error reply's body (its first 4000 bytes per chunk)
-        self.disconnected = False      # the client went away before the reply was delivered
-        self.body_done = False         # the reply's last body message went out
-        self.finished = False          # the outcome is settled
+        self.disconnected = False  # the client went away before the reply was delivered
+        self.body_done = False  # the reply's last body message went out
+        self.finished = False  # the outcome is settled
 
     async def receive(self) -> Message:
         message = await self._receive()

@@ -27,8 +27,10 @@ from starlette.types import Send
 
 __all__ = ["Reply", "StreamedTurn"]
 
-_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                *((k.lower().encode(), v.encode()) for k, v in sse.SSE_HEADERS.items())]
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    *((k.lower().encode(), v.encode()) for k, v in sse.SSE_HEADERS.items()),
+]
 
 
 @dataclass
@@ -75,8 +77,10 @@ class StreamedTurn:
             if delta.get("reasoning_content"):
                 self.reasoning.append(delta["reasoning_content"])
             for fragment in delta.get("tool_calls") or ():
-                call = self.tools.setdefault(fragment.get("index", 0),
-                                             {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                call = self.tools.setdefault(
+                    fragment.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
                 call["id"] = call["id"] or fragment.get("id")
                 call["type"] = fragment.get("type") or call["type"]
                 function = fragment.get("function") or {}
@@ -97,11 +101,21 @@ class StreamedTurn:
             message["reasoning_content"] = "".join(self.reasoning)
         if self.tools:
             message["tool_calls"] = [self.tools[i] for i in sorted(self.tools)]
-        return {**self.head, "object": "chat.completion", "prompt_token_ids": self.prompt_ids,
-                "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason,
-                             "token_ids": self.sampled,
-                             "logprobs": {"content": self.entries} if self.entries else None}],
-                "usage": self.usage}
+        return {
+            **self.head,
+            "object": "chat.completion",
+            "prompt_token_ids": self.prompt_ids,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": self.finish_reason,
+                    "token_ids": self.sampled,
+                    "logprobs": {"content": self.entries} if self.entries else None,
+                }
+            ],
+            "usage": self.usage,
+        }
 
 
 class Reply:
@@ -129,6 +143,11 @@ class Reply:
             return await self.body(f"data: {event}\n\n".encode(), more=False)
         raw = json.dumps({"error": {"message": str(exc)}}, ensure_ascii=False, separators=(",", ":")).encode()
         self.started = self.finished = True
-        await self.send({"type": "http.response.start", "status": status,
-                         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+            }
+        )
         await self.send({"type": "http.response.body", "body": raw})

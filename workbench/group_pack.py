@@ -33,9 +33,15 @@ __all__ = ["ATTENTION", "Pack", "Plan", "plan"]
 ATTENTION = "wb_group_sdpa"  # sdpa, plus the blockwise tree attention when the forward carries `wb_shared`
 
 
-def _group_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                     attention_mask: Tensor | None, wb_shared: int | None = None,
-                     **kwargs: Any) -> tuple[Tensor, None]:  # kwargs: transformers' own (dropout, scaling, ...)
+def _group_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    wb_shared: int | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:  # kwargs: transformers' own (dropout, scaling, ...)
     if wb_shared is None:  # every other forward (TRL's own, generation): plain sdpa, same mask function
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     n = wb_shared
@@ -56,10 +62,10 @@ class Pack:
     """One cluster as one sequence: `n_shared` shared tokens, then each row's segment (its tokens from n_shared)."""
 
     rows: list[int]
-    ids: Tensor        # (L,)
+    ids: Tensor  # (L,)
     positions: Tensor  # (L,) TRL's: the padded index (prompts are left-padded)
-    labels: Tensor     # (L,) the token each position's hidden state predicts, -100 where nothing is scored
-    segment: Tensor    # (L,) -1 on the shared tokens, else the segment's number
+    labels: Tensor  # (L,) the token each position's hidden state predicts, -100 where nothing is scored
+    segment: Tensor  # (L,) -1 on the shared tokens, else the segment's number
     n_shared: int
 
     def mask(self) -> Tensor:
@@ -74,8 +80,8 @@ class Plan:
     """How a TRL batch (B, P+K) is computed as packs, and where each row's K logprobs come from."""
 
     packs: list[Pack]
-    index: Tensor      # (B, K) into the packs' concatenated positions; the extra last slot is a 0
-    row_tokens: int    # real tokens of the rows (what TRL forwards, without its padding)
+    index: Tensor  # (B, K) into the packs' concatenated positions; the extra last slot is a 0
+    row_tokens: int  # real tokens of the rows (what TRL forwards, without its padding)
     padded_tokens: int  # B x (P+K): what TRL's own path forwards per pass
 
     @property
@@ -102,9 +108,9 @@ def plan(input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int) -> Plan
     ids_cpu = input_ids.cpu()
     start = am.int().argmax(1).tolist()
     length = am.sum(1).tolist()
-    rows = [ids_cpu[b, start[b]:start[b] + length[b]] for b in range(B)]
+    rows = [ids_cpu[b, start[b] : start[b] + length[b]] for b in range(B)]
     for b in range(B):
-        if not am[b, start[b]:start[b] + length[b]].all():
+        if not am[b, start[b] : start[b] + length[b]].all():
             raise ValueError(f"row {b}: its attention mask is not one contiguous run")
     order = sorted(range(B), key=lambda b: (start[b], rows[b].tolist()))
     adj = [_lcp(rows[a], rows[b]) if start[a] == start[b] else 0 for a, b in zip(order, order[1:])]
@@ -122,7 +128,7 @@ def plan(input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int) -> Plan
                 best[j], cut[j] = gain, i
     runs, j = [], B
     while j > 0:
-        runs.append(order[cut[j]:j])
+        runs.append(order[cut[j] : j])
         j = cut[j]
     packs, index, offset = [], torch.empty(B, logits_to_keep, dtype=torch.long), 0
     total = sum(length) + B  # upper bound on the packed length, so the zero slot is known up front
@@ -131,7 +137,7 @@ def plan(input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int) -> Plan
         c = min((_lcp(rows[run[0]], rows[b]) for b in run[1:]), default=length[run[0]])
         n = c - 1  # the last common token opens every segment
         ids, pos, lab, seg, seg_start = [rows[run[0]][:n]], [s + torch.arange(n)], [], [torch.full((n,), -1)], {}
-        nxt = rows[run[0]][1:n + 1].clone()
+        nxt = rows[run[0]][1 : n + 1].clone()
         nxt[s + torch.arange(n) + 1 < P] = -100  # only completion tokens (padded index >= P) are scored
         lab.append(nxt)
         at = n
@@ -140,7 +146,7 @@ def plan(input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int) -> Plan
             seg_start[b] = at
             ids.append(x[n:])
             pos.append(s + n + torch.arange(m))
-            target = torch.cat([x[n + 1:], torch.tensor([-100])])
+            target = torch.cat([x[n + 1 :], torch.tensor([-100])])
             target[s + n + torch.arange(m) + 1 < P] = -100
             lab.append(target)
             seg.append(torch.full((m,), k))

@@ -74,8 +74,11 @@ __all__ = ["OWNER_FIELD", "GroupStep", "install", "every_row_fields"]
 
 
 _IS_FLAG = "vllm_importance_sampling_correction"  # public attribute, read by both methods above; siblings read only
-_IS_MODE, _IS_MIN, _IS_MAX = ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
-                              "vllm_importance_sampling_clip_max")
+_IS_MODE, _IS_MIN, _IS_MAX = (
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_clip_max",
+)
 # Also: `model(..., shift_labels=, fused_lm_head=True)` (trl.trainer.utils.add_fused_lm_head's patched forward,
 # returning .log_probs/.entropy).
 
@@ -130,22 +133,46 @@ class GroupStep:
         with torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext():
             yield
 
-    def get_logps(self, model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int,
-                  batch_size: int | None = None, compute_entropy: bool = False, compute_aux_loss: bool = False,
-                  **multimodal: object) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def get_logps(
+        self,
+        model: PreTrainedModel,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **multimodal: object,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         inputs, self._loss_inputs = self._loss_inputs, None  # set only for the loss pass's call
-        ours = (self.shared_prefix and not compute_aux_loss and all(v is None for v in multimodal.values())
-                and getattr(model, "config", None) is not None and model.config._attn_implementation == ATTENTION)
+        ours = (
+            self.shared_prefix
+            and not compute_aux_loss
+            and all(v is None for v in multimodal.values())
+            and getattr(model, "config", None) is not None
+            and model.config._attn_implementation == ATTENTION
+        )
         logps: Tensor
         entropies: Tensor | None
         aux: Tensor | None
         with self._precision():
             if not ours:
                 logps, entropies, aux = self._original(_GET_LOGPS)(
-                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
-                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
-                self.last = {"rows": len(input_ids), "row_tokens": int(attention_mask.sum()),
-                             "forwarded_tokens": input_ids.numel(), "packs": 0}
+                    model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch_size=batch_size,
+                    compute_entropy=compute_entropy,
+                    compute_aux_loss=compute_aux_loss,
+                    **multimodal,
+                )
+                self.last = {
+                    "rows": len(input_ids),
+                    "row_tokens": int(attention_mask.sum()),
+                    "forwarded_tokens": input_ids.numel(),
+                    "packs": 0,
+                }
             else:
                 logps, entropies = self._packed(model, input_ids, attention_mask, logits_to_keep)
                 aux = None
@@ -153,30 +180,43 @@ class GroupStep:
             self._importance_ratio(inputs, logps.detach())
         return logps, entropies if compute_entropy else None, aux
 
-    def _packed(self, model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor,
-                logits_to_keep: int) -> tuple[Tensor, Tensor]:
+    def _packed(
+        self, model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int
+    ) -> tuple[Tensor, Tensor]:
         p = plan(input_ids, attention_mask, logits_to_keep)
         logps, entropies = [], []
         dev = input_ids.device
         with self.trainer.accelerator.autocast():
             for pack in p.packs:
                 extra = {"wb_shared": pack.n_shared} if self.attention == "blockwise" else {}
-                out = model(input_ids=pack.ids[None].to(dev), attention_mask=pack.mask().to(dev),
-                            position_ids=pack.positions[None].to(dev), shift_labels=pack.labels[None].to(dev),
-                            fused_lm_head=True, **extra)
+                out = model(
+                    input_ids=pack.ids[None].to(dev),
+                    attention_mask=pack.mask().to(dev),
+                    position_ids=pack.positions[None].to(dev),
+                    shift_labels=pack.labels[None].to(dev),
+                    fused_lm_head=True,
+                    **extra,
+                )
                 logps.append(out.log_probs[0])
                 entropies.append(out.entropy[0])
         zero = logps[0].new_zeros(1)
-        self.last = {"rows": len(input_ids), "row_tokens": p.row_tokens, "forwarded_tokens": p.forwarded_tokens,
-                     "packs": len(p.packs), "trl_padded_tokens": p.padded_tokens,
-                     "shared_tokens": sum(pk.n_shared for pk in p.packs)}
+        self.last = {
+            "rows": len(input_ids),
+            "row_tokens": p.row_tokens,
+            "forwarded_tokens": p.forwarded_tokens,
+            "packs": len(p.packs),
+            "trl_padded_tokens": p.padded_tokens,
+            "shared_tokens": sum(pk.n_shared for pk in p.packs),
+        }
         return torch.cat([*logps, zero])[p.index], torch.cat([*entropies, zero.detach()])[p.index]
 
     def _importance_ratio(self, inputs: dict[str, Any], old: Tensor) -> None:
         """TRL 1.16's vLLM IS ratio and its metrics (grpo_trainer.py ~2660-2895), from the loss pass's logprobs."""
         t = self.trainer
         sampling: Tensor = inputs["sampling_per_token_logps"]
-        mask: Tensor = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+        mask: Tensor = (
+            inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+        )
         diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
         mode = getattr(t, _IS_MODE)
         sequence = mode in ("sequence_mask", "sequence_truncate")
@@ -195,12 +235,16 @@ class GroupStep:
         zero = old.new_zeros(())
         gather = t.accelerator.gather
         metrics["sampling/sampling_logp_difference/mean"].append(
-            gather(delta.mean() if delta.numel() else zero).mean().item())
-        metrics["sampling/sampling_logp_difference/max"].append(gather(delta.max() if delta.numel() else zero).max().item())
+            gather(delta.mean() if delta.numel() else zero).mean().item()
+        )
+        metrics["sampling/sampling_logp_difference/max"].append(
+            gather(delta.max() if delta.numel() else zero).max().item()
+        )
         for stat, reduce in (("min", torch.min), ("mean", torch.mean), ("max", torch.max)):
             value = gather(reduce(flat) if flat.numel() else zero)
             metrics[f"sampling/importance_sampling_ratio/{stat}"].append(
-                (value.nanmean() if stat == "mean" else reduce(value[~value.isnan()])).item())
+                (value.nanmean() if stat == "mean" else reduce(value[~value.isnan()])).item()
+            )
 
     def generate_and_score(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         reusing = self._reusing()
@@ -241,13 +285,21 @@ class GroupStep:
         t.__dict__.pop("group_step", None)
 
 
-def install(trainer: GRPOTrainer, *, shared_prefix: bool = True, reuse_logps: bool = True, bf16: bool = False,
-            attention: str = "blockwise") -> GroupStep:
+def install(
+    trainer: GRPOTrainer,
+    *,
+    shared_prefix: bool = True,
+    reuse_logps: bool = True,
+    bf16: bool = False,
+    attention: str = "blockwise",
+) -> GroupStep:
     """Install the levers on `trainer` (a built GRPOTrainer with a fused LM head, sdpa attention)."""
     device = trainer.accelerator.device  # CUDA with Triton: TRL's compact path already; CPU: after the patch
     if not trl_use_triton(device):
-        raise RuntimeError(f"TRL's fused LM head scores every position on {device.type}: on CPU apply "
-                           "workbench.trl_trainer.score_only_labelled_positions_on_cpu() first")
+        raise RuntimeError(
+            f"TRL's fused LM head scores every position on {device.type}: on CPU apply "
+            "workbench.trl_trainer.score_only_labelled_positions_on_cpu() first"
+        )
     if attention not in ("blockwise", "dense"):
         raise ValueError(f"attention must be 'blockwise' or 'dense', got {attention!r}")
     if getattr(trainer, "group_step", None) is not None:
@@ -274,8 +326,9 @@ def install(trainer: GRPOTrainer, *, shared_prefix: bool = True, reuse_logps: bo
     return step
 
 
-def every_row_fields(groups: Sequence[Sequence[Sequence[Row]]], rewards: Sequence[Sequence[float | None]],
-                     slots: int, pad_id: int) -> tuple[dict[str, list[object]], int]:
+def every_row_fields(
+    groups: Sequence[Sequence[Sequence[Row]]], rewards: Sequence[Sequence[float | None]], slots: int, pad_id: int
+) -> tuple[dict[str, list[object]], int]:
     """rollout_func fields (lever 5) for groups of rollouts, each rollout given as all its rows.
 
     `groups[g][r]` holds rollout r's rows (workbench.turns.analyse(...).rows, budget-filtered), `rewards[g][r]`
@@ -285,8 +338,14 @@ def every_row_fields(groups: Sequence[Sequence[Sequence[Row]]], rewards: Sequenc
     row of a group is split into prompt/completion at the same index (the shortest first-output start), so
     the group's rows get the same left padding in TRL and can share their prefix.
     """
-    out: dict[str, list[object]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
-                                    "wb_reward": [], OWNER_FIELD: []}
+    out: dict[str, list[object]] = {
+        "prompt_ids": [],
+        "completion_ids": [],
+        "logprobs": [],
+        "env_mask": [],
+        "wb_reward": [],
+        OWNER_FIELD: [],
+    }
     dropped = 0
     for rollouts, group_rewards in zip(groups, rewards, strict=True):
         base = len(out["prompt_ids"])
@@ -306,7 +365,13 @@ def every_row_fields(groups: Sequence[Sequence[Sequence[Row]]], rewards: Sequenc
             out["wb_reward"].append(group_rewards[i] if is_lead else None)
             out[OWNER_FIELD].append(base + k if is_lead else lead_slot[i])
         for _ in range(slots - len(chosen)):
-            for key, value in (("prompt_ids", [pad_id]), ("completion_ids", [pad_id]), ("logprobs", [0.0]),
-                               ("env_mask", [0]), ("wb_reward", None), (OWNER_FIELD, -1)):
+            for key, value in (
+                ("prompt_ids", [pad_id]),
+                ("completion_ids", [pad_id]),
+                ("logprobs", [0.0]),
+                ("env_mask", [0]),
+                ("wb_reward", None),
+                (OWNER_FIELD, -1),
+            ):
                 out[key].append(value)
     return out, dropped

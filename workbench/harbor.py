@@ -64,8 +64,10 @@ __all__ = [
 REPO_TASKS = Path(__file__).resolve().parent / "data" / "repo_tasks"
 _DEADLINE_MARGIN_S = 60.0  # copy + start-up on top of test.sh's own timeout (a 5,000-file copy takes ~2 s)
 # Commands in a test.sh that need the network: Terminal-Bench 2's scripts fetch uv and pytest with curl.
-_NETWORK = re.compile(r"\b(apt-get\s+install|apt\s+install|apk\s+add|yum\s+install|dnf\s+install|pip3?\s+install|"
-                      r"-m\s+pip\s+install|uvx?|curl|wget|npm\s+(install|i|ci)|git\s+clone)\b")
+_NETWORK = re.compile(
+    r"\b(apt-get\s+install|apt\s+install|apk\s+add|yum\s+install|dnf\s+install|pip3?\s+install|"
+    r"-m\s+pip\s+install|uvx?|curl|wget|npm\s+(install|i|ci)|git\s+clone)\b"
+)
 _RESERVED_ENV = ("PATH", "HOME", "TMPDIR")
 _NETWORK_OK = (None, "no-network")
 # Fields per section: honoured or accepted without effect (the module docstring says which is which).
@@ -73,9 +75,24 @@ _KNOWN = {
     "": {"schema_version", "version", "task", "metadata", "verifier", "agent", "environment", "solution", "source"},
     "verifier": {"timeout_sec", "env", "user", "network_mode", "allowed_hosts"},
     "agent": {"timeout_sec", "user", "network_mode", "allowed_hosts"},
-    "environment": {"build_timeout_sec", "docker_image", "cpus", "memory_mb", "storage_mb", "gpus", "gpu_types",
-                    "allow_internet", "network_mode", "allowed_hosts", "mcp_servers", "env", "skills_dir",
-                    "healthcheck", "memory", "storage"},
+    "environment": {
+        "build_timeout_sec",
+        "docker_image",
+        "cpus",
+        "memory_mb",
+        "storage_mb",
+        "gpus",
+        "gpu_types",
+        "allow_internet",
+        "network_mode",
+        "allowed_hosts",
+        "mcp_servers",
+        "env",
+        "skills_dir",
+        "healthcheck",
+        "memory",
+        "storage",
+    },
     "solution": {"env"},
 }
 
@@ -87,17 +104,24 @@ def is_task_folder(path: Path) -> bool:
 def load_spec(spec: str, limits: Limits | None = None) -> Task:
     """One task: ``harbor:PATH`` (a task folder) or ``repo-tasks/NAME``."""
     if spec.startswith("repo-tasks/"):
-        name = spec[len("repo-tasks/"):]
+        name = spec[len("repo-tasks/") :]
         if not is_task_folder(REPO_TASKS / name):
-            raise ValueError(f"unknown task {spec!r}: the repository tasks are "
-                             f"{', '.join(p.name for p in _task_folders(REPO_TASKS))}")
+            raise ValueError(
+                f"unknown task {spec!r}: the repository tasks are "
+                f"{', '.join(p.name for p in _task_folders(REPO_TASKS))}"
+            )
         return load_harbor_task(REPO_TASKS / name, task_id=spec, limits=limits)
     path = _path(spec)
     if not is_task_folder(path):
         found = _task_folders(path)
-        raise ValueError(f"{spec!r} is not a task folder (task.toml + instruction.md)"
-                         + (f"; it holds {len(found)} of them: name one (harbor:{path}/{found[0].name}) or use "
-                            "load_tasks" if found else ""))
+        raise ValueError(
+            f"{spec!r} is not a task folder (task.toml + instruction.md)"
+            + (
+                f"; it holds {len(found)} of them: name one (harbor:{path}/{found[0].name}) or use load_tasks"
+                if found
+                else ""
+            )
+        )
     return load_harbor_task(path, limits=limits)
 
 
@@ -119,7 +143,9 @@ def load_harbor_tasks(folder: Path, *, id_prefix: str | None = None, limits: Lim
     tasks, refused = [], []
     for path in folders:
         try:
-            tasks.append(load_harbor_task(path, task_id=f"{id_prefix}{path.name}" if id_prefix else None, limits=limits))
+            tasks.append(
+                load_harbor_task(path, task_id=f"{id_prefix}{path.name}" if id_prefix else None, limits=limits)
+            )
         except HarborError as exc:
             refused.append(f"{path.name}: {exc}")
     if refused and not tasks:
@@ -153,10 +179,14 @@ def load_harbor_task(path: Path, *, task_id: str | None = None, limits: Limits |
     _check_test_script(tests["test.sh"])
     solution_dir = path / "solution"
     solution = read_text_tree(solution_dir, "solution") if solution_dir.is_dir() else {}
-    held = {"tests": tests, "executable": _executables(tests_dir, tests),
-            "env": _literal_env(verifier.get("env", {}), "verifier.env"),
-            "solution": solution, "solution_executable": _executables(solution_dir, solution),
-            "solution_env": _literal_env(config.get("solution", {}).get("env", {}), "solution.env")}
+    held = {
+        "tests": tests,
+        "executable": _executables(tests_dir, tests),
+        "env": _literal_env(verifier.get("env", {}), "verifier.env"),
+        "solution": solution,
+        "solution_executable": _executables(solution_dir, solution),
+        "solution_env": _literal_env(config.get("solution", {}).get("env", {}), "solution.env"),
+    }
     timeout = _positive(verifier.get("timeout_sec", 600.0), "verifier.timeout_sec")
     if limits is None:
         limits = Limits(time_s=timeout, deadline_s=timeout + _DEADLINE_MARGIN_S, memory_mb=_memory_mb(env))
@@ -164,18 +194,25 @@ def load_harbor_task(path: Path, *, task_id: str | None = None, limits: Limits |
     if hook is not None:
         hook = _hook_spec(hook, path)
     agent_timeout = agent.get("timeout_sec")
-    return Task(id=task_id or f"harbor:{path}", instruction=(path / "instruction.md").read_text(encoding="utf-8"),
-                files=starting_files(path / "environment"),
-                visible_tests="A Harbor task: its tests are held out; the instruction says how to check your work.\n",
-                held_out_tests=[held], test_kind="harbor", entry_point=None, limits=limits, source="harbor",
-                verifier=hook,
-                agent_timeout_s=None if agent_timeout is None else _positive(agent_timeout, "agent.timeout_sec"))
+    return Task(
+        id=task_id or f"harbor:{path}",
+        instruction=(path / "instruction.md").read_text(encoding="utf-8"),
+        files=starting_files(path / "environment"),
+        visible_tests="A Harbor task: its tests are held out; the instruction says how to check your work.\n",
+        held_out_tests=[held],
+        test_kind="harbor",
+        entry_point=None,
+        limits=limits,
+        source="harbor",
+        verifier=hook,
+        agent_timeout_s=None if agent_timeout is None else _positive(agent_timeout, "agent.timeout_sec"),
+    )
 
 
 def _path(spec: str) -> Path:
-    if not spec.startswith("harbor:") or not spec[len("harbor:"):]:
+    if not spec.startswith("harbor:") or not spec[len("harbor:") :]:
         raise ValueError(f"expected harbor:PATH, got {spec!r}")
-    path = Path(spec[len("harbor:"):]).expanduser().resolve()
+    path = Path(spec[len("harbor:") :]).expanduser().resolve()
     if not path.is_dir():
         raise FileNotFoundError(f"no Harbor task folder at {path}")
     return path
@@ -193,19 +230,24 @@ def _check_fields(config: dict[str, Any]) -> None:
         unknown = sorted(set(table) - known)
         if unknown:
             where = f"{section}." if section else ""
-            raise HarborError(f"task.toml: {', '.join(where + u for u in unknown)}: not known to this loader "
-                              "(refused rather than ignored)")
+            raise HarborError(
+                f"task.toml: {', '.join(where + u for u in unknown)}: not known to this loader "
+                "(refused rather than ignored)"
+            )
 
 
 def _check_environment(env: dict[str, Any], verifier: dict[str, Any], agent: dict[str, Any]) -> None:
     if env.get("gpus", 0):
         raise HarborError(f"task.toml: environment.gpus = {env['gpus']}: no GPU is given to agents or tests here")
     if env.get("docker_image"):
-        raise HarborError(f"task.toml: environment.docker_image = {env['docker_image']!r}: prebuilt images are not "
-                          "pulled here (the host's tools stand in for the image)")
+        raise HarborError(
+            f"task.toml: environment.docker_image = {env['docker_image']!r}: prebuilt images are not "
+            "pulled here (the host's tools stand in for the image)"
+        )
     if env.get("allow_internet") is True:
-        raise HarborError("task.toml: environment.allow_internet = true: neither the agent nor the tests have a "
-                          "network here")
+        raise HarborError(
+            "task.toml: environment.allow_internet = true: neither the agent nor the tests have a network here"
+        )
     for name, table in (("environment", env), ("verifier", verifier), ("agent", agent)):
         if table.get("network_mode") not in _NETWORK_OK:
             raise HarborError(f"task.toml: {name}.network_mode = {table['network_mode']!r}: no network here")
@@ -213,8 +255,10 @@ def _check_environment(env: dict[str, Any], verifier: dict[str, Any], agent: dic
             raise HarborError(f"task.toml: {name}.allowed_hosts: no network here")
     for field in ("env", "mcp_servers"):
         if env.get(field):
-            raise HarborError(f"task.toml: environment.{field}: not supported (the agent's environment and tools "
-                              "are the harness's own)")
+            raise HarborError(
+                f"task.toml: environment.{field}: not supported (the agent's environment and tools "
+                "are the harness's own)"
+            )
     for field in ("skills_dir", "healthcheck"):
         if env.get(field):
             raise HarborError(f"task.toml: environment.{field}: not supported")
@@ -225,8 +269,10 @@ def _check_test_script(text: str) -> None:
         code = line.split("#", 1)[0] if not line.lstrip().startswith("#!") else ""
         m = _NETWORK.search(code)
         if m:
-            raise HarborError(f"tests/test.sh line {n}: {m.group(0)!r} installs or downloads; the grading jail has "
-                              "no network (use what the host has: python, pytest, unittest)")
+            raise HarborError(
+                f"tests/test.sh line {n}: {m.group(0)!r} installs or downloads; the grading jail has "
+                "no network (use what the host has: python, pytest, unittest)"
+            )
 
 
 def _literal_env(env: Any, field: str) -> dict[str, str]:
@@ -234,8 +280,10 @@ def _literal_env(env: Any, field: str) -> dict[str, str]:
         raise HarborError(f"task.toml: {field} must map names to strings")
     for key, value in env.items():
         if "${" in value:
-            raise HarborError(f"task.toml: {field}.{key}: ${{...}} templates read the host's environment; not "
-                              "supported (give the value)")
+            raise HarborError(
+                f"task.toml: {field}.{key}: ${{...}} templates read the host's environment; not "
+                "supported (give the value)"
+            )
         if key in _RESERVED_ENV or key.startswith("WORKBENCH_") or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise HarborError(f"task.toml: {field}.{key}: this name cannot be set here")
     return dict(env)
@@ -265,8 +313,9 @@ def _memory_mb(env: dict[str, Any]) -> int:
 
 def _hook_spec(spec: Any, folder: Path) -> str:
     if not isinstance(spec, str) or ":" not in spec:
-        raise HarborError(f"task.toml: metadata.workbench.verifier = {spec!r}: expected 'module:function' or "
-                          "'PATH.py:function'")
+        raise HarborError(
+            f"task.toml: metadata.workbench.verifier = {spec!r}: expected 'module:function' or 'PATH.py:function'"
+        )
     target, func = spec.rsplit(":", 1)
     if target.endswith(".py"):
         file = (folder / target).resolve()

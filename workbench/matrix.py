@@ -37,11 +37,34 @@ from .tokenizer import Tokenizer
 from .turns import TraceError, analyse, load_trace
 from .views import render_table
 
-__all__ = ["COLUMNS", "MatrixConfig", "MatrixResult", "run_matrix", "measure_rollout", "summarise_cell",
-           "markdown_table", "render_matrix", "load_matrix", "exact_prompt_ids"]
+__all__ = [
+    "COLUMNS",
+    "MatrixConfig",
+    "MatrixResult",
+    "run_matrix",
+    "measure_rollout",
+    "summarise_cell",
+    "markdown_table",
+    "render_matrix",
+    "load_matrix",
+    "exact_prompt_ids",
+]
 
-COLUMNS = ("harness", "model", "rollouts", "calls", "calls_by_purpose", "exact_prompt_ids", "chain_rate",
-           "fork_causes", "tool_call_rate", "solution_written", "reward", "wall_s_per_rollout", "failures")
+COLUMNS = (
+    "harness",
+    "model",
+    "rollouts",
+    "calls",
+    "calls_by_purpose",
+    "exact_prompt_ids",
+    "chain_rate",
+    "fork_causes",
+    "tool_call_rate",
+    "solution_written",
+    "reward",
+    "wall_s_per_rollout",
+    "failures",
+)
 
 
 @dataclass
@@ -69,8 +92,8 @@ class MatrixConfig:
 @dataclass
 class MatrixResult:
     dir: Path
-    rows: list[dict[str, Any]]           # one per cell, keys = COLUMNS (raw values)
-    rollouts: list[dict[str, Any]]       # one per rollout, what the cells were computed from
+    rows: list[dict[str, Any]]  # one per cell, keys = COLUMNS (raw values)
+    rollouts: list[dict[str, Any]]  # one per rollout, what the cells were computed from
 
 
 def exact_prompt_ids(call: dict[str, Any], engine: Engine) -> bool | None:
@@ -87,11 +110,23 @@ def measure_rollout(result: RolloutResult, engine: Engine, tokenizer: Tokenizer)
     summary = result.summary
     timings = summary.get("timings") or {}
     record: dict[str, Any] = {
-        "dir": str(result.out_dir), "task_id": result.task_id, "status": result.status, "reason": result.reason,
-        "reward": result.reward, "solution_written": bool(summary.get("solution_written")),
+        "dir": str(result.out_dir),
+        "task_id": result.task_id,
+        "status": result.status,
+        "reason": result.reason,
+        "reward": result.reward,
+        "solution_written": bool(summary.get("solution_written")),
         "wall_s": round(sum(timings.values()), 3) if timings else None,
-        "calls": 0, "calls_by_purpose": {}, "recorded": 0, "exact": 0, "tokenize_errors": 0,
-        "turns": 0, "transitions": 0, "forks": 0, "fork_causes": {}, "tool_turns": 0,
+        "calls": 0,
+        "calls_by_purpose": {},
+        "recorded": 0,
+        "exact": 0,
+        "tokenize_errors": 0,
+        "turns": 0,
+        "transitions": 0,
+        "forks": 0,
+        "fork_causes": {},
+        "tool_turns": 0,
     }
     trace = result.out_dir / "trace.json" if result.out_dir else None
     if trace is None or not trace.exists():  # setup failed: nothing was captured
@@ -104,9 +139,14 @@ def measure_rollout(result: RolloutResult, engine: Engine, tokenizer: Tokenizer)
     exact = [exact_prompt_ids(c, engine) for c in calls if c.get("prompt_token_ids")]
     derived = analyse(calls, tokenizer)
     record.update(
-        calls=len(calls), calls_by_purpose=dict(Counter(c.get("purpose", "untagged") for c in calls)),
-        recorded=len(exact), exact=exact.count(True), tokenize_errors=exact.count(None),
-        turns=len(derived.turns), transitions=max(0, len(derived.turns) - 1), forks=len(derived.forks),
+        calls=len(calls),
+        calls_by_purpose=dict(Counter(c.get("purpose", "untagged") for c in calls)),
+        recorded=len(exact),
+        exact=exact.count(True),
+        tokenize_errors=exact.count(None),
+        turns=len(derived.turns),
+        transitions=max(0, len(derived.turns) - 1),
+        forks=len(derived.forks),
         fork_causes=dict(Counter(f.cause for f in derived.forks)),
         tool_turns=sum(1 for t in derived.turns if t.tool_calls),
     )
@@ -135,8 +175,11 @@ def summarise_cell(harness: str, model: str, records: list[dict[str, Any]]) -> d
     rewards = [r["reward"] for r in records if r["reward"] is not None]
     walls = [r["wall_s"] for r in records if r["wall_s"] is not None]
     return {
-        "harness": harness, "model": model, "rollouts": len(records),
-        "calls": total("calls"), "calls_by_purpose": dict(purposes),
+        "harness": harness,
+        "model": model,
+        "rollouts": len(records),
+        "calls": total("calls"),
+        "calls_by_purpose": dict(purposes),
         "exact_prompt_ids": _ratio(total("exact"), total("recorded")),
         "chain_rate": _ratio(total("transitions") - total("forks"), total("transitions")),
         "fork_causes": dict(causes),
@@ -176,8 +219,13 @@ def load_matrix(run_dir: Path | str) -> list[dict[str, Any]]:
     return json.loads((Path(run_dir) / "matrix.json").read_text())["cells"]
 
 
-def run_matrix(config: MatrixConfig, *, run_dir: Path | None = None, engines: dict[str, Engine] | None = None,
-               progress: bool = True) -> MatrixResult:
+def run_matrix(
+    config: MatrixConfig,
+    *,
+    run_dir: Path | None = None,
+    engines: dict[str, Engine] | None = None,
+    progress: bool = True,
+) -> MatrixResult:
     """Run every cell, write matrix.json / matrix.md / matrix.html into the run folder."""
     from transformers import AutoTokenizer
 
@@ -202,8 +250,7 @@ def run_matrix(config: MatrixConfig, *, run_dir: Path | None = None, engines: di
             for harness in config.harnesses:
                 cell = run.path / model / harness
                 rollout = replace(config.rollout, harness=harness)
-                jobs = [(tasks[i % len(tasks)], cell / f"r{i:03d}")
-                        for i in range(config.n)]
+                jobs = [(tasks[i % len(tasks)], cell / f"r{i:03d}") for i in range(config.n)]
                 t0 = time.monotonic()
                 results = run_rollouts(jobs, client, rollout, parallel=config.parallel, progress=progress)
                 measured = [measure_rollout(r, engine, tokenizer) for r in results]
@@ -219,9 +266,11 @@ def _write(run: RunDir, config: MatrixConfig, rows: list[dict[str, Any]], record
     # rewritten after every cell: an interrupted matrix keeps the cells it finished
     run.write_json("matrix.json", {"columns": list(COLUMNS), "cells": rows, "rollouts": records})
     r = config.rollout
-    settings = (f"tasks `{config.tasks}`, n={config.n} per cell, T={r.temperature}, max_output_tokens="
-                f"{r.max_output_tokens}, max_model_calls={r.max_model_calls}, timeout {r.timeout_s:.0f} s, "
-                f"few_shot={r.few_shot}, system_prompt={repr(r.system_prompt) if r.system_prompt else 'as shipped'}, "
-                f"tools={','.join(r.tools) if r.tools else 'as shipped'}")
+    settings = (
+        f"tasks `{config.tasks}`, n={config.n} per cell, T={r.temperature}, max_output_tokens="
+        f"{r.max_output_tokens}, max_model_calls={r.max_model_calls}, timeout {r.timeout_s:.0f} s, "
+        f"few_shot={r.few_shot}, system_prompt={repr(r.system_prompt) if r.system_prompt else 'as shipped'}, "
+        f"tools={','.join(r.tools) if r.tools else 'as shipped'}"
+    )
     (run.path / "matrix.md").write_text(f"{settings}\n\n{markdown_table(rows)}")
     (run.path / "matrix.html").write_text(f"<p>{settings}</p>{render_matrix(rows)}")

@@ -32,7 +32,16 @@ from .paths import project_root
 from .stack import local_stack
 from .runs import RunDir
 
-__all__ = ["NOTEBOOKS", "PARAMS", "MODELS", "NotebookContext", "Notebook", "NotebookError", "run_notebooks", "check_parameters"]
+__all__ = [
+    "NOTEBOOKS",
+    "PARAMS",
+    "MODELS",
+    "NotebookContext",
+    "Notebook",
+    "NotebookError",
+    "run_notebooks",
+    "check_parameters",
+]
 
 NOTEBOOKS = ("01_sandbox", "02_capture", "03_turns", "04_reward", "05_grpo")
 
@@ -43,8 +52,14 @@ NOTEBOOKS = ("01_sandbox", "02_capture", "03_turns", "04_reward", "05_grpo")
 # graded, a trained turn in 03's mask view). "learn" runs the whole learning experiment in 05
 # (workbench.learn: ~1 h 20 min here).
 MODELS = {"small": "tiny", "default": "smollm2", "learn": "smollm2"}
-_SMOL_CAPTURE = {"task": "easy/1", "few_shot": True, "agent_prompt": "short", "temperature": 0.3,
-                 "max_output_tokens": 256, "attempts": 3}
+_SMOL_CAPTURE = {
+    "task": "easy/1",
+    "few_shot": True,
+    "agent_prompt": "short",
+    "temperature": 0.3,
+    "max_output_tokens": 256,
+    "attempts": 3,
+}
 PARAMS: dict[str, dict[str, dict[str, Any]]] = {
     "small": {
         "01_sandbox": {"task": "easy/0", "latency_samples": 5},
@@ -58,16 +73,33 @@ PARAMS: dict[str, dict[str, dict[str, Any]]] = {
         "02_capture": _SMOL_CAPTURE,
         "03_turns": {},
         "04_reward": {"task": "easy/3"},
-        "05_grpo": {"tasks": "easy-train[:2]", "steps": 2, "group_size": 4, "max_output_tokens": 256, "few_shot": True,
-                    "agent_prompt": "short", "temperature": 0.7, "learning_rate": 2e-3},
+        "05_grpo": {
+            "tasks": "easy-train[:2]",
+            "steps": 2,
+            "group_size": 4,
+            "max_output_tokens": 256,
+            "few_shot": True,
+            "agent_prompt": "short",
+            "temperature": 0.7,
+            "learning_rate": 2e-3,
+        },
     },
     "learn": {
         "01_sandbox": {"task": "easy/0", "latency_samples": 5},
         "02_capture": _SMOL_CAPTURE,
         "03_turns": {},
         "04_reward": {"task": "easy/3"},
-        "05_grpo": {"tasks": "easy-train[:2]", "steps": 1, "group_size": 4, "max_output_tokens": 256, "few_shot": True,
-                    "agent_prompt": "short", "temperature": 0.7, "learning_rate": 2e-3, "learn": True},
+        "05_grpo": {
+            "tasks": "easy-train[:2]",
+            "steps": 1,
+            "group_size": 4,
+            "max_output_tokens": 256,
+            "few_shot": True,
+            "agent_prompt": "short",
+            "temperature": 0.7,
+            "learning_rate": 2e-3,
+            "learn": True,
+        },
     },
 }
 
@@ -121,8 +153,9 @@ class Notebook:
         if self._engine is None or self._client is None:
             ctx = self.ctx
             if ctx.proxy_url:
-                self._engine = Engine.external(ctx.engine_url, ctx.served_name or ctx.model,
-                                               api_key=ctx.engine_key or None)
+                self._engine = Engine.external(
+                    ctx.engine_url, ctx.served_name or ctx.model, api_key=ctx.engine_key or None
+                )
                 self._client = self._owned.enter_context(contextlib.closing(ProxyClient(ctx.proxy_url, ctx.admin_key)))
             else:
                 self._engine, _, self._client = self._owned.enter_context(local_stack(ctx.model))
@@ -172,11 +205,19 @@ def check_parameters(name: str, params: dict[str, Any]) -> None:
     declared = papermill.inspect_notebook(str(_notebook_path(name)))
     unknown = sorted(set(params) - set(declared))
     if unknown:
-        raise NotebookError(f"{name}: unknown parameter(s) {', '.join(unknown)}; it declares {', '.join(sorted(declared))}")
+        raise NotebookError(
+            f"{name}: unknown parameter(s) {', '.join(unknown)}; it declares {', '.join(sorted(declared))}"
+        )
 
 
-def run_notebooks(params: str = "default", *, only: list[str] | None = None, run_dir: Path | None = None,
-                  model: str | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> RunDir:
+def run_notebooks(
+    params: str = "default",
+    *,
+    only: list[str] | None = None,
+    run_dir: Path | None = None,
+    model: str | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> RunDir:
     """Execute the notebooks into one run folder, sharing one engine and proxy (serving `model`, by default
     the parameter set's `MODELS` entry). Raises NotebookError."""
     import papermill
@@ -196,9 +237,16 @@ def run_notebooks(params: str = "default", *, only: list[str] | None = None, run
     run = RunDir.create("notebooks", path=run_dir)
     timings: dict[str, float] = {}
     with local_stack(model) as (engine, proxy, _):
-        shared = {"model": model, "engine_url": engine.url, "served_name": engine.served_name,
-                  "proxy_url": proxy.url, "admin_key": proxy.admin_key, "engine_key": engine.api_key or "",
-                  "interactive": False, "run_dir": str(run.path)}
+        shared = {
+            "model": model,
+            "engine_url": engine.url,
+            "served_name": engine.served_name,
+            "proxy_url": proxy.url,
+            "admin_key": proxy.admin_key,
+            "engine_key": engine.api_key or "",
+            "interactive": False,
+            "run_dir": str(run.path),
+        }
         secrets = [proxy.admin_key, engine.api_key or ""]
         public = {k: v for k, v in shared.items() if k not in ("admin_key", "engine_key")}  # never on disk
         run.write_config({"params": params, "notebooks": {n: {**resolved[n], **public} for n in names}})
@@ -207,12 +255,20 @@ def run_notebooks(params: str = "default", *, only: list[str] | None = None, run
                 t = time.monotonic()
                 try:
                     papermill.execute_notebook(
-                        str(_notebook_path(n)), str(run.path / f"{n}.ipynb"), parameters={**resolved[n], **shared},
-                        cwd=str(project_root() / "notebooks"), kernel_name="python3", progress_bar=False,
-                        log_output=False, request_save_on_cell_execute=True)
+                        str(_notebook_path(n)),
+                        str(run.path / f"{n}.ipynb"),
+                        parameters={**resolved[n], **shared},
+                        cwd=str(project_root() / "notebooks"),
+                        kernel_name="python3",
+                        progress_bar=False,
+                        log_output=False,
+                        request_save_on_cell_execute=True,
+                    )
                 except PapermillExecutionError as exc:
-                    raise NotebookError(f"{n}.ipynb failed in cell {exc.cell_index} (execution {exc.exec_count}): "
-                                        f"{exc.ename}: {exc.evalue}\n(executed copy: {run.path / f'{n}.ipynb'})") from None
+                    raise NotebookError(
+                        f"{n}.ipynb failed in cell {exc.cell_index} (execution {exc.exec_count}): "
+                        f"{exc.ename}: {exc.evalue}\n(executed copy: {run.path / f'{n}.ipynb'})"
+                    ) from None
                 timings[n] = round(time.monotonic() - t, 1)
                 run.log_metrics({"notebook": n, "event": "executed", "seconds": timings[n]})
         finally:  # a failed notebook's executed copy holds the injected parameters too

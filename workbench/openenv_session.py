@@ -84,9 +84,17 @@ class OpenEnvSession(HarnessSession, ResourceSession):
     """A `HarnessSession` speaking OpenEnv's `ResourceSession`, `LoopOwningSession` and
     `TrainableSession` protocols, with the training rules above."""
 
-    def __init__(self, task: Task, client: ProxyClient, config: RolloutConfig, *, out_dir: Path | None = None,
-                 episode_id: str | None = None, train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call,
-                 token_budget: int | None = None) -> None:
+    def __init__(
+        self,
+        task: Task,
+        client: ProxyClient,
+        config: RolloutConfig,
+        *,
+        out_dir: Path | None = None,
+        episode_id: str | None = None,
+        train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call,
+        token_budget: int | None = None,
+    ) -> None:
         self.train_turn_fn, self.token_budget = train_turn_fn, token_budget
         self.train_counts: dict[str, int] = {}
         self._written = self._ready = False
@@ -100,9 +108,14 @@ class OpenEnvSession(HarnessSession, ResourceSession):
         a = analyse(calls, None, self.train_turn_fn)
         kept = [r for r in a.rows if self.token_budget is None or len(r.input_ids) <= self.token_budget]
         trained = {t for r in kept for t in r.turns if a.turns[t].trained}
-        self.train_counts = {"turns": len(a.turns), "turns_trained": len(trained), "rows": len(a.rows),
-                             "forks": len(a.forks), "rows_dropped_budget": len(a.rows) - len(kept),
-                             "excluded_calls": sum(a.excluded.values())}
+        self.train_counts = {
+            "turns": len(a.turns),
+            "turns_trained": len(trained),
+            "rows": len(a.rows),
+            "forks": len(a.forks),
+            "rows_dropped_budget": len(a.rows) - len(kept),
+            "excluded_calls": sum(a.excluded.values()),
+        }
         entries = []
         for turn in a.turns:
             for entry in agent_entries([calls[turn.call]]):
@@ -129,10 +142,17 @@ class OpenEnvSession(HarnessSession, ResourceSession):
             self.status, self.reason = "verify_error", f"verification failed: {type(exc).__name__}: {exc}"[:500]
         reward = None if self.status in FAILED_STATUSES else self.reward
         self._write()
-        return OpenEnvVerifyResult(env_reward=reward, done=True,
-                                   metrics={"passed": r.passed if r else 0, "total": r.total if r else 0,
-                                            "status": self.status, **self.train_counts},
-                                   artifacts={"tests": r.to_json()["tests"] if r else []})
+        return OpenEnvVerifyResult(
+            env_reward=reward,
+            done=True,
+            metrics={
+                "passed": r.passed if r else 0,
+                "total": r.total if r else 0,
+                "status": self.status,
+                **self.train_counts,
+            },
+            artifacts={"tests": r.to_json()["tests"] if r else []},
+        )
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "train": self.train_counts}
@@ -161,9 +181,16 @@ class HarnessSessionFactory(ResourceSessionFactory[OpenEnvSession]):
     """OpenEnv session factory over our sandbox + proxy. A prompt is a `Task` or a task spec such as
     ``"humaneval/3"``. Artefacts go to ``out_root/g<seed>-<task>-<episode>/``."""
 
-    def __init__(self, client: ProxyClient | ProxyAddress, config: RolloutConfig, *, out_root: Path | None = None,
-                 sampling: dict[str, Any] | None = None, train_turns: TurnPolicy = "tool_calls",
-                 token_budget: int | None = None) -> None:
+    def __init__(
+        self,
+        client: ProxyClient | ProxyAddress,
+        config: RolloutConfig,
+        *,
+        out_root: Path | None = None,
+        sampling: dict[str, Any] | None = None,
+        train_turns: TurnPolicy = "tool_calls",
+        token_budget: int | None = None,
+    ) -> None:
         self.client = client.client() if isinstance(client, ProxyAddress) else client
         self.out_root, self.token_budget = out_root, token_budget
         self.train_turn_fn = turn_policy(train_turns)
@@ -175,13 +202,30 @@ class HarnessSessionFactory(ResourceSessionFactory[OpenEnvSession]):
         episode = episode_id or uuid.uuid4().hex[:12]
         out = self.out_root / f"g{seed or 0:05d}-{_slug(task.id)}-{episode[:12]}" if self.out_root else None
         try:
-            return OpenEnvSession(task, self.client, self.config, out_dir=out, episode_id=episode,
-                                  train_turn_fn=self.train_turn_fn, token_budget=self.token_budget)
+            return OpenEnvSession(
+                task,
+                self.client,
+                self.config,
+                out_dir=out,
+                episode_id=episode,
+                train_turn_fn=self.train_turn_fn,
+                token_budget=self.token_budget,
+            )
         except (SandboxError, ProxyError, OSError) as exc:  # TRL scores it unscorable; the folder says why
             if out is not None:
                 out.mkdir(parents=True, exist_ok=True)
                 out.chmod(0o700)
-                (out / "summary.json").write_text(json.dumps({
-                    "rollout_id": episode, "task_id": task.id, "status": "setup_failed", "reason": str(exc),
-                    "reward": None, "calls": 0}, indent=1))
+                (out / "summary.json").write_text(
+                    json.dumps(
+                        {
+                            "rollout_id": episode,
+                            "task_id": task.id,
+                            "status": "setup_failed",
+                            "reason": str(exc),
+                            "reward": None,
+                            "calls": 0,
+                        },
+                        indent=1,
+                    )
+                )
             raise

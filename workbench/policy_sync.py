@@ -45,8 +45,18 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .runs import RunDir
 
-__all__ = ["SharedFolder", "SyncHost", "LoraSync", "MergedSync", "NcclSync", "SaveOnlySync", "merged_state_dict",
-           "write_merged", "merge_adapter_folder", "authenticated_vllm_client"]
+__all__ = [
+    "SharedFolder",
+    "SyncHost",
+    "LoraSync",
+    "MergedSync",
+    "NcclSync",
+    "SaveOnlySync",
+    "merged_state_dict",
+    "write_merged",
+    "merge_adapter_folder",
+    "authenticated_vllm_client",
+]
 
 
 class SyncHost(Protocol):
@@ -77,8 +87,10 @@ class SharedFolder:
     def check(self) -> "SharedFolder":
         """Refuse a folder that is missing or not writable, before any training starts."""
         if not self.path.is_dir():
-            raise ValueError(f"sync_dir {self.path} does not exist (or is not a folder): it must be a folder the "
-                             "trainer writes and the engine reads (a shared mount); create it on both hosts")
+            raise ValueError(
+                f"sync_dir {self.path} does not exist (or is not a folder): it must be a folder the "
+                "trainer writes and the engine reads (a shared mount); create it on both hosts"
+            )
         probe = self.path / f".wb-probe-{uuid.uuid4().hex[:8]}"
         try:
             probe.write_bytes(b"")
@@ -86,7 +98,9 @@ class SharedFolder:
         except OSError as exc:
             raise ValueError(f"sync_dir {self.path} is not writable by the trainer: {exc.strerror}") from None
         if not posixpath.isabs(self.on_engine):
-            raise ValueError(f"sync_dir_on_engine must be an absolute path on the engine's host, got {self.on_engine!r}")
+            raise ValueError(
+                f"sync_dir_on_engine must be an absolute path on the engine's host, got {self.on_engine!r}"
+            )
         return self
 
     def publish(self, adapter: Path, name: str) -> str:
@@ -221,8 +235,13 @@ class MergedSync:
         if self.current is None:
             host.client.set_model(host.engine.served_name)
             self.current = host.engine.served_name
-        host.step_stats.update(sync_s=time.monotonic() - t, sync_write_s=round(write_s, 2),
-                               sync_reload_s=round(reload_s, 2), policy=self.current, policy_step=step)
+        host.step_stats.update(
+            sync_s=time.monotonic() - t,
+            sync_write_s=round(write_s, 2),
+            sync_reload_s=round(reload_s, 2),
+            policy=self.current,
+            policy_step=step,
+        )
 
     def close(self) -> None:
         """Remove the merged copy (a full model's size; the adapters are the run's record)."""
@@ -243,8 +262,9 @@ class SaveOnlySync:
         self.host.step_stats["sync_s"] = time.monotonic() - t
 
 
-def authenticated_vllm_client(base_url: str, api_key: str | None, *, group_port: int = 51216,
-                              connection_timeout: float = 0.0) -> Any:
+def authenticated_vllm_client(
+    base_url: str, api_key: str | None, *, group_port: int = 51216, connection_timeout: float = 0.0
+) -> Any:
     """TRL's `trl.generation.vllm_client.VLLMClient` (trl==1.16.0), carrying the engine's API key on its session.
 
     TRL's client has no key argument, and its constructor makes its first /v1 call (GET /v1/models) right after
@@ -253,7 +273,9 @@ def authenticated_vllm_client(base_url: str, api_key: str | None, *, group_port:
     import trl
     from trl.generation.vllm_client import VLLMClient
 
-    assert trl.__version__ == "1.16.0", f"authenticated_vllm_client is written against trl 1.16.0, not {trl.__version__}"
+    assert trl.__version__ == "1.16.0", (
+        f"authenticated_vllm_client is written against trl 1.16.0, not {trl.__version__}"
+    )
 
     class _Authenticated(VLLMClient):
         def check_server(self, total_timeout: float = 0.0, retry_interval: float = 2.0) -> None:
@@ -268,8 +290,13 @@ class NcclSync:
     """Full fine-tuning: TRL's VLLMClient broadcasts every parameter into the colocated vLLM over NCCL each step,
     then resets its prefix cache (the weights change in place, so the served name stays the engine's own)."""
 
-    def __init__(self, host: SyncHost, *, group_port: int = 51216,
-                 client_factory: Callable[[str, str | None, int], Any] | None = None) -> None:
+    def __init__(
+        self,
+        host: SyncHost,
+        *,
+        group_port: int = 51216,
+        client_factory: Callable[[str, str | None, int], Any] | None = None,
+    ) -> None:
         self.host, self.group_port = host, group_port
         self._make = client_factory or (lambda url, key, port: authenticated_vllm_client(url, key, group_port=port))
         self.client: Any = None

@@ -23,8 +23,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["unwind_on_signals", "Proc", "proc_stat", "processes", "environ", "kill_matching", "group_alive", "kill_group", "stop_group",
-           "die_with_us", "exit_signal", "signal_name"]
+__all__ = [
+    "unwind_on_signals",
+    "Proc",
+    "proc_stat",
+    "processes",
+    "environ",
+    "kill_matching",
+    "group_alive",
+    "kill_group",
+    "stop_group",
+    "die_with_us",
+    "exit_signal",
+    "signal_name",
+]
 
 
 def unwind_on_signals() -> None:
@@ -38,6 +50,7 @@ def unwind_on_signals() -> None:
     at once and the engine's process group would outlive us. Python runs handlers in the main thread,
     so this holds with the proxy's server thread running too. Every entry point calls it: the CLI and
     each benchmark script."""
+
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
@@ -62,9 +75,9 @@ class Proc:
 
     pid: int
     pgid: int
-    uid: int       # owner of /proc/PID: the effective uid (setpriv sets real and effective alike)
-    threads: int   # what RLIMIT_NPROC counts for it
-    start: int     # start time in clock ticks after boot: a reused pid has another
+    uid: int  # owner of /proc/PID: the effective uid (setpriv sets real and effective alike)
+    threads: int  # what RLIMIT_NPROC counts for it
+    start: int  # start time in clock ticks after boot: a reused pid has another
 
 
 def processes() -> list[Proc]:
@@ -166,8 +179,9 @@ def stop_group(proc: subprocess.Popen, *, grace_s: float = 10.0, gone_timeout_s:
 _WATCHDOG = Path(__file__).resolve().with_name("_watchdog.py")
 
 
-def die_with_us(argv: list[str], *, marker: str | None = None, grace_s: float = 0.0,
-                uid: int | None = None) -> list[str]:
+def die_with_us(
+    argv: list[str], *, marker: str | None = None, grace_s: float = 0.0, uid: int | None = None
+) -> list[str]:
     """`argv` behind a watchdog that SIGKILLs its own process group (start the command with
     ``start_new_session=True``), every process whose environment holds `marker` (``NAME=value``) and
     every process of `uid`, within 0.5 s of this process dying, however it dies; after SIGTERM and up to `grace_s` for the
@@ -176,5 +190,15 @@ def die_with_us(argv: list[str], *, marker: str | None = None, grace_s: float = 
     The command inherits stdin/stdout/stderr and the environment; the watchdog's exit status is the
     command's. It costs one small Python process (~10 MB) per command.
     """
-    return [sys.executable, "-I", "-S", str(_WATCHDOG), str(os.getpid()), marker or "", str(grace_s),
-            str(-1 if uid is None else uid), "--", *argv]
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        str(_WATCHDOG),
+        str(os.getpid()),
+        marker or "",
+        str(grace_s),
+        str(-1 if uid is None else uid),
+        "--",
+        *argv,
+    ]

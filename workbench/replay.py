@@ -59,8 +59,10 @@ class Recording:
         have = self.groups[task_id]
         out = have[:group_size]
         missing = group_size - len(out)
-        out += [RolloutResult(f"missing-{i}", task_id, NOT_RECORDED, "no such rollout in the recording", None,
-                              None, {}) for i in range(missing)]
+        out += [
+            RolloutResult(f"missing-{i}", task_id, NOT_RECORDED, "no such rollout in the recording", None, None, {})
+            for i in range(missing)
+        ]
         return out, {"rollouts_not_recorded": missing, "rollouts_unused": max(0, len(have) - group_size)}
 
     def check_vocabulary(self, vocab_size: int) -> None:
@@ -68,12 +70,19 @@ class Recording:
         for results in self.groups.values():
             for r in results:
                 assert r.out_dir is not None
-                top = max((i for c in load_trace(r.out_dir / "trace.json")
-                           for i in (c.get("prompt_token_ids") or []) + (c.get("completion_token_ids") or [])),
-                          default=-1)
+                top = max(
+                    (
+                        i
+                        for c in load_trace(r.out_dir / "trace.json")
+                        for i in (c.get("prompt_token_ids") or []) + (c.get("completion_token_ids") or [])
+                    ),
+                    default=-1,
+                )
                 if top >= vocab_size:
-                    raise ValueError(f"from_rollouts: {r.out_dir} holds token id {top}, outside the trainer's "
-                                     f"vocabulary ({vocab_size}): recorded with another tokenizer")
+                    raise ValueError(
+                        f"from_rollouts: {r.out_dir} holds token id {top}, outside the trainer's "
+                        f"vocabulary ({vocab_size}): recorded with another tokenizer"
+                    )
 
 
 def _rollout_folders(root: Path) -> list[Path]:
@@ -106,18 +115,30 @@ def load_recording(root: Path | str, *, temperature: float) -> Recording:
             s: dict[str, Any] = json.loads((folder / "summary.json").read_text())
             task_id, status = str(s["task_id"]), str(s["status"])
         except (OSError, ValueError, KeyError) as exc:
-            raise ValueError(f"from_rollouts: {folder}/summary.json is unreadable or lacks task_id/status: {exc}") from None
+            raise ValueError(
+                f"from_rollouts: {folder}/summary.json is unreadable or lacks task_id/status: {exc}"
+            ) from None
         t = s.get("temperature")
         if t is not None and abs(float(t) - temperature) > 1e-9:
             wrong_t.append(f"{folder.name} (T={t})")
         if s.get("model") and s["model"] not in models:
             models.append(str(s["model"]))
         reward = s.get("reward")
-        groups.setdefault(task_id, []).append(RolloutResult(s.get("rollout_id") or folder.name, task_id, status,
-                                                            s.get("reason"), None if reward is None else float(reward),
-                                                            folder, s))
+        groups.setdefault(task_id, []).append(
+            RolloutResult(
+                s.get("rollout_id") or folder.name,
+                task_id,
+                status,
+                s.get("reason"),
+                None if reward is None else float(reward),
+                folder,
+                s,
+            )
+        )
     if wrong_t:
-        raise ValueError(f"from_rollouts: sampled at another temperature than the trainer's {temperature}: "
-                         f"{', '.join(wrong_t[:5])}{' ...' if len(wrong_t) > 5 else ''}; the importance ratios "
-                         "would compare different distributions (set --temperature to the recording's)")
+        raise ValueError(
+            f"from_rollouts: sampled at another temperature than the trainer's {temperature}: "
+            f"{', '.join(wrong_t[:5])}{' ...' if len(wrong_t) > 5 else ''}; the importance ratios "
+            "would compare different distributions (set --temperature to the recording's)"
+        )
     return Recording(root, groups, models)

@@ -37,8 +37,18 @@ from .turns import analyse, load_trace
 from .tokenizer import Tokenizer, decode_text
 from .views import STYLE, token_texts
 
-__all__ = ["TokenDelta", "RescoreResult", "rescore", "token_parts", "render_delta", "delta_widget", "PARTS", "Part",
-           "Positions", "CODE_KEYS"]
+__all__ = [
+    "TokenDelta",
+    "RescoreResult",
+    "rescore",
+    "token_parts",
+    "render_delta",
+    "delta_widget",
+    "PARTS",
+    "Part",
+    "Positions",
+    "CODE_KEYS",
+]
 
 Part = Literal["tool_name", "arguments", "code", "tool_syntax", "text", "special"]
 PARTS: tuple[Part, ...] = ("tool_name", "arguments", "code", "tool_syntax", "text", "special")
@@ -55,12 +65,12 @@ class TokenDelta:
 
     row: int
     turn: int
-    position: int       # in the row
-    index: int          # in its turn's sampled output
+    position: int  # in the row
+    index: int  # in its turn's sampled output
     id: int
     text: str
     part: Part
-    captured: float     # the engine's logprob when it was sampled
+    captured: float  # the engine's logprob when it was sampled
     a: float
     b: float
 
@@ -80,23 +90,38 @@ class RescoreResult:
 
     def summary(self, top: int = 10) -> dict[str, Any]:
         """Mean delta overall and by part; the `top` most increased and decreased tokens."""
+
         def stats(ts: list[TokenDelta]) -> dict[str, Any]:
             n = len(ts)
-            return {"n": n, "mean_delta": sum(t.delta for t in ts) / n if n else None,
-                    "mean_abs_delta": sum(abs(t.delta) for t in ts) / n if n else None}
+            return {
+                "n": n,
+                "mean_delta": sum(t.delta for t in ts) / n if n else None,
+                "mean_abs_delta": sum(abs(t.delta) for t in ts) / n if n else None,
+            }
 
         ranked = sorted(self.tokens, key=lambda t: t.delta)
-        brief: list[dict[str, Any]] = [{"text": t.text, "part": t.part, "turn": t.turn, "index": t.index,
-                                        "delta": t.delta, "a": t.a, "b": t.b} for t in ranked]
-        return {**stats(self.tokens), "by_part": {p: stats([t for t in self.tokens if t.part == p]) for p in PARTS
-                                                  if any(t.part == p for t in self.tokens)},
-                "max_abs_captured_vs_a": max((abs(t.captured - t.a) for t in self.tokens), default=None),
-                "top_increased": [x for x in brief[::-1][:top] if x["delta"] > 0],
-                "top_decreased": [x for x in brief[:top] if x["delta"] < 0]}
+        brief: list[dict[str, Any]] = [
+            {"text": t.text, "part": t.part, "turn": t.turn, "index": t.index, "delta": t.delta, "a": t.a, "b": t.b}
+            for t in ranked
+        ]
+        return {
+            **stats(self.tokens),
+            "by_part": {
+                p: stats([t for t in self.tokens if t.part == p])
+                for p in PARTS
+                if any(t.part == p for t in self.tokens)
+            },
+            "max_abs_captured_vs_a": max((abs(t.captured - t.a) for t in self.tokens), default=None),
+            "top_increased": [x for x in brief[::-1][:top] if x["delta"] > 0],
+            "top_decreased": [x for x in brief[:top] if x["delta"] < 0],
+        }
 
     def to_json(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "tokens"},
-                "tokens": [{**asdict(t), "delta": t.delta} for t in self.tokens], "summary": self.summary()}
+        return {
+            **{k: v for k, v in asdict(self).items() if k != "tokens"},
+            "tokens": [{**asdict(t), "delta": t.delta} for t in self.tokens],
+            "summary": self.summary(),
+        }
 
 
 # -- which part of the assistant text a token is -------------------------------------------------------
@@ -113,14 +138,14 @@ def _char_parts(text: str) -> list[Part]:
         body, off = block.group(1), block.start(1)
         name = re.search(r'"name"\s*:\s*' + _STRING, body)
         if name:
-            parts[off + name.start(1): off + name.end(1)] = ["tool_name"] * (name.end(1) - name.start(1))
+            parts[off + name.start(1) : off + name.end(1)] = ["tool_name"] * (name.end(1) - name.start(1))
         args = re.search(r'"arguments"\s*:\s*', body)
         if not args:
             continue
         end = body.rfind("}")  # the outer object's close; what is before it is the arguments' value
         a_lo, a_hi = off + args.end(), off + (end if end > args.end() else len(body))
         parts[a_lo:a_hi] = ["arguments"] * (a_hi - a_lo)
-        for m in re.finditer(r'"(?:' + "|".join(CODE_KEYS) + r')"\s*:\s*' + _STRING, body[args.end():]):
+        for m in re.finditer(r'"(?:' + "|".join(CODE_KEYS) + r')"\s*:\s*' + _STRING, body[args.end() :]):
             s, e = off + args.end() + m.start(1), off + args.end() + m.end(1)
             parts[s:e] = ["code"] * (e - s)
     return parts
@@ -137,12 +162,13 @@ def token_parts(tokenizer: Tokenizer, ids: Sequence[int]) -> tuple[list[str], li
     chars = _char_parts(full)
     parts: list[Part] = []
     for k, tid in enumerate(ids):
-        span = chars[bounds[k]:max(bounds[k], bounds[k + 1])]
+        span = chars[bounds[k] : max(bounds[k], bounds[k + 1])]
         parts.append("special" if tid in special else Counter(span).most_common(1)[0][0] if span else "text")
     return texts, parts
 
 
 # -- scoring ---------------------------------------------------------------------------------------------
+
 
 def _policy(model: Any, name: str | None) -> Any:
     import contextlib
@@ -162,15 +188,22 @@ def _score(model: Any, input_ids: list[int], targets: list[int], temperature: fl
     out: list[float] = []
     with torch.no_grad():
         for c in range(0, len(targets), _CHUNK):
-            pos = torch.tensor(targets[c:c + _CHUNK])
+            pos = torch.tensor(targets[c : c + _CHUNK])
             logits = model(input_ids=ids, logits_to_keep=pos - 1).logits[0].float() / temperature
             out += logits.log_softmax(-1).gather(-1, ids[0, pos][:, None])[:, 0].tolist()
     return out
 
 
-def rescore(rollout: Path | str | list[dict[str, Any]], model_path: Path | str, adapter_a: Path | str | None = None,
-            adapter_b: Path | str | None = None, tokenizer: Tokenizer | None = None, *,
-            positions: Positions = "trained", temperature: float | None = None) -> RescoreResult:
+def rescore(
+    rollout: Path | str | list[dict[str, Any]],
+    model_path: Path | str,
+    adapter_a: Path | str | None = None,
+    adapter_b: Path | str | None = None,
+    tokenizer: Tokenizer | None = None,
+    *,
+    positions: Positions = "trained",
+    temperature: float | None = None,
+) -> RescoreResult:
     """Score every labelled token of the trace's rows under A (`adapter_a`, or the base model when None)
     and B (`adapter_b`, or the base model). `tokenizer` decodes (default: `model_path`'s); the trace's
     sampling temperature is used unless `temperature` is given."""
@@ -180,8 +213,13 @@ def rescore(rollout: Path | str | list[dict[str, Any]], model_path: Path | str, 
     calls = load_trace(Path(rollout) / "trace.json") if isinstance(rollout, (str, Path)) else rollout
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
     if temperature is None:
-        temps = {t for c in calls if c.get("purpose", "agent") == "agent" and c.get("per_token_logps") is not None
-                 and (t := (c.get("sampling_params") or {}).get("temperature")) is not None}
+        temps = {
+            t
+            for c in calls
+            if c.get("purpose", "agent") == "agent"
+            and c.get("per_token_logps") is not None
+            and (t := (c.get("sampling_params") or {}).get("temperature")) is not None
+        }
         if len(temps) > 1:
             raise ValueError(f"the trace was sampled at several temperatures {sorted(temps)}: pass temperature=")
         temperature = float(temps.pop()) if temps else 1.0
@@ -221,10 +259,28 @@ def rescore(rollout: Path | str | list[dict[str, Any]], model_path: Path | str, 
             if t_index not in decoded:
                 decoded[t_index] = token_parts(tokenizer, turns[t_index].output_ids)
             texts, parts = decoded[t_index]
-            tokens.append(TokenDelta(row=r, turn=t_index, position=i, index=j, id=row.input_ids[i], text=texts[j],
-                                     part=parts[j], captured=row.logprobs[i], a=scores["a"][k], b=scores["b"][k]))
-    return RescoreResult(model=str(model_path), policy_a=str(adapter_a or "base"), policy_b=str(adapter_b or "base"),
-                         temperature=temperature, positions=positions, tokens=tokens)
+            tokens.append(
+                TokenDelta(
+                    row=r,
+                    turn=t_index,
+                    position=i,
+                    index=j,
+                    id=row.input_ids[i],
+                    text=texts[j],
+                    part=parts[j],
+                    captured=row.logprobs[i],
+                    a=scores["a"][k],
+                    b=scores["b"][k],
+                )
+            )
+    return RescoreResult(
+        model=str(model_path),
+        policy_a=str(adapter_a or "base"),
+        policy_b=str(adapter_b or "base"),
+        temperature=temperature,
+        positions=positions,
+        tokens=tokens,
+    )
 
 
 # -- the view --------------------------------------------------------------------------------------------
@@ -246,27 +302,40 @@ def render_delta(result: RescoreResult, *, parts: Sequence[str] = PARTS, top: in
             spans.append('<span class="wb-turn" title="next turn"></span>')
         turn = t.turn
         cls = "wb-up" if t.delta > 0 else "wb-down" if t.delta < 0 else ""
-        tip = (f"turn {t.turn} #{t.index} id {t.id} · {t.part} · A {t.a:.4f} · B {t.b:.4f} · "
-               f"delta {t.delta:+.4f} · captured {t.captured:.4f}")
+        tip = (
+            f"turn {t.turn} #{t.index} id {t.id} · {t.part} · A {t.a:.4f} · B {t.b:.4f} · "
+            f"delta {t.delta:+.4f} · captured {t.captured:.4f}"
+        )
         text = html.escape(t.text).replace("\n", "↵\n") or "∅"
-        spans.append(f'<span class="wb-tok {cls} wb-part-{t.part}" style="--a:{abs(t.delta) / scale:.3f}" '
-                     f'title="{html.escape(tip)}">{text}</span>')
+        spans.append(
+            f'<span class="wb-tok {cls} wb-part-{t.part}" style="--a:{abs(t.delta) / scale:.3f}" '
+            f'title="{html.escape(tip)}">{text}</span>'
+        )
     s = result.summary(top)
-    by_part = "".join(f"<tr><td>{p}</td><td>{v['n']}</td><td>{v['mean_delta']:+.4f}</td><td>{v['mean_abs_delta']:.4f}</td></tr>"
-                      for p, v in s["by_part"].items())
+    by_part = "".join(
+        f"<tr><td>{p}</td><td>{v['n']}</td><td>{v['mean_delta']:+.4f}</td><td>{v['mean_abs_delta']:.4f}</td></tr>"
+        for p, v in s["by_part"].items()
+    )
 
     def ranked(rows: list[dict[str, Any]]) -> str:
-        return "".join(f"<tr><td>{html.escape(json.dumps(x['text']))}</td><td>{x['part']}</td><td>{x['turn']}:{x['index']}</td>"
-                       f"<td>{x['delta']:+.4f}</td><td>{x['a']:.4f}</td><td>{x['b']:.4f}</td></tr>" for x in rows)
+        return "".join(
+            f"<tr><td>{html.escape(json.dumps(x['text']))}</td><td>{x['part']}</td><td>{x['turn']}:{x['index']}</td>"
+            f"<td>{x['delta']:+.4f}</td><td>{x['a']:.4f}</td><td>{x['b']:.4f}</td></tr>"
+            for x in rows
+        )
 
-    head = (f"<div><b>A</b> {html.escape(result.policy_a)} vs <b>B</b> {html.escape(result.policy_b)} on "
-            f"{html.escape(result.model)}: {len(result.tokens)} {result.positions} tokens at T={result.temperature:g}; "
-            f"mean delta {s['mean_delta'] if s['mean_delta'] is None else format(s['mean_delta'], '+.4f')}</div>")
+    head = (
+        f"<div><b>A</b> {html.escape(result.policy_a)} vs <b>B</b> {html.escape(result.policy_b)} on "
+        f"{html.escape(result.model)}: {len(result.tokens)} {result.positions} tokens at T={result.temperature:g}; "
+        f"mean delta {s['mean_delta'] if s['mean_delta'] is None else format(s['mean_delta'], '+.4f')}</div>"
+    )
     cols = "<tr><th>token</th><th>part</th><th>turn:#</th><th>delta</th><th>A</th><th>B</th></tr>"
-    return (f"{STYLE}{_DELTA_STYLE}{head}<div class='wb-tokens'>{''.join(spans) or '<i>no labelled tokens</i>'}</div>"
-            f"<table class='wb-table'><tr><th>part</th><th>tokens</th><th>mean delta</th><th>mean |delta|</th></tr>{by_part}</table>"
-            f"<div><b>most increased</b></div><table class='wb-table'>{cols}{ranked(s['top_increased'])}</table>"
-            f"<div><b>most decreased</b></div><table class='wb-table'>{cols}{ranked(s['top_decreased'])}</table>")
+    return (
+        f"{STYLE}{_DELTA_STYLE}{head}<div class='wb-tokens'>{''.join(spans) or '<i>no labelled tokens</i>'}</div>"
+        f"<table class='wb-table'><tr><th>part</th><th>tokens</th><th>mean delta</th><th>mean |delta|</th></tr>{by_part}</table>"
+        f"<div><b>most increased</b></div><table class='wb-table'>{cols}{ranked(s['top_increased'])}</table>"
+        f"<div><b>most decreased</b></div><table class='wb-table'>{cols}{ranked(s['top_decreased'])}</table>"
+    )
 
 
 def delta_widget(result: RescoreResult, *, interactive: bool = True) -> Any:

@@ -32,9 +32,16 @@ from .tasks import Task
 __all__ = ["run_rollout", "run_rollouts"]
 
 
-def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir: Path,
-                *, rollout_id: str | None = None, stop: threading.Event | None = None,
-                primed: threading.Event | None = None) -> RolloutResult:
+def run_rollout(
+    task: Task,
+    client: ProxyClient,
+    config: RolloutConfig,
+    out_dir: Path,
+    *,
+    rollout_id: str | None = None,
+    stop: threading.Event | None = None,
+    primed: threading.Event | None = None,
+) -> RolloutResult:
     """One rollout, start to artefact. Never raises for the rollout's own failures: they are recorded.
 
     KeyboardInterrupt (or `stop` set from another thread) ends it as ``interrupted``: the agent is
@@ -48,8 +55,14 @@ def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir:
     try:
         session = HarnessSession(task, client, config, out_dir=out_dir, episode_id=rid)
     except (SandboxError, ProxyError, OSError) as exc:
-        failed: dict[str, Any] = {"rollout_id": rid, "task_id": task.id, "status": "setup_failed",
-                                  "reason": str(exc), "reward": None, "calls": 0}
+        failed: dict[str, Any] = {
+            "rollout_id": rid,
+            "task_id": task.id,
+            "status": "setup_failed",
+            "reason": str(exc),
+            "reward": None,
+            "calls": 0,
+        }
         atomic_json(out_dir / "summary.json", failed)
         return RolloutResult(rid, task.id, "setup_failed", str(exc), None, out_dir, failed)
     try:
@@ -66,8 +79,10 @@ def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir:
         if session.status == "running":
             session._end("interrupted", "interrupted by the user")
         elif session.status != "interrupted" and session.verify_result is None:  # grading was cut short
-            session.status, session.reason = "interrupted", \
-                f"interrupted before verification (the agent had ended {session.status}: {session.reason})"
+            session.status, session.reason = (
+                "interrupted",
+                f"interrupted before verification (the agent had ended {session.status}: {session.reason})",
+            )
         session.write_artefact(out_dir)
         raise
     finally:
@@ -75,8 +90,14 @@ def run_rollout(task: Task, client: ProxyClient, config: RolloutConfig, out_dir:
     return RolloutResult(rid, task.id, summary["status"], summary["reason"], summary["reward"], out_dir, summary)
 
 
-def run_rollouts(jobs: list[tuple[Task, Path]], client: ProxyClient, config: RolloutConfig, *,
-                 parallel: int = 2, progress: bool = True) -> list[RolloutResult]:
+def run_rollouts(
+    jobs: list[tuple[Task, Path]],
+    client: ProxyClient,
+    config: RolloutConfig,
+    *,
+    parallel: int = 2,
+    progress: bool = True,
+) -> list[RolloutResult]:
     """Run rollouts `parallel` at a time; every job gets a result (failures are recorded, not dropped).
 
     On Ctrl-C (a notebook's interrupt), rollouts that finished keep their folders, the running ones
@@ -105,13 +126,23 @@ def run_rollouts(jobs: list[tuple[Task, Path]], client: ProxyClient, config: Rol
             while not primed[task.id].wait(0.25) and time.monotonic() < deadline and not stop.is_set():
                 pass
         try:
-            result = results[i] = run_rollout(task, client, config, out, stop=stop,
-                                              primed=primed[task.id] if lead and config.lead_s > 0 else None)
+            result = results[i] = run_rollout(
+                task, client, config, out, stop=stop, primed=primed[task.id] if lead and config.lead_s > 0 else None
+            )
         except Exception as exc:  # recorded: a rollout failing must not sink the group
-            result = results[i] = RolloutResult(out.name, task.id, "crashed", f"{type(exc).__name__}: {exc}", None,
-                                                out, {})
-            atomic_json(out / "summary.json", {"rollout_id": out.name, "task_id": task.id, "status": "crashed",
-                                               "reason": result.reason, "reward": None})
+            result = results[i] = RolloutResult(
+                out.name, task.id, "crashed", f"{type(exc).__name__}: {exc}", None, out, {}
+            )
+            atomic_json(
+                out / "summary.json",
+                {
+                    "rollout_id": out.name,
+                    "task_id": task.id,
+                    "status": "crashed",
+                    "reason": result.reason,
+                    "reward": None,
+                },
+            )
             (out / "crash.txt").write_text(traceback.format_exc())  # ours, not the agent's: where it broke
         finally:
             if lead:

@@ -77,8 +77,15 @@ def atomic_json(path: Path, data: Any, *, mode: int = 0o644) -> None:
 class HarnessSession:
     """One loop-owning rollout: the agent runs to completion on its own; we read back what it did."""
 
-    def __init__(self, task: Task, client: ProxyClient, config: RolloutConfig, *,
-                 out_dir: Path | None = None, episode_id: str | None = None) -> None:
+    def __init__(
+        self,
+        task: Task,
+        client: ProxyClient,
+        config: RolloutConfig,
+        *,
+        out_dir: Path | None = None,
+        episode_id: str | None = None,
+    ) -> None:
         self.task, self.client, self.config = task, client, config
         self.rollout_id = episode_id or uuid.uuid4().hex[:12]
         self.out_dir = out_dir
@@ -95,13 +102,20 @@ class HarnessSession:
         # Fail fast, before any sandbox exists, when the engine behind the proxy is down.
         self.client.check_engine()
         self.key = self.client.open_session(
-            harness=config.harness, temperature=config.temperature, max_model_calls=config.max_model_calls,
+            harness=config.harness,
+            temperature=config.temperature,
+            max_model_calls=config.max_model_calls,
             max_output_tokens=config.max_output_tokens,
-            metadata={"task_id": task.id, "rollout_id": self.rollout_id})
+            metadata={"task_id": task.id, "rollout_id": self.rollout_id},
+        )
         try:
-            self.sandbox = Sandbox.create(_workspace_files(task), isolation=config.isolation, limits=config.limits,
-                                          ro_paths=[project_root() / "tools" / "node_modules"],
-                                          endpoint=self.client.url)
+            self.sandbox = Sandbox.create(
+                _workspace_files(task),
+                isolation=config.isolation,
+                limits=config.limits,
+                ro_paths=[project_root() / "tools" / "node_modules"],
+                endpoint=self.client.url,
+            )
         except SandboxError:
             self.client.close_session(self.key)
             raise
@@ -109,15 +123,28 @@ class HarnessSession:
             self.timings["setup_s"] = time.monotonic() - t0
             prompt = self.harness.few_shot_prompt(task.instruction) if config.few_shot else task.instruction
             launch = self.harness.launch(
-                base_url=self.sandbox.reach(self.client.agent_base_url), api_key=self.key, model=self.client.model, prompt=prompt,
-                options=HarnessOptions(max_output_tokens=config.max_output_tokens, context_tokens=config.context_tokens,
-                                       system_prompt=config.system_prompt, tools=config.tools))
+                base_url=self.sandbox.reach(self.client.agent_base_url),
+                api_key=self.key,
+                model=self.client.model,
+                prompt=prompt,
+                options=HarnessOptions(
+                    max_output_tokens=config.max_output_tokens,
+                    context_tokens=config.context_tokens,
+                    system_prompt=config.system_prompt,
+                    tools=config.tools,
+                ),
+            )
             for rel, text in launch.files.items():
                 self.sandbox.write_home(rel, text)
             self._logs = self.sandbox.logs
             self._started = time.monotonic()
-            self.proc = self.sandbox.spawn(launch.argv, stdin=launch.stdin, env=launch.env,
-                                           stdout=self._logs / "events.jsonl", stderr=self._logs / "stderr.txt")
+            self.proc = self.sandbox.spawn(
+                launch.argv,
+                stdin=launch.stdin,
+                env=launch.env,
+                stdout=self._logs / "events.jsonl",
+                stderr=self._logs / "stderr.txt",
+            )
         except BaseException:
             # The caller never gets this half-made session to close (e.g. ENOSPC writing the logs,
             # a missing harness binary, Ctrl-C): close the sandbox and the proxy session here.
@@ -126,8 +153,13 @@ class HarnessSession:
 
     # -- the agent --------------------------------------------------------------------------------
 
-    def wait_for_completion(self, timeout_s: float | None = None, *, stop: threading.Event | None = None,
-                            primed: threading.Event | None = None) -> int:
+    def wait_for_completion(
+        self,
+        timeout_s: float | None = None,
+        *,
+        stop: threading.Event | None = None,
+        primed: threading.Event | None = None,
+    ) -> int:
         """Wait for the agent to exit; TimeoutError at the wall-clock limit (the agent is killed).
 
         `stop` set (by `run_rollouts` on Ctrl-C: only the main thread receives KeyboardInterrupt)
@@ -136,7 +168,9 @@ class HarnessSession:
         when the agent ends, whichever comes first (`RolloutConfig.lead_s`).
         """
         # A task may set its own agent time limit (Harbor's agent.timeout_sec): the shorter one wins.
-        limit = min(self.config.timeout_s, self.task.agent_timeout_s or float("inf")) if timeout_s is None else timeout_s
+        limit = (
+            min(self.config.timeout_s, self.task.agent_timeout_s or float("inf")) if timeout_s is None else timeout_s
+        )
         deadline = self._started + limit
         try:
             while True:
@@ -164,8 +198,11 @@ class HarnessSession:
                     with contextlib.suppress(ProxyError):
                         errors = self.client.status(self.key).get("upstream_errors", 0)
                         if errors:
-                            self._end("upstream_error", "the engine failed a call (see trace.json); "
-                                      "stopped instead of letting the harness retry")
+                            self._end(
+                                "upstream_error",
+                                "the engine failed a call (see trace.json); "
+                                "stopped instead of letting the harness retry",
+                            )
                             return -1
                 time.sleep(0.25)
         except KeyboardInterrupt:
@@ -186,15 +223,17 @@ class HarnessSession:
                 upstream_errors = self.client.status(self.key).get("upstream_errors", 0)
             if upstream_errors and (self.config.stop_on_upstream_error or self.run_info.errors or code != 0):
                 self.status = "upstream_error"
-                self.reason = "the engine failed a call (see trace.json); the harness then exited: " + \
-                    (self.run_info.errors[0][:300] if self.run_info.errors else f"exit code {code}")
+                self.reason = "the engine failed a call (see trace.json); the harness then exited: " + (
+                    self.run_info.errors[0][:300] if self.run_info.errors else f"exit code {code}"
+                )
             elif self.run_info.errors:
                 self.status, self.reason = "harness_error", self.run_info.errors[0][:500]
             elif code != 0:
                 self.status = "crashed"
                 sig = exit_signal(code, bwrap=self.sandbox.isolation == "bwrap")
-                self.reason = (f"killed by signal {sig} ({signal_name(sig)})" if sig else f"exit code {code}") + \
-                    f": {self._read_log('stderr.txt')[-300:].strip()}"
+                self.reason = (
+                    f"killed by signal {sig} ({signal_name(sig)})" if sig else f"exit code {code}"
+                ) + f": {self._read_log('stderr.txt')[-300:].strip()}"
             else:
                 self.status = "ok"
         return code
@@ -269,22 +308,33 @@ class HarnessSession:
         run = self.run_info
         r = self.verify_result
         return {
-            "rollout_id": self.rollout_id, "task_id": self.task.id, "harness": self.config.harness,
-            "model": self.client.model, "status": self.status, "reason": self.reason, "exit_code": self.exit_code,
+            "rollout_id": self.rollout_id,
+            "task_id": self.task.id,
+            "harness": self.config.harness,
+            "model": self.client.model,
+            "status": self.status,
+            "reason": self.reason,
+            "exit_code": self.exit_code,
             "reward": self.reward,
-            "tests_passed": r.passed if r is not None else None, "tests_total": r.total if r is not None else None,
-            "calls": len(calls), "calls_by_purpose": by_purpose,
+            "tests_passed": r.passed if r is not None else None,
+            "tests_total": r.total if r is not None else None,
+            "calls": len(calls),
+            "calls_by_purpose": by_purpose,
             "calls_by_status": {s: sum(1 for c in calls if c["status"] == s) for s in {c["status"] for c in calls}},
-            "agent_turns": len(agent), "agent_turns_with_tool_calls": with_tools,
+            "agent_turns": len(agent),
+            "agent_turns_with_tool_calls": with_tools,
             "sampled_tokens": sum(len(c["completion_token_ids"]) for c in agent),
             # From the engine's own answers as captured: the agent can write anything into the harness's
             # event stream (it runs as the same uid), never into the trace.
             "tool_calls": trace_tool_calls(calls),
             # What the harness's event stream says (its own account; shown, never used for rewards).
-            "harness_tool_calls": run.tool_calls if run else {}, "tool_failures": run.tool_failures if run else {},
-            "harness_steps": run.steps if run else 0, "harness_errors": run.errors if run else [],
+            "harness_tool_calls": run.tool_calls if run else {},
+            "tool_failures": run.tool_failures if run else {},
+            "harness_steps": run.steps if run else 0,
+            "harness_errors": run.errors if run else [],
             "solution_written": (self.sandbox.workspace / "solution.py").exists() if not self.sandbox.closed else None,
-            "temperature": self.config.temperature, "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "temperature": self.config.temperature,
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "isolation": self.sandbox.isolation,
         }
 

@@ -18,8 +18,20 @@ from typing import Any, Literal, get_args
 from .sandbox_spec import Isolation, SandboxLimits
 from .tasks import Task
 
-__all__ = ["SHORT_AGENT_PROMPT", "SHORT_AGENT_TOOLS", "agent_prompt", "FinalStatus", "Status", "STATUSES",
-           "FAILED_STATUSES", "RolloutConfig", "RolloutResult", "RolloutOutcome", "agent_entries", "trace_tool_calls"]
+__all__ = [
+    "SHORT_AGENT_PROMPT",
+    "SHORT_AGENT_TOOLS",
+    "agent_prompt",
+    "FinalStatus",
+    "Status",
+    "STATUSES",
+    "FAILED_STATUSES",
+    "RolloutConfig",
+    "RolloutResult",
+    "RolloutOutcome",
+    "agent_entries",
+    "trace_tool_calls",
+]
 
 # A short agent prompt (opencode's own is ~7.2k tokens; with this one a prompt is ~1.8k). The
 # harness is otherwise unchanged: same loop, same tools, same replay.
@@ -38,8 +50,17 @@ def agent_prompt(name: str) -> dict[str, Any]:
 
 
 # How a rollout ended (summary.json's "status"); a live session is "running" until then.
-FinalStatus = Literal["ok", "timeout", "limit_exceeded", "crashed", "harness_error", "upstream_error", "interrupted",
-                      "setup_failed", "verify_error"]
+FinalStatus = Literal[
+    "ok",
+    "timeout",
+    "limit_exceeded",
+    "crashed",
+    "harness_error",
+    "upstream_error",
+    "interrupted",
+    "setup_failed",
+    "verify_error",
+]
 Status = Literal["running", FinalStatus]
 STATUSES: tuple[FinalStatus, ...] = get_args(FinalStatus)
 # The rollouts the infrastructure failed, not the agent: unscored (left out of a group's baseline and of an
@@ -122,12 +143,17 @@ def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if c["purpose"] != "agent" or c["status"] != "ok" or c.get("per_token_logps") is None:
             continue
         prompt, out = c["prompt_token_ids"], c["completion_token_ids"]
-        entries.append({
-            "request": c["request"], "response": c["response"], "prompt_token_ids": prompt,
-            "completion_token_ids": out, "per_token_logps": c["per_token_logps"],
-            "loss_mask": [0] * len(prompt) + [1] * len(out),
-            "metadata": {"node_id": c["node_id"], "turn": c["turn"], "sampling_params": c["sampling_params"]},
-        })
+        entries.append(
+            {
+                "request": c["request"],
+                "response": c["response"],
+                "prompt_token_ids": prompt,
+                "completion_token_ids": out,
+                "per_token_logps": c["per_token_logps"],
+                "loss_mask": [0] * len(prompt) + [1] * len(out),
+                "metadata": {"node_id": c["node_id"], "turn": c["turn"], "sampling_params": c["sampling_params"]},
+            }
+        )
     return entries
 
 

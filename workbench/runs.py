@@ -1,9 +1,9 @@
 """Run folders: ``runs/<timestamp>__<name>/`` with config.json, metrics.jsonl and whatever a stage writes.
 
-    run = RunDir.create("grpo")                 # runs/20261130-120501__grpo/
-    run.write_config({"train": {...}})          # + git commit, timestamp, host
-    run.log_metrics({"step": 1, "reward": 0.25})
-    RunDir.open("runs/20261130-120501__grpo").read_metrics()
+run = RunDir.create("grpo")                 # runs/20261130-120501__grpo/
+run.write_config({"train": {...}})          # + git commit, timestamp, host
+run.log_metrics({"step": 1, "reward": 0.25})
+RunDir.open("runs/20261130-120501__grpo").read_metrics()
 """
 
 from __future__ import annotations
@@ -24,9 +24,16 @@ __all__ = ["RunDir", "git_commit"]
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_root(), capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=project_root(),
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=project_root(), capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=project_root(),
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else None
@@ -62,9 +69,16 @@ class RunDir:
         return target
 
     def write_config(self, config: dict[str, Any]) -> Path:
-        return self.write_json("config.json", {**config, "git_commit": git_commit(),
-                                               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                               "host": platform.node(), "cpus": os.cpu_count()})
+        return self.write_json(
+            "config.json",
+            {
+                **config,
+                "git_commit": git_commit(),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "host": platform.node(),
+                "cpus": os.cpu_count(),
+            },
+        )
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         with open(self.path / "metrics.jsonl", "a") as f:

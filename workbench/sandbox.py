@@ -63,8 +63,18 @@ from .procs import stop_group
 from .sandbox_cleanup import force_remove, kill_all, new_folder, remove_stale, strays
 from .sandbox_command import wrap
 from .sandbox_net import Relay, open_relay
-from .sandbox_spec import (AGENT_HOME, AGENT_TMP, APP, MARKER_ENV, Isolation, IsolationMode, SandboxError,
-                           SandboxLimits, check_plain_mode, resolve_isolation)
+from .sandbox_spec import (
+    AGENT_HOME,
+    AGENT_TMP,
+    APP,
+    MARKER_ENV,
+    Isolation,
+    IsolationMode,
+    SandboxError,
+    SandboxLimits,
+    check_plain_mode,
+    resolve_isolation,
+)
 
 __all__ = ["Sandbox", "SandboxProcess"]
 
@@ -103,14 +113,21 @@ class SandboxProcess:
 class Sandbox:
     """One rollout's isolated folder and processes. Use `Sandbox.create`, always `close()`."""
 
-    def __init__(self, root: Path, isolation: IsolationMode, limits: SandboxLimits,
-                 ro_paths: list[Path], uid: int | None, python: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        isolation: IsolationMode,
+        limits: SandboxLimits,
+        ro_paths: list[Path],
+        uid: int | None,
+        python: str,
+    ) -> None:
         self.root = root
         self.workspace = root / "ws"
         self.home = root / "home"
         self.bin = root / "bin"
         self.tmp = root / "tmp"
-        self.logs = root / "logs"   # ours only (0700): the harness writes its logs through inherited fds
+        self.logs = root / "logs"  # ours only (0700): the harness writes its logs through inherited fds
         self.isolation = isolation
         self.limits = limits
         self.ro_paths = ro_paths
@@ -125,10 +142,18 @@ class Sandbox:
         self._inside_port = 0
 
     @classmethod
-    def create(cls, files: dict[str, str], *, isolation: Isolation = "auto",
-               limits: SandboxLimits | None = None, base_dir: Path | None = None,
-               ro_paths: list[Path] | None = None, python: str | None = None,
-               git_init: bool = True, endpoint: str | None = None) -> "Sandbox":
+    def create(
+        cls,
+        files: dict[str, str],
+        *,
+        isolation: Isolation = "auto",
+        limits: SandboxLimits | None = None,
+        base_dir: Path | None = None,
+        ro_paths: list[Path] | None = None,
+        python: str | None = None,
+        git_init: bool = True,
+        endpoint: str | None = None,
+    ) -> "Sandbox":
         """Materialise `files` into a fresh workspace. On any error, nothing is left behind.
 
         Args:
@@ -181,8 +206,12 @@ class Sandbox:
     def _materialise(self, files: dict[str, str], git_init: bool) -> None:
         self.root.chmod(0o711)  # the sandbox uid passes through to its folders; cannot list or write here
         owned = [self.workspace, self.home, self.bin, self.tmp]
-        for d in owned + [self.home / ".config", self.home / ".cache", self.home / ".local" / "share",
-                          self.home / ".local" / "state"]:
+        for d in owned + [
+            self.home / ".config",
+            self.home / ".cache",
+            self.home / ".local" / "share",
+            self.home / ".local" / "state",
+        ]:
             d.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(mode=0o700)
         for rel, text in files.items():
@@ -191,8 +220,13 @@ class Sandbox:
             target.write_text(text)
         (self.bin / "python").symlink_to(self.python)
         if git_init:
-            subprocess.run(["git", "init", "-q", str(self.workspace)], check=True, capture_output=True,
-                           timeout=30, env={"PATH": "/usr/bin:/bin", "HOME": str(self.home)})
+            subprocess.run(
+                ["git", "init", "-q", str(self.workspace)],
+                check=True,
+                capture_output=True,
+                timeout=30,
+                env={"PATH": "/usr/bin:/bin", "HOME": str(self.home)},
+            )
         for d in owned:
             d.chmod(0o700)
             if self.uid is not None:
@@ -258,9 +292,14 @@ class Sandbox:
         h = Path(self.inside_home)
         env = {
             "PATH": f"{self.bin}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(h), "XDG_CONFIG_HOME": str(h / ".config"), "XDG_CACHE_HOME": str(h / ".cache"),
-            "XDG_DATA_HOME": str(h / ".local" / "share"), "XDG_STATE_HOME": str(h / ".local" / "state"),
-            "TMPDIR": self.inside_tmp, "LANG": "C.UTF-8", "TERM": "dumb",
+            "HOME": str(h),
+            "XDG_CONFIG_HOME": str(h / ".config"),
+            "XDG_CACHE_HOME": str(h / ".cache"),
+            "XDG_DATA_HOME": str(h / ".local" / "share"),
+            "XDG_STATE_HOME": str(h / ".local" / "state"),
+            "TMPDIR": self.inside_tmp,
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
             MARKER_ENV: str(self.root),  # the full path: whoever made the folder can find its processes
         }
         env.update(extra or {})
@@ -269,12 +308,31 @@ class Sandbox:
     def command(self, argv: list[str]) -> list[str]:
         """`argv` wrapped for this sandbox's isolation mode, uid and limits (`sandbox_command.wrap`)."""
         relay = self._relay.path if self._relay is not None and self._endpoint is not None else None
-        return wrap(argv, mode=self.isolation, root=self.root, limits=self.limits, uid=self.uid,
-                    workspace=self.workspace, home=self.home, tmp=self.tmp, bin_dir=self.bin,
-                    ro_paths=self.ro_paths, python=self.python, relay_socket=relay, inside_port=self._inside_port)
+        return wrap(
+            argv,
+            mode=self.isolation,
+            root=self.root,
+            limits=self.limits,
+            uid=self.uid,
+            workspace=self.workspace,
+            home=self.home,
+            tmp=self.tmp,
+            bin_dir=self.bin,
+            ro_paths=self.ro_paths,
+            python=self.python,
+            relay_socket=relay,
+            inside_port=self._inside_port,
+        )
 
-    def spawn(self, argv: list[str], *, stdin: bytes | None = None, env: dict[str, str] | None = None,
-              stdout: Path | None = None, stderr: Path | None = None) -> SandboxProcess:
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | None = None,
+        env: dict[str, str] | None = None,
+        stdout: Path | None = None,
+        stderr: Path | None = None,
+    ) -> SandboxProcess:
         """Start `argv` in the workspace, in a new process group, under the sandbox limits. `stdout` and
         `stderr` are opened here and inherited: the sandbox itself cannot open them by name."""
         if self.closed:
@@ -283,9 +341,13 @@ class Sandbox:
         err: IO[bytes] | int = out if stderr == stdout else open(stderr, "wb") if stderr else subprocess.DEVNULL
         try:
             popen = subprocess.Popen(
-                self.command(argv), cwd=self.workspace, env=self.env(env),
+                self.command(argv),
+                cwd=self.workspace,
+                env=self.env(env),
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=out, stderr=err, start_new_session=True,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
             )
         finally:
             for f in {id(out): out, id(err): err}.values():
@@ -299,8 +361,14 @@ class Sandbox:
         self.processes.append(proc)
         return proc
 
-    def run(self, argv: list[str], *, stdin: bytes | None = None, env: dict[str, str] | None = None,
-            timeout_s: float | None = None) -> tuple[int, str]:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, str]:
         """Run to completion and return (exit code, combined output); kill at the wall-clock limit."""
         log = self.logs / f"run-{uuid.uuid4().hex[:8]}.log"
         proc = self.spawn(argv, stdin=stdin, env=env, stdout=log, stderr=log)
@@ -385,4 +453,3 @@ def _parse_endpoint(url: str) -> tuple[str, int]:
     if parts.scheme != "http" or not parts.hostname or not parts.port:
         raise SandboxError(f"endpoint {url!r} must be http://HOST:PORT")
     return parts.hostname, parts.port
-

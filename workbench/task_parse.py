@@ -31,6 +31,7 @@ __all__ = ["Unusable", "humaneval_task", "row_task", "usable_tasks"]
 
 # ---------------------------------------------------------------------------------------------- HumanEval
 
+
 def humaneval_task(row: dict[str, Any], limits: Limits) -> Task:
     """A HumanEval problem (``task_id``, ``prompt``, ``entry_point``, ``test``) as a ``humaneval`` task."""
     prompt, entry = row["prompt"], row["entry_point"]
@@ -41,12 +42,19 @@ def humaneval_task(row: dict[str, Any], limits: Limits) -> Task:
         f"solution.py must define `{entry}` with exactly this signature, together with the imports and "
         "helper functions it needs. The examples from the docstring are in visible_tests.txt: check your "
         f"function against them before you finish. Hidden tests will import `{entry}` from solution.py and "
-        "call it.\n")
+        "call it.\n"
+    )
     return Task(
-        id=f"humaneval/{row['task_id'].split('/')[1]}", instruction=instruction, files={},
+        id=f"humaneval/{row['task_id'].split('/')[1]}",
+        instruction=instruction,
+        files={},
         visible_tests=_humaneval_examples(prompt, entry),
         held_out_tests=[{"prelude": prompt, "check": row["test"]}],
-        test_kind="humaneval", entry_point=entry, limits=limits, source="humaneval")
+        test_kind="humaneval",
+        entry_point=entry,
+        limits=limits,
+        source="humaneval",
+    )
 
 
 def _humaneval_examples(prompt: str, entry: str) -> str:
@@ -77,19 +85,22 @@ def _humaneval_examples(prompt: str, entry: str) -> str:
     for i, line in enumerate(lines):
         if re.match(r"\s*(for\s+)?examples?\b", line, re.IGNORECASE):
             return f"{head}:\n\n" + "\n".join(lines[i:]).strip() + "\n"
-    return (f"The docstring of {entry} gives no examples: the description in the instruction is the whole "
-            "specification.\n")
+    return (
+        f"The docstring of {entry} gives no examples: the description in the instruction is the whole specification.\n"
+    )
 
 
 # ---------------------------------------------------------------------------- DeepCoder / JSONL problems
+
 
 class Unusable(Exception):
     """A row that cannot become a task (no usable test); the message says why. `workbench.tasks` turns it
     into a ValueError for one named task and into a skipped-row warning for a collection."""
 
 
-def usable_tasks(rows: Iterable[dict[str, Any]], prefix: str, source: str, max_tests: int, limits: Limits,
-                 name: str) -> list[Task]:
+def usable_tasks(
+    rows: Iterable[dict[str, Any]], prefix: str, source: str, max_tests: int, limits: Limits, name: str
+) -> list[Task]:
     """Every row that can become a task, ids ``prefix + row index``; the rest are skipped with one warning
     (naming ``name``) that counts them by reason. Its stacklevel points at the caller of `load_tasks`."""
     tasks: list[Task] = []
@@ -118,11 +129,22 @@ def row_task(row: dict[str, Any], task_id: str, source: str, max_tests: int, lim
     statement = _clean_statement(statement)
     # The easy set is for 135M-parameter models, which lose the thread in a long instruction: one line,
     # the examples only in visible_tests.txt.
-    instruction = (f"{statement.split(chr(10))[0]} Use the write tool." if source == "easy"
-                   else _deepcoder_instruction(statement, kind, fn_name))
-    return Task(id=task_id, instruction=instruction, files={},
-                visible_tests=_statement_examples(statement, kind), held_out_tests=held, test_kind=kind,
-                entry_point=fn_name, limits=limits, source=source)
+    instruction = (
+        f"{statement.split(chr(10))[0]} Use the write tool."
+        if source == "easy"
+        else _deepcoder_instruction(statement, kind, fn_name)
+    )
+    return Task(
+        id=task_id,
+        instruction=instruction,
+        files={},
+        visible_tests=_statement_examples(statement, kind),
+        held_out_tests=held,
+        test_kind=kind,
+        entry_point=fn_name,
+        limits=limits,
+        source=source,
+    )
 
 
 def _parse_tests(raw: Any) -> list[tuple[str, str | None, dict[str, Any]]]:
@@ -168,7 +190,9 @@ _BOILERPLATE = re.compile(
     r"^\s*(solve the following coding problem using the programming language python:?"
     r"|the input will be (given via )?stdin and .*"
     r"|the input will be given via function arguments.*"
-    r"|now solve the problem and return the code\.?)\s*$", re.IGNORECASE | re.MULTILINE)
+    r"|now solve the problem and return the code\.?)\s*$",
+    re.IGNORECASE | re.MULTILINE,
+)
 
 
 def _clean_statement(statement: str) -> str:
@@ -178,16 +202,20 @@ def _clean_statement(statement: str) -> str:
 
 def _deepcoder_instruction(statement: str, kind: str, fn_name: str | None) -> str:
     if kind == "stdin_stdout":
-        how = ("Write your solution as a Python program in a file named `solution.py` in the current "
-               "directory: it reads the input from standard input and prints the answer to standard output. "
-               "The examples from the statement are in visible_tests.txt; run your program on them (for "
-               "example `python solution.py < input.txt`) and fix it until its output matches. Hidden tests "
-               "will run `python solution.py` on other inputs.")
+        how = (
+            "Write your solution as a Python program in a file named `solution.py` in the current "
+            "directory: it reads the input from standard input and prints the answer to standard output. "
+            "The examples from the statement are in visible_tests.txt; run your program on them (for "
+            "example `python solution.py < input.txt`) and fix it until its output matches. Hidden tests "
+            "will run `python solution.py` on other inputs."
+        )
     else:
-        how = (f"Write your solution in a file named `solution.py` in the current directory that defines the "
-               f"function `{fn_name}`. The examples from the statement are in visible_tests.txt; call your "
-               f"function on them and fix it until it returns the expected values. Hidden tests will import "
-               f"`{fn_name}` from solution.py, call it with other arguments and compare what it returns.")
+        how = (
+            f"Write your solution in a file named `solution.py` in the current directory that defines the "
+            f"function `{fn_name}`. The examples from the statement are in visible_tests.txt; call your "
+            f"function on them and fix it until it returns the expected values. Hidden tests will import "
+            f"`{fn_name}` from solution.py, call it with other arguments and compare what it returns."
+        )
     return f"{statement}\n\n{how}\n"
 
 
@@ -202,8 +230,9 @@ def _statement_examples(statement: str, kind: str) -> str:
     """The statement's examples as visible_tests.txt: input/output pairs for stdin problems (Codeforces'
     "-----Examples-----", AtCoder's "Sample Input 1" and the like), else the examples section verbatim."""
     lines = statement.splitlines()
-    start = next((i for i, line in enumerate(lines)
-                  if _EXAMPLES_HEAD.fullmatch(line) or _SAMPLE_INPUT.fullmatch(line)), None)
+    start = next(
+        (i for i, line in enumerate(lines) if _EXAMPLES_HEAD.fullmatch(line) or _SAMPLE_INPUT.fullmatch(line)), None
+    )
     if start is None:
         return "No examples were found in the problem statement; the statement in the instruction is all there is.\n"
     pairs: list[list[list[str]]] = []
@@ -227,8 +256,10 @@ def _statement_examples(statement: str, kind: str) -> str:
             section.append(line)
     pairs = [p for p in pairs if "".join(p[0]).strip() and "".join(p[1]).strip()]
     if kind == "stdin_stdout" and pairs:
-        out = ["Examples from the problem statement: `python solution.py < input` must print the expected "
-               "output (trailing whitespace does not matter)."]
+        out = [
+            "Examples from the problem statement: `python solution.py < input` must print the expected "
+            "output (trailing whitespace does not matter)."
+        ]
         for n, (inp, exp) in enumerate(pairs, 1):
             out += [f"\n=== example {n}: input ===", _trim(inp), f"=== example {n}: expected output ===", _trim(exp)]
         return "\n".join(out) + "\n"

@@ -28,18 +28,26 @@ class Limits:
     Defaults follow TRL's opencode example: 6 s per test, ~2 GB address space, 2 MB of output.
     """
 
-    time_s: float = 6.0           # wall clock per test (HumanEval: for the whole check())
-    memory_mb: int = 2048         # address space (RLIMIT_AS) of each test process
+    time_s: float = 6.0  # wall clock per test (HumanEval: for the whole check())
+    memory_mb: int = 2048  # address space (RLIMIT_AS) of each test process
     output_bytes: int = 2_000_000  # stdout (and stderr) cap per test; more is killed
-    max_processes: int = 64       # processes + threads the solution may have at once
-    file_mb: int = 64             # largest file the solution may write (RLIMIT_FSIZE)
-    deadline_s: float = 120.0     # whole verification, copy included; tests past it are not run
-    workspace_mb: int = 64        # the workspace copy graded: apparent size of its files in all
+    max_processes: int = 64  # processes + threads the solution may have at once
+    file_mb: int = 64  # largest file the solution may write (RLIMIT_FSIZE)
+    deadline_s: float = 120.0  # whole verification, copy included; tests past it are not run
+    workspace_mb: int = 64  # the workspace copy graded: apparent size of its files in all
     workspace_entries: int = 5000  # ... and its files and folders (a deeper tree than 64 is refused too)
 
     def __post_init__(self) -> None:
-        for name in ("time_s", "memory_mb", "output_bytes", "max_processes", "file_mb", "deadline_s", "workspace_mb",
-                     "workspace_entries"):
+        for name in (
+            "time_s",
+            "memory_mb",
+            "output_bytes",
+            "max_processes",
+            "file_mb",
+            "deadline_s",
+            "workspace_mb",
+            "workspace_entries",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)!r}")
 
@@ -85,8 +93,13 @@ class Task:
 
     def public_json(self) -> dict[str, Any]:
         """What task.json holds: what the agent may know, no tests beyond the visible examples."""
-        return {"id": self.id, "instruction": self.instruction, "source": self.source,
-                "test_kind": self.test_kind, "entry_point": self.entry_point}
+        return {
+            "id": self.id,
+            "instruction": self.instruction,
+            "source": self.source,
+            "test_kind": self.test_kind,
+            "entry_point": self.entry_point,
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Task:

@@ -51,8 +51,17 @@ from .task_parse import Unusable, humaneval_task, row_task, usable_tasks
 from .task_record import TEST_KINDS, Limits, Task
 
 __all__ = [
-    "Limits", "Task", "load_task", "load_tasks", "humaneval_path", "FIXTURE_PATH", "EASY_PATH",
-    "DEEPCODER_DATASET", "DEEPCODER_SUBSET", "TEST_KINDS", "easy_split",
+    "Limits",
+    "Task",
+    "load_task",
+    "load_tasks",
+    "humaneval_path",
+    "FIXTURE_PATH",
+    "EASY_PATH",
+    "DEEPCODER_DATASET",
+    "DEEPCODER_SUBSET",
+    "TEST_KINDS",
+    "easy_split",
 ]
 
 FIXTURE_PATH = Path(__file__).resolve().parent / "data" / "deepcoder_fixture.jsonl"
@@ -88,10 +97,13 @@ def load_task(spec: str, *, max_tests: int = 12, limits: Limits | None = None) -
     limits = limits or Limits()
     _check_max_tests(max_tests)
     m = re.fullmatch(r"(humaneval|deepcoder-fixture|deepcoder|easy)/(\d+)", spec) or re.fullmatch(
-        r"(jsonl):(.+)#(\d+)", spec)
+        r"(jsonl):(.+)#(\d+)", spec
+    )
     if not m:
-        raise ValueError(f"unknown task {spec!r}: expected humaneval/N, deepcoder-fixture/N, deepcoder/N, "
-                         "easy/N, jsonl:PATH#N, harbor:PATH or repo-tasks/NAME")
+        raise ValueError(
+            f"unknown task {spec!r}: expected humaneval/N, deepcoder-fixture/N, deepcoder/N, "
+            "easy/N, jsonl:PATH#N, harbor:PATH or repo-tasks/NAME"
+        )
     kind, index = m.group(1), int(m.groups()[-1])  # N is the last group of either pattern
     if kind == "humaneval":
         rows = _humaneval_rows()
@@ -134,19 +146,22 @@ def load_tasks(spec: str, *, max_tests: int = 12, limits: Limits | None = None) 
         tasks = usable_tasks(_deepcoder_rows(), "deepcoder/", "deepcoder", max_tests, limits, base)
     elif base in ("easy", "easy-train", "easy-eval"):
         tasks = usable_tasks(_jsonl_rows(EASY_PATH), "easy/", "easy", max_tests, limits, base)
-        tasks = [t for t in tasks if base == "easy" or easy_split(t.id) == base[len("easy-"):]]
+        tasks = [t for t in tasks if base == "easy" or easy_split(t.id) == base[len("easy-") :]]
     elif base.startswith("jsonl:") and "#" not in base:
-        path = _jsonl_file(base[len("jsonl:"):])
+        path = _jsonl_file(base[len("jsonl:") :])
         tasks = usable_tasks(_jsonl_rows(path), f"jsonl:{path}#", "jsonl", max_tests, limits, base)
     elif not m:
         return [load_task(spec, max_tests=max_tests, limits=limits)]
     else:
-        raise ValueError(f"cannot slice {spec!r}: slices apply to humaneval, deepcoder, deepcoder-fixture, "
-                         "easy, easy-train, easy-eval, jsonl:PATH, harbor:PATH, repo-tasks")
+        raise ValueError(
+            f"cannot slice {spec!r}: slices apply to humaneval, deepcoder, deepcoder-fixture, "
+            "easy, easy-train, easy-eval, jsonl:PATH, harbor:PATH, repo-tasks"
+        )
     return tasks[window]
 
 
 # ---------------------------------------------------------------------------------------------- HumanEval
+
 
 def _humaneval_rows() -> list[dict[str, Any]]:
     with gzip.open(humaneval_path(), "rt", encoding="utf-8") as f:
@@ -157,6 +172,7 @@ def _humaneval_rows() -> list[dict[str, Any]]:
 
 
 # -------------------------------------------------------------------------------- DeepCoder / JSONL rows
+
 
 def _source(kind: str) -> str:
     return kind if kind in ("jsonl", "easy") else "deepcoder"

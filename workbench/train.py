@@ -52,6 +52,7 @@ from .turns import has_tool_call
 
 __all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_STATUSES", "resolve_device"]
 
+
 # Rollouts that end like this have no trustworthy reward, through no doing of the agent's: excluded
 # from their group's baseline (reward None -> NaN in TRL, advantage 0), never scored 0. Everything
 # the agent can cause is scored on its workspace (a harness it crashed, a timeout) or 0 (a sandbox
@@ -188,9 +189,19 @@ class TrainConfig:
         """The path before the speed levers (issue 14), for side-by-side runs: TRL's own step in fp32
         with checkpointing and its extra forward, longest row only, fp32 engine, title calls uncapped,
         two rollouts at a time."""
-        levers = dict(shared_prefix="off", reuse_logps=False, activation_checkpointing=True, precision="fp32",
-                      importance_sampling="sequence_mask", engine_dtype="float32", prefix_caching=True,
-                      title_max_tokens=0, every_row=False, parallel_rollouts=2, lead_s=0.0)
+        levers = dict(
+            shared_prefix="off",
+            reuse_logps=False,
+            activation_checkpointing=True,
+            precision="fp32",
+            importance_sampling="sequence_mask",
+            engine_dtype="float32",
+            prefix_caching=True,
+            title_max_tokens=0,
+            every_row=False,
+            parallel_rollouts=2,
+            lead_s=0.0,
+        )
         return cls(**{**levers, **overrides})
 
     @property
@@ -204,8 +215,10 @@ class TrainConfig:
         if self.importance_sampling == "auto":
             self.importance_sampling = "token_truncate" if self.precision == "bf16" else "sequence_mask"
         if self.top_p != 1.0:
-            raise ValueError("top_p must be 1.0: processed logprobs under top_p < 1 are renormalised and the "
-                             "trainer's ratios would be biased")
+            raise ValueError(
+                "top_p must be 1.0: processed logprobs under top_p < 1 are renormalised and the "
+                "trainer's ratios would be biased"
+            )
         agent_prompt(self.agent_prompt)  # ValueError for an unknown name
         if self.train_turns not in ("tool_calls", "all"):
             raise ValueError(f"train_turns must be 'tool_calls' or 'all', got {self.train_turns!r}")
@@ -219,8 +232,12 @@ class TrainConfig:
             raise ValueError(f"row_slots ({self.row_slots}) must be >= group_size ({self.group_size})")
         if self.title_max_tokens < 0:
             raise ValueError("title_max_tokens must be >= 0 (0: no cap)")
-        for name, allowed in (("device", ("auto", "cpu", "cuda")), ("weight_sync", ("lora", "merged", "nccl")),
-                              ("trainer", ("grpo", "async")), ("shared_prefix", ("auto", "on", "off"))):
+        for name, allowed in (
+            ("device", ("auto", "cpu", "cuda")),
+            ("weight_sync", ("lora", "merged", "nccl")),
+            ("trainer", ("grpo", "async")),
+            ("shared_prefix", ("auto", "on", "off")),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.device == "cuda":
@@ -230,8 +247,10 @@ class TrainConfig:
         if self.weight_sync == "nccl" and self.sync_dir:
             raise ValueError("sync_dir is where LoRA adapters are published; weight_sync='nccl' sends no files")
         if self.weight_sync == "merged" and self.sync_dir:
-            raise ValueError("weight_sync='merged' writes the merged weights into the run folder for an engine on this "
-                             "host; sync_dir (an engine elsewhere) takes 'lora'")
+            raise ValueError(
+                "weight_sync='merged' writes the merged weights into the run folder for an engine on this "
+                "host; sync_dir (an engine elsewhere) takes 'lora'"
+            )
         if self.weight_sync == "merged" and self.trainer == "async":
             raise ValueError("trainer 'async' syncs through TRL's own LoRA or NCCL paths: use weight_sync 'lora'")
         if self.sync_dir_on_engine and not self.sync_dir:
@@ -240,10 +259,16 @@ class TrainConfig:
             raise ValueError("from_rollouts replays recorded groups through GRPOTrainer: use trainer 'grpo'")
 
     def rollout_config(self) -> RolloutConfig:
-        return RolloutConfig(temperature=self.temperature, max_output_tokens=self.max_output_tokens,
-                             max_model_calls=self.max_model_calls, timeout_s=self.rollout_timeout_s,
-                             isolation=self.isolation, few_shot=self.few_shot, lead_s=self.lead_s,
-                             **agent_prompt(self.agent_prompt))
+        return RolloutConfig(
+            temperature=self.temperature,
+            max_output_tokens=self.max_output_tokens,
+            max_model_calls=self.max_model_calls,
+            timeout_s=self.rollout_timeout_s,
+            isolation=self.isolation,
+            few_shot=self.few_shot,
+            lead_s=self.lead_s,
+            **agent_prompt(self.agent_prompt),
+        )
 
 
 def resolve_device(device: str) -> Literal["cpu", "cuda"]:
@@ -255,8 +280,10 @@ def resolve_device(device: str) -> Literal["cpu", "cuda"]:
     if torch.cuda.is_available():
         return "cuda"
     if device == "cuda":
-        raise ValueError("device 'cuda' asked for, but torch sees no CUDA device (torch.cuda.is_available() is False "
-                         f"with torch {torch.__version__}): use --device cpu or auto")
+        raise ValueError(
+            "device 'cuda' asked for, but torch sees no CUDA device (torch.cuda.is_available() is False "
+            f"with torch {torch.__version__}): use --device cpu or auto"
+        )
     return "cpu"
 
 
@@ -269,10 +296,16 @@ class GRPORun:
     """One short GRPO run into a run folder. The engine and proxy are started unless given (or unless the run
     replays recorded rollouts: ``from_rollouts``, no engine)."""
 
-    def __init__(self, config: TrainConfig, *, run_dir: Path | None = None, engine: Engine | None = None,
-                 client: ProxyClient | None = None,
-                 reward_fn: Callable[[RolloutOutcome], float | None] = hidden_test_reward,
-                 train_turn_fn: Callable[[dict[str, Any]], bool] | None = None) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        run_dir: Path | None = None,
+        engine: Engine | None = None,
+        client: ProxyClient | None = None,
+        reward_fn: Callable[[RolloutOutcome], float | None] = hidden_test_reward,
+        train_turn_fn: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
         if (engine is None) != (client is None):
             raise ValueError("pass both engine and client (an engine the proxy forwards to), or neither")
         self.config = config
@@ -296,8 +329,11 @@ class GRPORun:
         if not self.tasks:
             raise ValueError(f"task spec {config.tasks!r} gave no tasks")
         # Replay runs no sandbox: what it records is how the replayed rollouts were isolated when captured.
-        self.isolation = (check_isolation(config.isolation, config.unsafe_no_sandbox) if self.recording is None
-                          else "+".join(self.recording.isolations) or "unknown")
+        self.isolation = (
+            check_isolation(config.isolation, config.unsafe_no_sandbox)
+            if self.recording is None
+            else "+".join(self.recording.isolations) or "unknown"
+        )
         self.step_stats: dict[str, Any] = {}
         self.trainer: Any = None
         self.tokenizer: Any = None
@@ -310,7 +346,7 @@ class GRPORun:
         cfg = self.config
         step = trainer.state.global_step + 1
         t0 = time.monotonic()
-        tasks = [load_task(p) for p in prompts[::cfg.slots]]
+        tasks = [load_task(p) for p in prompts[:: cfg.slots]]
         extra: dict[str, Any] = {}
         if self.recording is not None:
             results = []
@@ -322,14 +358,25 @@ class GRPORun:
             extra.update(off_policy=True, behaviour_models=self.recording.models)
         else:
             out = self.dir.path / "rollouts" / f"step-{step:04d}"
-            jobs = [(t, out / f"{g:02d}-{r:02d}_{t.id.replace('/', '-').replace(':', '-')}")
-                    for g, t in enumerate(tasks) for r in range(cfg.group_size)]
+            jobs = [
+                (t, out / f"{g:02d}-{r:02d}_{t.id.replace('/', '-').replace(':', '-')}")
+                for g, t in enumerate(tasks)
+                for r in range(cfg.group_size)
+            ]
             assert self.client is not None, "a sampling run has its proxy (set in train())"
-            results = run_rollouts(jobs, self.client, cfg.rollout_config(), parallel=cfg.parallel_rollouts,
-                                   progress=False)
+            results = run_rollouts(
+                jobs, self.client, cfg.rollout_config(), parallel=cfg.parallel_rollouts, progress=False
+            )
         rollout_s = time.monotonic() - t0
-        fields_, stats = step_fields(cfg, tasks, results, self.reward_fn, self.train_turn_fn, self.tokenizer,
-                                     policy=None if self.recording is not None else self.step_stats.get("policy"))
+        fields_, stats = step_fields(
+            cfg,
+            tasks,
+            results,
+            self.reward_fn,
+            self.train_turn_fn,
+            self.tokenizer,
+            policy=None if self.recording is not None else self.step_stats.get("policy"),
+        )
         self.step_stats.update(rollout_s=rollout_s, **stats, **extra)
         return fields_
 
@@ -352,8 +399,9 @@ class GRPORun:
 
             return train_async(self, resume=resume)
         asset = load(self.config.model)
-        self.dir.write_config({"train": asdict(self.config), "asset": str(asset.path), "isolation": self.isolation,
-                               "device": self.device})
+        self.dir.write_config(
+            {"train": asdict(self.config), "asset": str(asset.path), "isolation": self.isolation, "device": self.device}
+        )
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
             if self.engine is None and self.recording is None:
@@ -361,11 +409,20 @@ class GRPORun:
                 from .stack import local_stack  # the capture proxy (fastapi): not needed to replay
 
                 cfg = self.config
-                engine_config = EngineConfig(model=cfg.model, dtype=cfg.engine_dtype, prefix_caching=cfg.prefix_caching,
-                                             lora=cfg.weight_sync == "lora", dev_routes=cfg.weight_sync == "merged")
-                self.engine, _, self.client = stack.enter_context(local_stack(
-                    engine_config=engine_config, max_output_tokens=cfg.max_output_tokens,
-                    bookkeeping_max_tokens={"title": cfg.title_max_tokens} if cfg.title_max_tokens else {}))
+                engine_config = EngineConfig(
+                    model=cfg.model,
+                    dtype=cfg.engine_dtype,
+                    prefix_caching=cfg.prefix_caching,
+                    lora=cfg.weight_sync == "lora",
+                    dev_routes=cfg.weight_sync == "merged",
+                )
+                self.engine, _, self.client = stack.enter_context(
+                    local_stack(
+                        engine_config=engine_config,
+                        max_output_tokens=cfg.max_output_tokens,
+                        bookkeeping_max_tokens={"title": cfg.title_max_tokens} if cfg.title_max_tokens else {},
+                    )
+                )
             self.trainer = self._build_trainer(asset.path)
             if isinstance(self.trainer.vllm_generation, MergedSync):
                 stack.callback(self.trainer.vllm_generation.close)
@@ -380,10 +437,15 @@ class GRPORun:
             self.trainer.model.save_pretrained(final)
         metrics = self.dir.read_metrics()
         summary = {
-            "steps": len(metrics), "wall_s": round(time.monotonic() - started, 1), "isolation": self.isolation,
-            "device": self.device, "off_policy": self.recording is not None,
-            "reward": [m.get("reward") for m in metrics], "loss": [m.get("loss") for m in metrics],
-            "final_adapter": str(final), "policy": self.trainer.vllm_generation.current,
+            "steps": len(metrics),
+            "wall_s": round(time.monotonic() - started, 1),
+            "isolation": self.isolation,
+            "device": self.device,
+            "off_policy": self.recording is not None,
+            "reward": [m.get("reward") for m in metrics],
+            "loss": [m.get("loss") for m in metrics],
+            "final_adapter": str(final),
+            "policy": self.trainer.vllm_generation.current,
             "first_step_logp_diff": metrics[0].get("sampling/sampling_logp_difference/mean") if metrics else None,
         }
         self.dir.write_json("summary.json", summary)

@@ -48,7 +48,7 @@ __all__ = ["EngineClient", "harness_reward", "session_factory", "train_async", "
 
 assert trl.__version__ == "1.16.0", f"workbench.train_async is written against trl 1.16.0, not {trl.__version__}"
 # -- private TRL 1.16.0 names used here ------------------------------------------------------------------------
-_LORA_DIR = "_lora_dir"    # AsyncGRPOTrainer: where `_sync_weight_lora` saves `<name>-v<N>` (read by the server)
+_LORA_DIR = "_lora_dir"  # AsyncGRPOTrainer: where `_sync_weight_lora` saves `<name>-v<N>` (read by the server)
 _LORA_NAME = "_lora_name"  # AsyncGRPOTrainer: the adapter name prefix (always "trl-policy": not unique per run)
 _LORA_SYNC = "_lora_sync"  # AsyncGRPOTrainer: True when it syncs an adapter (probed from /server_info at init)
 # Also public but undocumented: `AsyncGRPOTrainer.vllm_client` (every sync goes through it).
@@ -63,19 +63,33 @@ def harness_reward(outcome: "HarnessRolloutOutcome") -> float | None:
     return outcome.env_reward
 
 
-def session_factory(address: ProxyAddress, cfg: AsyncTrainConfig,
-                    out_root: Path) -> functools.partial[HarnessSessionFactory]:
+def session_factory(
+    address: ProxyAddress, cfg: AsyncTrainConfig, out_root: Path
+) -> functools.partial[HarnessSessionFactory]:
     """What TRL's worker calls as ``factory(sampling=...)`` in its spawned process (picklable)."""
-    return functools.partial(HarnessSessionFactory, address, cfg.rollout_config(), out_root=out_root,
-                             train_turns=cfg.train_turns, token_budget=cfg.token_budget)
+    return functools.partial(
+        HarnessSessionFactory,
+        address,
+        cfg.rollout_config(),
+        out_root=out_root,
+        train_turns=cfg.train_turns,
+        token_budget=cfg.token_budget,
+    )
 
 
 class EngineClient(AsyncVLLMClient):
     """TRL's AsyncGRPO VLLMClient with the engine's API key on its /v1 calls, adapters published into a shared
     folder the engine reads (when given), and the capture proxy pointed at each newly loaded version."""
 
-    def __init__(self, server_url: str, api_key: str | None, proxy: ProxyAddress, *,
-                 shared: SharedFolder | None = None, server_timeout: float = 240.0) -> None:
+    def __init__(
+        self,
+        server_url: str,
+        api_key: str | None,
+        proxy: ProxyAddress,
+        *,
+        shared: SharedFolder | None = None,
+        server_timeout: float = 240.0,
+    ) -> None:
         super().__init__(server_url, server_timeout)
         self.api_key, self.proxy, self.shared = api_key, proxy, shared
         self._published: list[str] = []
@@ -91,8 +105,12 @@ class EngineClient(AsyncVLLMClient):
 
     def load_lora_adapter(self, lora_name: str, lora_path: str, timeout: int = 1800) -> None:
         path = self.shared.publish(Path(lora_path), lora_name) if self.shared else lora_path
-        r = requests.post(f"{self.server_url}/v1/load_lora_adapter", headers=self._headers, timeout=timeout,
-                          json={"lora_name": lora_name, "lora_path": path, "load_inplace": False})
+        r = requests.post(
+            f"{self.server_url}/v1/load_lora_adapter",
+            headers=self._headers,
+            timeout=timeout,
+            json={"lora_name": lora_name, "lora_path": path, "load_inplace": False},
+        )
         if r.status_code != 200:
             raise RuntimeError(f"loading adapter {lora_name!r} from {path} failed ({r.status_code}): {r.text[:300]}")
         self._published.append(lora_name)
@@ -103,8 +121,12 @@ class EngineClient(AsyncVLLMClient):
             client.close()
 
     def unload_lora_adapter(self, lora_name: str, timeout: int = 1800) -> None:
-        requests.post(f"{self.server_url}/v1/unload_lora_adapter", headers=self._headers, timeout=timeout,
-                      json={"lora_name": lora_name})
+        requests.post(
+            f"{self.server_url}/v1/unload_lora_adapter",
+            headers=self._headers,
+            timeout=timeout,
+            json={"lora_name": lora_name},
+        )
         if self.shared is not None and lora_name in self._published:
             # vLLM resolves adapter paths lazily: only versions older than this one are deleted.
             i = self._published.index(lora_name)
@@ -129,54 +151,116 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
 
     cfg = run.config
     if run.device != "cuda":
-        raise ValueError("trainer 'async' (TRL's AsyncGRPOTrainer) needs a CUDA trainer: on CPU it needs two "
-                         "monkeypatches (a CUDA-only FLOP probe, a flash-attn packing kernel); use --trainer grpo")
+        raise ValueError(
+            "trainer 'async' (TRL's AsyncGRPOTrainer) needs a CUDA trainer: on CPU it needs two "
+            "monkeypatches (a CUDA-only FLOP probe, a flash-attn packing kernel); use --trainer grpo"
+        )
     if run.engine is None or run.client is None:
-        raise ValueError("trainer 'async' trains against a running vLLM (VLLM_SERVER_DEV_MODE=1, --enable-lora): "
-                         "pass --upstream URL and --upstream-key-file")
+        raise ValueError(
+            "trainer 'async' trains against a running vLLM (VLLM_SERVER_DEV_MODE=1, --enable-lora): "
+            "pass --upstream URL and --upstream-key-file"
+        )
     asset = load(cfg.model)
-    run.dir.write_config({"train": asdict(cfg), "asset": str(asset.path), "isolation": run.isolation,
-                          "device": run.device, "max_staleness": MAX_STALENESS})
+    run.dir.write_config(
+        {
+            "train": asdict(cfg),
+            "asset": str(asset.path),
+            "isolation": run.isolation,
+            "device": run.device,
+            "max_staleness": MAX_STALENESS,
+        }
+    )
     tokenizer = AutoTokenizer.from_pretrained(asset.path)
     lora = cfg.weight_sync == "lora"
     n = cfg.tasks_per_step * cfg.group_size
     args = AsyncGRPOConfig(
-        output_dir=str(run.dir.path / "checkpoints"), per_device_train_batch_size=n, num_generations=cfg.group_size,
-        max_steps=cfg.steps, learning_rate=cfg.learning_rate, lr_scheduler_type="constant", logging_steps=1,
-        save_strategy="steps", save_steps=1, save_total_limit=2, report_to=cfg.report_to, seed=cfg.seed,
-        bf16=True, dtype="bfloat16" if lora else "float32", temperature=cfg.temperature, top_p=1.0,
-        epsilon=cfg.epsilon, max_completion_length=cfg.max_output_tokens, token_budget=cfg.token_budget,
-        vllm_server_base_url=run.engine.url, max_staleness=MAX_STALENESS, max_inflight_tasks=cfg.parallel_rollouts,
-        gradient_checkpointing=cfg.activation_checkpointing)  # the name transformers 5.17 knows too
+        output_dir=str(run.dir.path / "checkpoints"),
+        per_device_train_batch_size=n,
+        num_generations=cfg.group_size,
+        max_steps=cfg.steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        save_total_limit=2,
+        report_to=cfg.report_to,
+        seed=cfg.seed,
+        bf16=True,
+        dtype="bfloat16" if lora else "float32",
+        temperature=cfg.temperature,
+        top_p=1.0,
+        epsilon=cfg.epsilon,
+        max_completion_length=cfg.max_output_tokens,
+        token_budget=cfg.token_budget,
+        vllm_server_base_url=run.engine.url,
+        max_staleness=MAX_STALENESS,
+        max_inflight_tasks=cfg.parallel_rollouts,
+        gradient_checkpointing=cfg.activation_checkpointing,
+    )  # the name transformers 5.17 knows too
     address = ProxyAddress.of(run.client)
     dataset = Dataset.from_dict({"prompt": [t.id for t in run.tasks]})
     worker = HarnessRolloutWorker(
-        harness_session_factory=session_factory(address, cfg, run.dir.path / "rollouts"), harness_adapter=None,
-        rollout_reward_fn=harness_reward, model_name=run.engine.served_name, dataset=dataset, reward_funcs=[],
-        processing_class=tokenizer, eos_token_ids=[tokenizer.eos_token_id], num_generations=cfg.group_size,
-        max_inflight_tasks=cfg.parallel_rollouts, vllm_server_url=run.engine.url, max_tokens=cfg.max_output_tokens,
-        temperature=cfg.temperature, top_p=1.0, queue_maxsize=args.queue_maxsize)
-    peft_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
-                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                             "down_proj"]) if lora else None
+        harness_session_factory=session_factory(address, cfg, run.dir.path / "rollouts"),
+        harness_adapter=None,
+        rollout_reward_fn=harness_reward,
+        model_name=run.engine.served_name,
+        dataset=dataset,
+        reward_funcs=[],
+        processing_class=tokenizer,
+        eos_token_ids=[tokenizer.eos_token_id],
+        num_generations=cfg.group_size,
+        max_inflight_tasks=cfg.parallel_rollouts,
+        vllm_server_url=run.engine.url,
+        max_tokens=cfg.max_output_tokens,
+        temperature=cfg.temperature,
+        top_p=1.0,
+        queue_maxsize=args.queue_maxsize,
+    )
+    peft_config = (
+        LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=0.0,
+            task_type="CAUSAL_LM",
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        )
+        if lora
+        else None
+    )
     # TRL 1.16's RolloutWorkerProtocol declares its queues as writable `queue.Queue | mp.Queue` attributes, which its
     # own HarnessRolloutWorker (mp.Queue ones) cannot match: writable attributes are invariant.
-    trainer = AsyncGRPOTrainer(model=str(asset.path), args=args, train_dataset=dataset, processing_class=tokenizer,
-                               peft_config=peft_config, rollout_worker=worker)  # type: ignore[arg-type]
+    trainer = AsyncGRPOTrainer(
+        model=str(asset.path),
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        rollout_worker=worker,  # type: ignore[arg-type]
+    )
     if getattr(trainer, _LORA_SYNC):
         trainer.vllm_client = EngineClient(run.engine.url, run.engine.api_key, address, shared=run.shared)
         setattr(trainer, _LORA_NAME, f"policy-{uuid.uuid4().hex[:6]}")  # vLLM refuses a name twice per server
         setattr(trainer, _LORA_DIR, str((run.dir.path / "adapters").resolve()))
     elif lora:
-        raise ValueError(f"the engine at {run.engine.url} was started without --enable-lora: TRL would merge the "
-                         "adapter into NCCL weight sync; start it with --enable-lora, or use --weight-sync nccl")
+        raise ValueError(
+            f"the engine at {run.engine.url} was started without --enable-lora: TRL would merge the "
+            "adapter into NCCL weight sync; start it with --enable-lora, or use --weight-sync nccl"
+        )
     started = time.monotonic()
 
     class _Metrics(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
             if logs:
-                run.dir.log_metrics({"step": state.global_step, **logs, "trainer": "async", "device": run.device,
-                                     "isolation": run.isolation})
+                run.dir.log_metrics(
+                    {
+                        "step": state.global_step,
+                        **logs,
+                        "trainer": "async",
+                        "device": run.device,
+                        "isolation": run.isolation,
+                    }
+                )
 
     trainer.add_callback(_Metrics())
     run.trainer = trainer
@@ -187,9 +271,15 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
     # PeftModel (LoRA) or the PreTrainedModel it loaded from the path, both with save_pretrained.
     cast(_SavesPretrained, trainer.model).save_pretrained(final)
     metrics = run.dir.read_metrics()
-    summary = {"steps": trainer.state.global_step, "wall_s": round(time.monotonic() - started, 1), "trainer": "async",
-               "device": run.device, "isolation": run.isolation, "final_adapter": str(final),
-               "loss": [m.get("loss") for m in metrics if "loss" in m],
-               "reward": [m.get("reward") for m in metrics if "reward" in m]}
+    summary = {
+        "steps": trainer.state.global_step,
+        "wall_s": round(time.monotonic() - started, 1),
+        "trainer": "async",
+        "device": run.device,
+        "isolation": run.isolation,
+        "final_adapter": str(final),
+        "loss": [m.get("loss") for m in metrics if "loss" in m],
+        "reward": [m.get("reward") for m in metrics if "reward" in m],
+    }
     run.dir.write_json("summary.json", summary)
     return summary

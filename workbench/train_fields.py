@@ -22,9 +22,16 @@ from .turns import Row, load_trace
 __all__ = ["step_fields"]
 
 
-def step_fields(cfg: StepConfig, tasks: Sequence[Task], results: Sequence[RolloutResult],
-                reward_fn: Callable[[RolloutOutcome], float | None], train_turn_fn: Callable[[dict[str, Any]], bool],
-                tokenizer: Tokenizer, *, policy: str | None) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+def step_fields(
+    cfg: StepConfig,
+    tasks: Sequence[Task],
+    results: Sequence[RolloutResult],
+    reward_fn: Callable[[RolloutOutcome], float | None],
+    train_turn_fn: Callable[[dict[str, Any]], bool],
+    tokenizer: Tokenizer,
+    *,
+    policy: str | None,
+) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     """`results` holds `cfg.group_size` rollouts per task of `tasks`, in order. Returns TRL's fields (one row per
     slot) and the counters. `policy`: the adapter the rollouts should have sampled from (stale-call check)."""
 
@@ -32,10 +39,23 @@ def step_fields(cfg: StepConfig, tasks: Sequence[Task], results: Sequence[Rollou
     if len(results) != g * len(tasks):
         raise ValueError(f"{len(results)} rollouts for {len(tasks)} tasks x group_size {g}")
     pad_id = token_id(tokenizer, "<|im_end|>")
-    c = {"rollouts": len(results), "rollouts_failed": 0, "rollouts_no_trainable_turn": 0, "rows": 0,
-         "forks": 0, "rows_dropped_fork": 0, "rows_dropped_budget": 0, "rows_dropped_slots": 0,
-         "rows_trained": 0, "trained_tokens": 0, "stale_calls": 0, "excluded_calls": 0, "tool_calls": 0,
-         "solutions_written": 0, "title_calls_clamped": 0}
+    c = {
+        "rollouts": len(results),
+        "rollouts_failed": 0,
+        "rollouts_no_trainable_turn": 0,
+        "rows": 0,
+        "forks": 0,
+        "rows_dropped_fork": 0,
+        "rows_dropped_budget": 0,
+        "rows_dropped_slots": 0,
+        "rows_trained": 0,
+        "trained_tokens": 0,
+        "stale_calls": 0,
+        "excluded_calls": 0,
+        "tool_calls": 0,
+        "solutions_written": 0,
+        "title_calls_clamped": 0,
+    }
     failures: dict[str, list[str]] = {}
     rewards: list[float | None] = []
     per_rollout: list[list[Row]] = []
@@ -51,8 +71,9 @@ def step_fields(cfg: StepConfig, tasks: Sequence[Task], results: Sequence[Rollou
         for k, v in counts.items():
             c[k] += v
         # On-policy check: every agent call should have gone to the adapter synced this step.
-        c["stale_calls"] += sum(1 for x in calls if x.get("purpose") == "agent" and x.get("model")
-                                and x.get("model") != policy)
+        c["stale_calls"] += sum(
+            1 for x in calls if x.get("purpose") == "agent" and x.get("model") and x.get("model") != policy
+        )
         c["title_calls_clamped"] += sum(1 for x in calls if x.get("clamped_max_tokens") is not None)
         c["tool_calls"] += sum((result.summary.get("tool_calls") or {}).values())
         c["solutions_written"] += int(bool(result.summary.get("solution_written")))
@@ -70,12 +91,13 @@ def step_fields(cfg: StepConfig, tasks: Sequence[Task], results: Sequence[Rollou
     c["rows_trained"] = sum(1 for m in fields_["env_mask"] if any(m))
     c["trained_tokens"] = sum(sum(m) for m in fields_["env_mask"])
     lengths = [len(p) + len(q) for p, q in zip(fields_["prompt_ids"], fields_["completion_ids"])]
-    c["row_tokens"] = sum(lengths)                       # what the rows hold
-    c["padded_tokens"] = len(lengths) * max(lengths)     # what TRL's own step forwards (one padded batch)
-    groups = [rewards[i:i + g] for i in range(0, len(rewards), g)]
+    c["row_tokens"] = sum(lengths)  # what the rows hold
+    c["padded_tokens"] = len(lengths) * max(lengths)  # what TRL's own step forwards (one padded batch)
+    groups = [rewards[i : i + g] for i in range(0, len(rewards), g)]
     scorable = [sum(r is not None for r in grp) for grp in groups]
     stats = dict(
-        rollout_failures=failures, **c,
+        rollout_failures=failures,
+        **c,
         effective_group_size=min(scorable) if scorable else 0,
         effective_group_size_mean=sum(scorable) / len(scorable) if scorable else 0.0,
         verify_s=sum(r.summary.get("timings", {}).get("verify_s", 0.0) for r in results),
@@ -85,11 +107,16 @@ def step_fields(cfg: StepConfig, tasks: Sequence[Task], results: Sequence[Rollou
     return fields_, stats
 
 
-def _every_row_fields(per_rollout: list[list[Row]], rewards: list[float | None], g: int, slots: int,
-                      pad_id: int) -> tuple[dict[str, list[Any]], int]:
+def _every_row_fields(
+    per_rollout: list[list[Row]], rewards: list[float | None], g: int, slots: int, pad_id: int
+) -> tuple[dict[str, list[Any]], int]:
     """`workbench.group_step.every_row_fields` over the step's groups of `g` rollouts (it types its columns as
     ``list[object]``; they are the same TRL columns as `longest_row_fields`')."""
     from .group_step import every_row_fields
 
-    return every_row_fields([per_rollout[i:i + g] for i in range(0, len(per_rollout), g)],
-                            [rewards[i:i + g] for i in range(0, len(rewards), g)], slots, pad_id)
+    return every_row_fields(
+        [per_rollout[i : i + g] for i in range(0, len(per_rollout), g)],
+        [rewards[i : i + g] for i in range(0, len(rewards), g)],
+        slots,
+        pad_id,
+    )

@@ -25,28 +25,46 @@ from .turns import Row, analyse
 __all__ = ["rollout_rows", "trl_row", "longest_row_fields", "rows_for_trl"]
 
 
-def rollout_rows(calls: list[dict[str, Any]], train_turn_fn: Callable[[dict[str, Any]], bool], token_budget: int,
-                 tokenizer: Tokenizer | None = None) -> tuple[list[Row], dict[str, int]]:
+def rollout_rows(
+    calls: list[dict[str, Any]],
+    train_turn_fn: Callable[[dict[str, Any]], bool],
+    token_budget: int,
+    tokenizer: Tokenizer | None = None,
+) -> tuple[list[Row], dict[str, int]]:
     """A rollout's rows that fit `token_budget`, and counters (rows, forks, dropped for the budget...)."""
     a = analyse(calls, tokenizer, train_turn_fn)
     fitting = [r for r in a.rows if len(r.input_ids) <= token_budget]
-    return fitting, {"rows": len(a.rows), "forks": len(a.forks), "rows_dropped_budget": len(a.rows) - len(fitting),
-                     "excluded_calls": sum(a.excluded.values())}
+    return fitting, {
+        "rows": len(a.rows),
+        "forks": len(a.forks),
+        "rows_dropped_budget": len(a.rows) - len(fitting),
+        "excluded_calls": sum(a.excluded.values()),
+    }
 
 
 def trl_row(row: Row) -> dict[str, list[Any]]:
     """One row as TRL takes it: the first turn's prompt is TRL's "prompt", the rest its "completion"."""
     first_out = row.spans[0][1]
-    return {"prompt_ids": row.input_ids[:first_out], "completion_ids": row.input_ids[first_out:],
-            "logprobs": row.logprobs[first_out:], "env_mask": row.mask[first_out:]}
+    return {
+        "prompt_ids": row.input_ids[:first_out],
+        "completion_ids": row.input_ids[first_out:],
+        "logprobs": row.logprobs[first_out:],
+        "env_mask": row.mask[first_out:],
+    }
 
 
-def longest_row_fields(rollouts: Sequence[Sequence[Row]], rewards: Sequence[float | None],
-                       pad_id: int) -> tuple[dict[str, list[Any]], int]:
+def longest_row_fields(
+    rollouts: Sequence[Sequence[Row]], rewards: Sequence[float | None], pad_id: int
+) -> tuple[dict[str, list[Any]], int]:
     """One row per rollout (its row with the most trained tokens); a rollout with no row gets a pad row
     with nothing trained (TRL needs one row per input). Returns (fields, rows dropped)."""
-    fields: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
-                                    "wb_reward": []}
+    fields: dict[str, list[Any]] = {
+        "prompt_ids": [],
+        "completion_ids": [],
+        "logprobs": [],
+        "env_mask": [],
+        "wb_reward": [],
+    }
     dropped = 0
     for rows, reward in zip(rollouts, rewards, strict=True):
         if rows:
@@ -60,8 +78,12 @@ def longest_row_fields(rollouts: Sequence[Sequence[Row]], rewards: Sequence[floa
     return fields, dropped
 
 
-def rows_for_trl(calls: list[dict[str, Any]], train_turn_fn: Callable[[dict[str, Any]], bool],
-                 token_budget: int, tokenizer: Tokenizer | None = None) -> tuple[dict[str, Any] | None, dict[str, int]]:
+def rows_for_trl(
+    calls: list[dict[str, Any]],
+    train_turn_fn: Callable[[dict[str, Any]], bool],
+    token_budget: int,
+    tokenizer: Tokenizer | None = None,
+) -> tuple[dict[str, Any] | None, dict[str, int]]:
     """One TRL row for a rollout (its row with the most trained tokens, or None) and its counters."""
     rows, counts = rollout_rows(calls, train_turn_fn, token_budget, tokenizer)
     counts["rows_dropped_fork"] = max(0, len(rows) - 1)

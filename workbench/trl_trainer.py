@@ -51,8 +51,9 @@ def _reward(prompts: list[Any], completions: list[Any], wb_reward: list[float | 
     return list(wb_reward)
 
 
-def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None,
-                  checkpointing_kwargs: dict[str, Any] | None = None) -> GRPOTrainer:
+def build_trainer(
+    run: "GRPORun", asset_path: Path, *, model: Any = None, checkpointing_kwargs: dict[str, Any] | None = None
+) -> GRPOTrainer:
     """The trainer for `run` (its config, device, recording, shared folder). `model`: a model object to train
     instead of the asset's; the tokenizer is the asset's either way. `checkpointing_kwargs`: TRL's
     ``gradient_checkpointing_kwargs`` (e.g. `workbench.experimental.checkpointing.selective_checkpointing_kwargs`)."""
@@ -74,34 +75,70 @@ def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None,
         model = AutoModelForCausalLM.from_pretrained(asset_path, dtype=dtype)
     n = cfg.tasks_per_step * cfg.slots
     args = GRPOConfig(
-        output_dir=str(run.dir.path / "checkpoints"), per_device_train_batch_size=n,
-        num_generations=cfg.slots, max_steps=cfg.steps, learning_rate=cfg.learning_rate,
-        lr_scheduler_type="constant", logging_steps=1, save_strategy="steps", save_steps=1,
-        save_total_limit=2, report_to=cfg.report_to, use_cpu=cpu, bf16=not cpu, beta=0.0,
-        temperature=cfg.temperature, top_p=1.0, epsilon=cfg.epsilon, seed=cfg.seed, data_seed=cfg.seed,
+        output_dir=str(run.dir.path / "checkpoints"),
+        per_device_train_batch_size=n,
+        num_generations=cfg.slots,
+        max_steps=cfg.steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        save_total_limit=2,
+        report_to=cfg.report_to,
+        use_cpu=cpu,
+        bf16=not cpu,
+        beta=0.0,
+        temperature=cfg.temperature,
+        top_p=1.0,
+        epsilon=cfg.epsilon,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
         max_completion_length=cfg.token_budget,
         # The generator's logprobs (from the capture) enter TRL's importance-sampling correction.
-        vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=cfg.importance_sampling,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode=cfg.importance_sampling,
         disable_tqdm=False,
         # Without sharing the prefix, SmolLM2 on 4 rows of ~3k tokens kept 17 GB of activations with
         # checkpointing off and was OOM-killed on this 24 GB machine: keep it on there.
         # The old name: the GPU host's transformers 5.17 has no `activation_checkpointing` argument (5.24 maps it).
-        gradient_checkpointing=cfg.activation_checkpointing, gradient_checkpointing_kwargs=checkpointing_kwargs,
+        gradient_checkpointing=cfg.activation_checkpointing,
+        gradient_checkpointing_kwargs=checkpointing_kwargs,
     )
     dataset = Dataset.from_dict({"prompt": [t.id for t in run.tasks]})
-    peft_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
-                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                             "down_proj"]) if lora else None
+    peft_config = (
+        LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=0.0,
+            task_type="CAUSAL_LM",
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        )
+        if lora
+        else None
+    )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental: trl is pinned
-    trainer = GRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=dataset,
-                          processing_class=run.tokenizer, peft_config=peft_config, rollout_func=run.rollout_func)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[_reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=run.tokenizer,
+        peft_config=peft_config,
+        rollout_func=run.rollout_func,
+    )
     # The seam (trl==1.16.0): with use_vllm, TRL feeds our logprobs to its IS correction and calls
     # vllm_generation.sync_weights() before each step's generation.
     trainer.use_vllm = True
-    sync = (SaveOnlySync(run) if run.recording is not None
-            else NcclSync(run, group_port=cfg.nccl_group_port) if not lora
-            else MergedSync(run) if cfg.weight_sync == "merged"
-            else LoraSync(run, shared=run.shared))
+    sync = (
+        SaveOnlySync(run)
+        if run.recording is not None
+        else NcclSync(run, group_port=cfg.nccl_group_port)
+        if not lora
+        else MergedSync(run)
+        if cfg.weight_sync == "merged"
+        else LoraSync(run, shared=run.shared)
+    )
     # TRL types the seam as its own VLLMGeneration; with a rollout_func TRL only calls sync_weights() on it,
     # which each policy_sync object implements (duck typing TRL's annotation cannot express).
     trainer.vllm_generation = cast("VLLMGeneration", sync)
@@ -110,8 +147,9 @@ def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None,
     if shared or cfg.reuse_logps or (cpu and cfg.precision == "bf16") or cfg.every_row:
         from .group_step import install
 
-        install(trainer, shared_prefix=shared, reuse_logps=cfg.reuse_logps,
-                bf16=cpu and cfg.precision == "bf16")  # on CUDA, TRL's own bf16 autocast
+        install(
+            trainer, shared_prefix=shared, reuse_logps=cfg.reuse_logps, bf16=cpu and cfg.precision == "bf16"
+        )  # on CUDA, TRL's own bf16 autocast
 
     class _Metrics(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -123,9 +161,16 @@ def build_trainer(run: "GRPORun", asset_path: Path, *, model: Any = None,
             s = dict(run.step_stats)
             step_s = time.monotonic() - s.pop("t_start", time.monotonic())
             train_s = step_s - s.get("rollout_s", 0.0) - s.get("sync_s", 0.0)
-            record = {"step": state.global_step, **{k: v for k, v in logs.items()},
-                      **s, "isolation": run.isolation, "device": run.device, "step_s": step_s, "train_s": train_s,
-                      "trained_tokens_per_s": s.get("trained_tokens", 0) / train_s if train_s > 0 else None}
+            record = {
+                "step": state.global_step,
+                **{k: v for k, v in logs.items()},
+                **s,
+                "isolation": run.isolation,
+                "device": run.device,
+                "step_s": step_s,
+                "train_s": train_s,
+                "trained_tokens_per_s": s.get("trained_tokens", 0) / train_s if train_s > 0 else None,
+            }
             run.dir.log_metrics(record)
 
     trainer.add_callback(_Metrics())

@@ -33,12 +33,37 @@ from typing import Any, Callable
 
 from .tokenizer import Tokenizer, decode_text, token_id
 
-__all__ = ["Turn", "Row", "Fork", "TraceError", "has_tool_call", "load_trace", "load_turns", "derive_turns",
-           "build_rows", "diagnose", "rollout_report", "run_report", "analyse", "RolloutTurns", "write_turns", "CAUSES",
-           "rollout_model", "tokenizer_for_rollout"]
+__all__ = [
+    "Turn",
+    "Row",
+    "Fork",
+    "TraceError",
+    "has_tool_call",
+    "load_trace",
+    "load_turns",
+    "derive_turns",
+    "build_rows",
+    "diagnose",
+    "rollout_report",
+    "run_report",
+    "analyse",
+    "RolloutTurns",
+    "write_turns",
+    "CAUSES",
+    "rollout_model",
+    "tokenizer_for_rollout",
+]
 
-CAUSES = ("template_rerender", "arguments_reserialised", "harness_rewrote_call", "reasoning_stripped",
-          "bpe_boundary", "compaction", "history_rewritten", "other")
+CAUSES = (
+    "template_rerender",
+    "arguments_reserialised",
+    "harness_rewrote_call",
+    "reasoning_stripped",
+    "bpe_boundary",
+    "compaction",
+    "history_rewritten",
+    "other",
+)
 
 
 class TraceError(ValueError):
@@ -49,8 +74,8 @@ class TraceError(ValueError):
 class Turn:
     """One agent call as training sees it (the seed's turns.json record, plus provenance)."""
 
-    index: int                # position among agent turns
-    call: int                 # position in trace.json
+    index: int  # position among agent turns
+    call: int  # position in trace.json
     prompt_ids: list[int]
     output_ids: list[int]
     per_token_logps: list[float]
@@ -64,9 +89,17 @@ class Turn:
         return [0] * len(self.prompt_ids) + [1] * len(self.output_ids)
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "call": self.call, "prompt_ids": self.prompt_ids, "output_ids": self.output_ids,
-                "per_token_logps": self.per_token_logps, "trained": self.trained, "mask": self.mask,
-                "finish_reason": self.finish_reason, "tool_calls": self.tool_calls}
+        return {
+            "index": self.index,
+            "call": self.call,
+            "prompt_ids": self.prompt_ids,
+            "output_ids": self.output_ids,
+            "per_token_logps": self.per_token_logps,
+            "trained": self.trained,
+            "mask": self.mask,
+            "finish_reason": self.finish_reason,
+            "tool_calls": self.tool_calls,
+        }
 
 
 @dataclass
@@ -75,9 +108,9 @@ class Row:
 
     input_ids: list[int]
     mask: list[int]
-    logprobs: list[float]          # the generator's logprob on every sampled token, 0.0 on context
-    sampled: list[int]             # 1 on every sampled token (trained or not)
-    turns: list[int]               # turn indices in this row
+    logprobs: list[float]  # the generator's logprob on every sampled token, 0.0 on context
+    sampled: list[int]  # 1 on every sampled token (trained or not)
+    turns: list[int]  # turn indices in this row
     spans: list[tuple[int, int, int]]  # per turn: (start of its new context, start of output, end)
 
     @property
@@ -89,14 +122,14 @@ class Row:
 class Fork:
     """Where a turn's prompt stopped extending the row before it."""
 
-    turn: int                   # the turn that could not chain
-    prev_turn: int              # the last turn of the row it diverged from
-    index: int                  # first diverging token position (in both sequences)
+    turn: int  # the turn that could not chain
+    prev_turn: int  # the last turn of the row it diverged from
+    index: int  # first diverging token position (in both sequences)
     prev_prompt_len: int
     cause: str = "other"
     detail: str = ""
-    left: str = ""              # decoded text around the divergence, the row's side
-    right: str = ""             # ... and the new prompt's side
+    left: str = ""  # decoded text around the divergence, the row's side
+    right: str = ""  # ... and the new prompt's side
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,8 +146,10 @@ def _load_json(path: Path) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise TraceError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno} "
-                         f"(char {exc.pos} of {len(text)}): {exc.msg}") from None
+        raise TraceError(
+            f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno} "
+            f"(char {exc.pos} of {len(text)}): {exc.msg}"
+        ) from None
 
 
 def load_trace(path: Path) -> list[dict[str, Any]]:
@@ -130,9 +165,13 @@ def load_trace(path: Path) -> list[dict[str, Any]]:
             for key in ("completion_token_ids", "per_token_logps"):
                 if not isinstance(call.get(key), (list, type(None))):
                     raise TraceError(f"{path}: call {i} has a malformed {key!r}")
-            if call.get("per_token_logps") is not None and len(call["per_token_logps"]) != len(call["completion_token_ids"]):
-                raise TraceError(f"{path}: call {i} has {len(call['per_token_logps'])} logprobs for "
-                                 f"{len(call['completion_token_ids'])} sampled tokens")
+            if call.get("per_token_logps") is not None and len(call["per_token_logps"]) != len(
+                call["completion_token_ids"]
+            ):
+                raise TraceError(
+                    f"{path}: call {i} has {len(call['per_token_logps'])} logprobs for "
+                    f"{len(call['completion_token_ids'])} sampled tokens"
+                )
     return data
 
 
@@ -145,10 +184,16 @@ def load_turns(path: Path) -> list[Turn]:
     turns = []
     for i, t in enumerate(data):
         try:
-            turn = Turn(index=t.get("index", i), call=t.get("call", i), prompt_ids=list(t["prompt_ids"]),
-                        output_ids=list(t["output_ids"]), per_token_logps=list(t["per_token_logps"]),
-                        trained=bool(t["trained"]), finish_reason=t.get("finish_reason"),
-                        tool_calls=list(t.get("tool_calls") or []))
+            turn = Turn(
+                index=t.get("index", i),
+                call=t.get("call", i),
+                prompt_ids=list(t["prompt_ids"]),
+                output_ids=list(t["output_ids"]),
+                per_token_logps=list(t["per_token_logps"]),
+                trained=bool(t["trained"]),
+                finish_reason=t.get("finish_reason"),
+                tool_calls=list(t.get("tool_calls") or []),
+            )
         except (KeyError, TypeError) as exc:
             raise TraceError(f"{path}: turn {i} lacks or mangles {exc}") from None
         if "mask" in t and list(t["mask"]) != turn.mask:
@@ -166,16 +211,29 @@ def _system(call: dict[str, Any]) -> str:
 
 def _agent_calls(calls: list[dict[str, Any]]) -> list[int]:
     if any("purpose" in c for c in calls):
-        return [i for i, c in enumerate(calls) if c.get("purpose") == "agent" and c.get("status", "ok") == "ok"
-                and c.get("prompt_token_ids") and c.get("per_token_logps") is not None]
+        return [
+            i
+            for i, c in enumerate(calls)
+            if c.get("purpose") == "agent"
+            and c.get("status", "ok") == "ok"
+            and c.get("prompt_token_ids")
+            and c.get("per_token_logps") is not None
+        ]
     # A seed-format trace has no purpose tags: anchor on the first tool-enabled call's system prompt.
     anchor = next((_system(c) for c in calls if (c.get("request") or {}).get("tools")), None)
-    return [i for i, c in enumerate(calls) if (c.get("request") or {}).get("tools") and _system(c) == anchor
-            and c.get("prompt_token_ids") and c.get("per_token_logps") is not None]
+    return [
+        i
+        for i, c in enumerate(calls)
+        if (c.get("request") or {}).get("tools")
+        and _system(c) == anchor
+        and c.get("prompt_token_ids")
+        and c.get("per_token_logps") is not None
+    ]
 
 
-def derive_turns(calls: list[dict[str, Any]], train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call,
-                 ) -> tuple[list[Turn], dict[str, int]]:
+def derive_turns(
+    calls: list[dict[str, Any]], train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call
+) -> tuple[list[Turn], dict[str, int]]:
     """Agent turns of a trace, and the excluded calls counted as ``{"title": 1, "upstream_error": 2, ...}``."""
     keep = _agent_calls(calls)
     excluded: Counter[str] = Counter()
@@ -186,10 +244,18 @@ def derive_turns(calls: list[dict[str, Any]], train_turn_fn: Callable[[dict[str,
     for n, i in enumerate(keep):
         c = calls[i]
         message = ((c.get("response") or {}).get("choices") or [{}])[0].get("message") or {}
-        turns.append(Turn(index=n, call=i, prompt_ids=list(c["prompt_token_ids"]),
-                          output_ids=list(c["completion_token_ids"]), per_token_logps=list(c["per_token_logps"]),
-                          trained=bool(train_turn_fn(c)), finish_reason=c.get("finish_reason"),
-                          tool_calls=[(tc.get("function") or {}).get("name", "?") for tc in message.get("tool_calls") or []]))
+        turns.append(
+            Turn(
+                index=n,
+                call=i,
+                prompt_ids=list(c["prompt_token_ids"]),
+                output_ids=list(c["completion_token_ids"]),
+                per_token_logps=list(c["per_token_logps"]),
+                trained=bool(train_turn_fn(c)),
+                finish_reason=c.get("finish_reason"),
+                tool_calls=[(tc.get("function") or {}).get("name", "?") for tc in message.get("tool_calls") or []],
+            )
+        )
     return turns, dict(excluded)
 
 
@@ -208,14 +274,19 @@ def build_rows(turns: list[Turn]) -> tuple[list[Row], list[Fork]]:
     row: Row | None = None
     prev: Turn | None = None
     for t in turns:
-        if row is not None and t.prompt_ids[:len(row.input_ids)] == row.input_ids:
+        if row is not None and t.prompt_ids[: len(row.input_ids)] == row.input_ids:
             start = len(row.input_ids)
             new_ctx = t.prompt_ids[start:]
         else:
             if row is not None and prev is not None:
-                forks.append(Fork(turn=t.index, prev_turn=prev.index,
-                                  index=_common_prefix(row.input_ids, t.prompt_ids),
-                                  prev_prompt_len=len(prev.prompt_ids)))
+                forks.append(
+                    Fork(
+                        turn=t.index,
+                        prev_turn=prev.index,
+                        index=_common_prefix(row.input_ids, t.prompt_ids),
+                        prev_prompt_len=len(prev.prompt_ids),
+                    )
+                )
             row = Row([], [], [], [], [], [])
             rows.append(row)
             start, new_ctx = 0, t.prompt_ids
@@ -245,8 +316,9 @@ def _tool_blocks(text: str) -> list[tuple[str, Any]]:
     return out
 
 
-def diagnose(forks: list[Fork], turns: list[Turn], calls: list[dict[str, Any]], tokenizer: Tokenizer,
-             context_tokens: int = 12) -> list[Fork]:
+def diagnose(
+    forks: list[Fork], turns: list[Turn], calls: list[dict[str, Any]], tokenizer: Tokenizer, context_tokens: int = 12
+) -> list[Fork]:
     """Classify each fork's cause (see `CAUSES`) from the token ids, their text and the trace."""
     by_index = {t.index: t for t in turns}
     end_id = token_id(tokenizer, "<|im_end|>")
@@ -254,9 +326,9 @@ def diagnose(forks: list[Fork], turns: list[Turn], calls: list[dict[str, Any]], 
         prev, cur = by_index[f.prev_turn], by_index[f.turn]
         left_ids = prev.prompt_ids + prev.output_ids
         i = f.index
-        f.left = decode_text(tokenizer, left_ids[max(0, i - context_tokens): i + context_tokens])
-        f.right = decode_text(tokenizer, cur.prompt_ids[max(0, i - context_tokens): i + context_tokens])
-        between = [c.get("purpose") for c in calls[prev.call + 1: cur.call]]
+        f.left = decode_text(tokenizer, left_ids[max(0, i - context_tokens) : i + context_tokens])
+        f.right = decode_text(tokenizer, cur.prompt_ids[max(0, i - context_tokens) : i + context_tokens])
+        between = [c.get("purpose") for c in calls[prev.call + 1 : cur.call]]
         if i < f.prev_prompt_len:
             if "compaction" in between:
                 f.cause, f.detail = "compaction", "the harness summarised the history between these turns"
@@ -274,11 +346,16 @@ def diagnose(forks: list[Fork], turns: list[Turn], calls: list[dict[str, Any]], 
         s_blocks, r_blocks = _tool_blocks(sampled_text), _tool_blocks(replay_text)
         if sampled_text == replay_text:
             f.cause, f.detail = "bpe_boundary", "same text, different token split"
-        elif ("<think>" in sampled_text or message.get("reasoning_content") or message.get("reasoning")) \
-                and "<think>" not in replay_text:
+        elif (
+            "<think>" in sampled_text or message.get("reasoning_content") or message.get("reasoning")
+        ) and "<think>" not in replay_text:
             f.cause, f.detail = "reasoning_stripped", "the model's reasoning is missing from the replayed history"
-        elif s_blocks and r_blocks and [b[1].get("name") if isinstance(b[1], dict) else None for b in s_blocks] \
-                != [b[1].get("name") if isinstance(b[1], dict) else None for b in r_blocks]:
+        elif (
+            s_blocks
+            and r_blocks
+            and [b[1].get("name") if isinstance(b[1], dict) else None for b in s_blocks]
+            != [b[1].get("name") if isinstance(b[1], dict) else None for b in r_blocks]
+        ):
             names = [b[1].get("name") if isinstance(b[1], dict) else "?" for b in r_blocks]
             f.cause, f.detail = "harness_rewrote_call", f"replayed as {names}"
         elif s_blocks and r_blocks and [b[0] for b in s_blocks] != [b[0] for b in r_blocks]:
@@ -296,13 +373,19 @@ def diagnose(forks: list[Fork], turns: list[Turn], calls: list[dict[str, Any]], 
 
 # -- files and reports ----------------------------------------------------------------------------
 
+
 def rollout_report(turns: list[Turn], rows: list[Row], forks: list[Fork], excluded: dict[str, int]) -> dict[str, Any]:
     per_turn = sum(len(t.prompt_ids) + len(t.output_ids) for t in turns)
     in_rows = sum(len(r.input_ids) for r in rows)
     return {
-        "turns": len(turns), "turns_trained": sum(t.trained for t in turns), "excluded_calls": excluded,
-        "rows": len(rows), "forks": len(forks), "fork_causes": dict(Counter(f.cause for f in forks)),
-        "tokens_per_turn_rows": per_turn, "tokens_in_rows": in_rows,
+        "turns": len(turns),
+        "turns_trained": sum(t.trained for t in turns),
+        "excluded_calls": excluded,
+        "rows": len(rows),
+        "forks": len(forks),
+        "fork_causes": dict(Counter(f.cause for f in forks)),
+        "tokens_per_turn_rows": per_turn,
+        "tokens_in_rows": in_rows,
         "token_saving": round(per_turn / in_rows, 3) if in_rows else None,
         "trained_tokens": sum(r.n_trained for r in rows),
     }
@@ -317,11 +400,18 @@ def run_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
         excluded.update(r["excluded_calls"])
     per_turn = sum(r["tokens_per_turn_rows"] for r in reports)
     in_rows = sum(r["tokens_in_rows"] for r in reports)
-    return {"rollouts": len(reports), "turns": sum(r["turns"] for r in reports),
-            "turns_trained": sum(r["turns_trained"] for r in reports), "rows": sum(r["rows"] for r in reports),
-            "forks": sum(r["forks"] for r in reports), "fork_causes": dict(causes), "excluded_calls": dict(excluded),
-            "tokens_per_turn_rows": per_turn, "tokens_in_rows": in_rows,
-            "token_saving": round(per_turn / in_rows, 3) if in_rows else None}
+    return {
+        "rollouts": len(reports),
+        "turns": sum(r["turns"] for r in reports),
+        "turns_trained": sum(r["turns_trained"] for r in reports),
+        "rows": sum(r["rows"] for r in reports),
+        "forks": sum(r["forks"] for r in reports),
+        "fork_causes": dict(causes),
+        "excluded_calls": dict(excluded),
+        "tokens_per_turn_rows": per_turn,
+        "tokens_in_rows": in_rows,
+        "token_saving": round(per_turn / in_rows, 3) if in_rows else None,
+    }
 
 
 @dataclass
@@ -335,8 +425,11 @@ class RolloutTurns:
     report: dict[str, Any]
 
 
-def analyse(calls: list[dict[str, Any]], tokenizer: Tokenizer | None = None,
-            train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call) -> RolloutTurns:
+def analyse(
+    calls: list[dict[str, Any]],
+    tokenizer: Tokenizer | None = None,
+    train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call,
+) -> RolloutTurns:
     """Turns, rows, forks (diagnosed when a tokenizer is given) and the report for one trace."""
     turns, excluded = derive_turns(calls, train_turn_fn)
     rows, forks = build_rows(turns)
@@ -345,16 +438,32 @@ def analyse(calls: list[dict[str, Any]], tokenizer: Tokenizer | None = None,
     return RolloutTurns(turns, rows, forks, excluded, rollout_report(turns, rows, forks, excluded))
 
 
-def write_turns(rollout_dir: Path, tokenizer: Any | None = None,
-                train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call) -> RolloutTurns:
+def write_turns(
+    rollout_dir: Path, tokenizer: Any | None = None, train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call
+) -> RolloutTurns:
     """Write turns.json (and rows.json with the drift) beside trace.json."""
     rollout_dir = Path(rollout_dir)
     result = analyse(load_trace(rollout_dir / "trace.json"), tokenizer, train_turn_fn)
     (rollout_dir / "turns.json").write_text(json.dumps([t.to_json() for t in result.turns]))
-    (rollout_dir / "rows.json").write_text(json.dumps({
-        "report": result.report, "forks": [f.to_json() for f in result.forks],
-        "rows": [{"input_ids": r.input_ids, "mask": r.mask, "logprobs": r.logprobs, "sampled": r.sampled,
-                  "turns": r.turns, "spans": r.spans} for r in result.rows]}))
+    (rollout_dir / "rows.json").write_text(
+        json.dumps(
+            {
+                "report": result.report,
+                "forks": [f.to_json() for f in result.forks],
+                "rows": [
+                    {
+                        "input_ids": r.input_ids,
+                        "mask": r.mask,
+                        "logprobs": r.logprobs,
+                        "sampled": r.sampled,
+                        "turns": r.turns,
+                        "spans": r.spans,
+                    }
+                    for r in result.rows
+                ],
+            }
+        )
+    )
     return result
 
 

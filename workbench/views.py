@@ -23,8 +23,21 @@ from typing import Any, Sequence
 from .tokenizer import Tokenizer, decode_text
 from .turns import Fork, Row, Turn, analyse, load_trace
 
-__all__ = ["token_texts", "render_tokens", "render_turn", "render_row", "render_drift", "render_trace",
-           "render_table", "summary_figure", "browser", "learning_curve_figure", "render_eval", "step_interval", "STYLE"]
+__all__ = [
+    "token_texts",
+    "render_tokens",
+    "render_turn",
+    "render_row",
+    "render_drift",
+    "render_trace",
+    "render_table",
+    "summary_figure",
+    "browser",
+    "learning_curve_figure",
+    "render_eval",
+    "step_interval",
+    "STYLE",
+]
 
 STYLE = """<style>
 .wb-tokens{font-family:ui-monospace,Menlo,monospace;font-size:12px;line-height:1.9;white-space:pre-wrap;word-break:break-all}
@@ -41,11 +54,13 @@ STYLE = """<style>
 .wb-table{border-collapse:collapse;font-size:12px}.wb-table td,.wb-table th{border:1px solid #ddd;padding:2px 6px;vertical-align:top}
 </style>"""
 
-_LEGEND = ('<div class="wb-legend"><span class="wb-tok wb-ctx">context (mask 0)</span>'
-           '<span class="wb-tok wb-train" style="--a:0.6">trained sample (mask 1)</span>'
-           '<span class="wb-tok wb-untrained" style="--a:0.6">sampled, not trained</span>'
-           '<span class="wb-tok wb-special">special</span><span class="wb-tool">tool call</span>'
-           '<span>intensity = probability of the sampled token</span></div>')
+_LEGEND = (
+    '<div class="wb-legend"><span class="wb-tok wb-ctx">context (mask 0)</span>'
+    '<span class="wb-tok wb-train" style="--a:0.6">trained sample (mask 1)</span>'
+    '<span class="wb-tok wb-untrained" style="--a:0.6">sampled, not trained</span>'
+    '<span class="wb-tok wb-special">special</span><span class="wb-tool">tool call</span>'
+    "<span>intensity = probability of the sampled token</span></div>"
+)
 
 
 def token_texts(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
@@ -54,14 +69,23 @@ def token_texts(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
 
 
 def _special_ids(tokenizer: Any) -> set[int]:
-    return set(tokenizer.all_special_ids) | {i for t, i in tokenizer.get_added_vocab().items()
-                                             if t.startswith("<|") and t.endswith("|>")}
+    return set(tokenizer.all_special_ids) | {
+        i for t, i in tokenizer.get_added_vocab().items() if t.startswith("<|") and t.endswith("|>")
+    }
 
 
-def render_tokens(tokenizer: Any, ids: Sequence[int], *, mask: Sequence[int] | None = None,
-                  sampled: Sequence[int] | None = None, logprobs: Sequence[float] | None = None,
-                  boundaries: Sequence[int] = (), highlight: int | None = None,
-                  max_context: int | None = None, title: str = "") -> str:
+def render_tokens(
+    tokenizer: Any,
+    ids: Sequence[int],
+    *,
+    mask: Sequence[int] | None = None,
+    sampled: Sequence[int] | None = None,
+    logprobs: Sequence[float] | None = None,
+    boundaries: Sequence[int] = (),
+    highlight: int | None = None,
+    max_context: int | None = None,
+    title: str = "",
+) -> str:
     """Tokens as coloured spans: context / trained sample / untrained sample, logprob as intensity.
 
     `boundaries` are token positions where a new turn's context starts (drawn as a red bar);
@@ -109,8 +133,10 @@ def render_tokens(tokenizer: Any, ids: Sequence[int], *, mask: Sequence[int] | N
         alpha = 0.15 + 0.85 * math.exp(logprobs[i]) if sampled[i] else 1.0
         shown = html.escape(text).replace("\n", "↵\n") if text else "∅"
         tip = f"#{i} id {tid}" + (f" · logprob {logprobs[i]:.4f}" if sampled[i] else "") + f" · mask {mask[i]}"
-        parts.append(f'<span class="{" ".join(cls)}" style="--a:{alpha:.3f}" title="{tip}" data-i="{i}" '
-                     f'data-id="{tid}">{shown}</span>')
+        parts.append(
+            f'<span class="{" ".join(cls)}" style="--a:{alpha:.3f}" title="{tip}" data-i="{i}" '
+            f'data-id="{tid}">{shown}</span>'
+        )
         if tid == tool_close:
             in_tool = False
     if skipped:
@@ -122,17 +148,33 @@ def render_tokens(tokenizer: Any, ids: Sequence[int], *, mask: Sequence[int] | N
 def render_turn(tokenizer: Any, turn: Turn, *, max_context: int | None = None) -> str:
     n_p, n_o = len(turn.prompt_ids), len(turn.output_ids)
     trained = "trained" if turn.trained else "not trained (no tool call)"
-    title = (f"turn {turn.index} (call {turn.call}): {n_p} prompt + {n_o} sampled tokens, {trained}, "
-             f"finish {turn.finish_reason}, tools {turn.tool_calls or '-'}")
-    return render_tokens(tokenizer, turn.prompt_ids + turn.output_ids,
-                         mask=[0] * n_p + [int(turn.trained)] * n_o, sampled=[0] * n_p + [1] * n_o,
-                         logprobs=[0.0] * n_p + list(turn.per_token_logps), max_context=max_context, title=title)
+    title = (
+        f"turn {turn.index} (call {turn.call}): {n_p} prompt + {n_o} sampled tokens, {trained}, "
+        f"finish {turn.finish_reason}, tools {turn.tool_calls or '-'}"
+    )
+    return render_tokens(
+        tokenizer,
+        turn.prompt_ids + turn.output_ids,
+        mask=[0] * n_p + [int(turn.trained)] * n_o,
+        sampled=[0] * n_p + [1] * n_o,
+        logprobs=[0.0] * n_p + list(turn.per_token_logps),
+        max_context=max_context,
+        title=title,
+    )
 
 
 def render_row(tokenizer: Any, row: Row, *, max_context: int | None = None) -> str:
     title = f"row of turns {row.turns}: {len(row.input_ids)} tokens, {row.n_trained} trained"
-    return render_tokens(tokenizer, row.input_ids, mask=row.mask, sampled=row.sampled, logprobs=row.logprobs,
-                         boundaries=[s[0] for s in row.spans], max_context=max_context, title=title)
+    return render_tokens(
+        tokenizer,
+        row.input_ids,
+        mask=row.mask,
+        sampled=row.sampled,
+        logprobs=row.logprobs,
+        boundaries=[s[0] for s in row.spans],
+        max_context=max_context,
+        title=title,
+    )
 
 
 def render_drift(tokenizer: Any, fork: Fork, turns: Sequence[Turn], *, window: int = 24) -> str:
@@ -142,9 +184,11 @@ def render_drift(tokenizer: Any, fork: Fork, turns: Sequence[Turn], *, window: i
     left_ids = prev.prompt_ids + prev.output_ids
     lo = max(0, fork.index - window)
     sides = []
-    for name, ids, n_prompt in (("row so far (prompt + sampled)", left_ids, len(prev.prompt_ids)),
-                                (f"turn {cur.index}'s prompt (engine ids)", cur.prompt_ids, len(cur.prompt_ids))):
-        seg = ids[lo: fork.index + window]
+    for name, ids, n_prompt in (
+        ("row so far (prompt + sampled)", left_ids, len(prev.prompt_ids)),
+        (f"turn {cur.index}'s prompt (engine ids)", cur.prompt_ids, len(cur.prompt_ids)),
+    ):
+        seg = ids[lo : fork.index + window]
         sampled = [int(lo + k >= n_prompt and ids is left_ids) for k in range(len(seg))]
         lps = [0.0] * len(seg)
         if ids is left_ids:
@@ -152,12 +196,19 @@ def render_drift(tokenizer: Any, fork: Fork, turns: Sequence[Turn], *, window: i
                 j = lo + k - n_prompt
                 if 0 <= j < len(prev.per_token_logps):
                     lps[k] = prev.per_token_logps[j]
-        sides.append(f"<tr><th>{html.escape(name)}</th><td>"
-                     + render_tokens(tokenizer, seg, mask=[0] * len(seg), sampled=sampled, logprobs=lps,
-                                     highlight=fork.index - lo).replace(STYLE, "").replace(_LEGEND, "")
-                     + "</td></tr>")
-    head = (f"fork before turn {fork.turn}: first diverging token #{fork.index} "
-            f"(previous prompt ends at {fork.prev_prompt_len}); cause <b>{fork.cause}</b>: {html.escape(fork.detail)}")
+        sides.append(
+            f"<tr><th>{html.escape(name)}</th><td>"
+            + render_tokens(
+                tokenizer, seg, mask=[0] * len(seg), sampled=sampled, logprobs=lps, highlight=fork.index - lo
+            )
+            .replace(STYLE, "")
+            .replace(_LEGEND, "")
+            + "</td></tr>"
+        )
+    head = (
+        f"fork before turn {fork.turn}: first diverging token #{fork.index} "
+        f"(previous prompt ends at {fork.prev_prompt_len}); cause <b>{fork.cause}</b>: {html.escape(fork.detail)}"
+    )
     return f'{STYLE}{_LEGEND}<div>{head}</div><table class="wb-table">{"".join(sides)}</table>'
 
 
@@ -166,8 +217,9 @@ def render_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = Non
         return "<i>(empty)</i>"
     columns = list(columns or rows[0].keys())
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in columns) + "</tr>"
-                   for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in columns) + "</tr>" for r in rows
+    )
     return f'{STYLE}<table class="wb-table"><tr>{head}</tr>{body}</table>'
 
 
@@ -179,18 +231,24 @@ def render_trace(calls: list[dict[str, Any]], *, n_ids: int = 8) -> str:
         out = c.get("completion_token_ids") or []
         lps = c.get("per_token_logps") or []
         tools = [(tc.get("function") or {}).get("name") for tc in message.get("tool_calls") or []]
-        rows.append({
-            "call": c.get("turn"), "purpose": c.get("purpose", "?"), "status": c.get("status", "ok"),
-            "prompt ids": f"{len(c.get('prompt_token_ids') or [])}: {(c.get('prompt_token_ids') or [])[:4]}…",
-            "sampled ids": f"{len(out)}: {out[:n_ids]}{'…' if len(out) > n_ids else ''}",
-            "logprobs": ", ".join(f"{x:.3f}" for x in lps[:n_ids]) + ("…" if len(lps) > n_ids else ""),
-            "reply": (message.get("content") or "")[:160] + (f" [tool calls: {tools}]" if tools else ""),
-            "error": c.get("error") or "",
-        })
+        rows.append(
+            {
+                "call": c.get("turn"),
+                "purpose": c.get("purpose", "?"),
+                "status": c.get("status", "ok"),
+                "prompt ids": f"{len(c.get('prompt_token_ids') or [])}: {(c.get('prompt_token_ids') or [])[:4]}…",
+                "sampled ids": f"{len(out)}: {out[:n_ids]}{'…' if len(out) > n_ids else ''}",
+                "logprobs": ", ".join(f"{x:.3f}" for x in lps[:n_ids]) + ("…" if len(lps) > n_ids else ""),
+                "reply": (message.get("content") or "")[:160] + (f" [tool calls: {tools}]" if tools else ""),
+                "error": c.get("error") or "",
+            }
+        )
     return render_table(rows)
 
 
-def step_interval(rewards: Sequence[float | None], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+def step_interval(
+    rewards: Sequence[float | None], *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
     """(mean, low, high): a step's group-mean reward and its 95% percentile-bootstrap interval over the
     group's scored rollouts (unscored ones, None, left out as in GRPO's baseline)."""
     import random
@@ -211,19 +269,36 @@ def learning_curve_figure(metrics: list[dict[str, Any]], *, window: int = 5, tit
     steps = [m["step"] for m in metrics]
     stats = [step_interval(m.get("rewards") or []) for m in metrics]
     mean = [s[0] for s in stats]
-    moving = [sum(mean[max(0, i - window + 1):i + 1]) / len(mean[max(0, i - window + 1):i + 1]) for i in range(len(mean))]
+    moving = [
+        sum(mean[max(0, i - window + 1) : i + 1]) / len(mean[max(0, i - window + 1) : i + 1]) for i in range(len(mean))
+    ]
     fig = go.Figure()
-    fig.add_scatter(x=steps, y=mean, mode="markers", name="step mean (95% CI)",
-                    error_y={"type": "data", "symmetric": False, "array": [s[2] - s[0] for s in stats],
-                             "arrayminus": [s[0] - s[1] for s in stats]})
+    fig.add_scatter(
+        x=steps,
+        y=mean,
+        mode="markers",
+        name="step mean (95% CI)",
+        error_y={
+            "type": "data",
+            "symmetric": False,
+            "array": [s[2] - s[0] for s in stats],
+            "arrayminus": [s[0] - s[1] for s in stats],
+        },
+    )
     fig.add_scatter(x=steps, y=moving, mode="lines", name=f"moving average ({window} steps)")
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title="reward (fraction of hidden tests passed)",
-                      yaxis_range=[-0.05, 1.05], height=380)
+    fig.update_layout(
+        title=title,
+        xaxis_title="step",
+        yaxis_title="reward (fraction of hidden tests passed)",
+        yaxis_range=[-0.05, 1.05],
+        height=380,
+    )
     return fig
 
 
 def render_eval(evidence: dict[str, Any]) -> str:
     """The before/after table of a learning run's eval.json (`workbench.evaluate.compare` + solve rates)."""
+
     def ci(d: dict[str, Any] | None) -> str:
         return "–" if not d else f"{d['mean']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]"
 
@@ -234,14 +309,27 @@ def render_eval(evidence: dict[str, Any]) -> str:
     rows = []
     for name in ("base", "trained"):
         e = evidence.get(f"{name}_eval", {})
-        rows.append({"policy": name, "rollouts": e.get("rollouts"), "mean reward (95% CI)": ci(evidence[name]),
-                     "solve rate": rate(e, "solve_rate"), "tool-call rate": rate(e, "tool_call_rate"),
-                     "solution.py written": rate(e, "solution_written_rate")})
+        rows.append(
+            {
+                "policy": name,
+                "rollouts": e.get("rollouts"),
+                "mean reward (95% CI)": ci(evidence[name]),
+                "solve rate": rate(e, "solve_rate"),
+                "tool-call rate": rate(e, "tool_call_rate"),
+                "solution.py written": rate(e, "solution_written_rate"),
+            }
+        )
     d, sd = evidence["delta"], evidence.get("delta", {}).get("solve_delta") or evidence.get("solve_delta")
-    rows.append({"policy": "trained − base (paired by task)", "rollouts": "",
-                 "mean reward (95% CI)": f"{ci(d)}, p = {d['p']:.4f}",
-                 "solve rate": f"{ci(sd)}, p = {sd['p']:.4f}" if sd else "–", "tool-call rate": "",
-                 "solution.py written": ""})
+    rows.append(
+        {
+            "policy": "trained − base (paired by task)",
+            "rollouts": "",
+            "mean reward (95% CI)": f"{ci(d)}, p = {d['p']:.4f}",
+            "solve rate": f"{ci(sd)}, p = {sd['p']:.4f}" if sd else "–",
+            "tool-call rate": "",
+            "solution.py written": "",
+        }
+    )
     return render_table(rows)
 
 
@@ -252,8 +340,12 @@ def summary_figure(reports: dict[str, dict[str, Any]]):
     names = list(reports)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("turns per rollout", "fork causes (all rollouts)"))
     fig.add_bar(x=names, y=[r["turns_trained"] for r in reports.values()], name="trained turns", row=1, col=1)
-    fig.add_bar(x=names, y=[r["turns"] - r["turns_trained"] for r in reports.values()], name="untrained turns", row=1, col=1)
-    fig.add_bar(x=names, y=[sum(r["excluded_calls"].values()) for r in reports.values()], name="excluded calls", row=1, col=1)
+    fig.add_bar(
+        x=names, y=[r["turns"] - r["turns_trained"] for r in reports.values()], name="untrained turns", row=1, col=1
+    )
+    fig.add_bar(
+        x=names, y=[sum(r["excluded_calls"].values()) for r in reports.values()], name="excluded calls", row=1, col=1
+    )
     causes: dict[str, int] = {}
     for r in reports.values():
         for k, v in r["fork_causes"].items():
@@ -267,10 +359,21 @@ def _rollout_view(rollout_dir: Path, tokenizer: Any, turn_index: int, max_contex
     derived = analyse(load_trace(rollout_dir / "trace.json"), tokenizer)
     turns, forks, report = derived.turns, derived.forks, derived.report
     summary = json.loads((rollout_dir / "summary.json").read_text()) if (rollout_dir / "summary.json").exists() else {}
-    head = render_table([{"rollout": rollout_dir.name, "status": summary.get("status"), "reward": summary.get("reward"),
-                          **{k: report[k] for k in ("turns", "turns_trained", "rows", "forks", "excluded_calls")}}])
-    body = (render_turn(tokenizer, turns[min(turn_index, len(turns) - 1)], max_context=max_context)
-            if turns else "<i>no agent turns</i>")
+    head = render_table(
+        [
+            {
+                "rollout": rollout_dir.name,
+                "status": summary.get("status"),
+                "reward": summary.get("reward"),
+                **{k: report[k] for k in ("turns", "turns_trained", "rows", "forks", "excluded_calls")},
+            }
+        ]
+    )
+    body = (
+        render_turn(tokenizer, turns[min(turn_index, len(turns) - 1)], max_context=max_context)
+        if turns
+        else "<i>no agent turns</i>"
+    )
     drift = "".join(render_drift(tokenizer, f, turns) for f in forks)
     return head + body + drift, len(turns)
 

@@ -26,9 +26,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
     """logp[i] = (h[i] @ W.T)[y[i]] - logsumexp(h[i] @ W.T), chunked over i; saves h, W, y and the logsumexp."""
 
     @staticmethod
-    def forward(
-        ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int
-    ) -> Tensor:
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int) -> Tensor:
         logp = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(logp)
         for start in range(0, hidden.shape[0], chunk_size):

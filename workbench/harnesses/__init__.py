@@ -26,8 +26,19 @@ from .codex import Codex
 from .opencode import OpenCode
 from .pi import Pi
 
-__all__ = ["CallInfo", "Purpose", "HarnessOptions", "Launch", "HarnessRun", "Harness", "HARNESSES", "get_harness",
-           "classify_call", "DEFAULT_HARNESS", "json_events"]
+__all__ = [
+    "CallInfo",
+    "Purpose",
+    "HarnessOptions",
+    "Launch",
+    "HarnessRun",
+    "Harness",
+    "HARNESSES",
+    "get_harness",
+    "classify_call",
+    "DEFAULT_HARNESS",
+    "json_events",
+]
 
 # A session that names no harness is opencode's (the rollout default, and OpenEnv's sessions minted
 # without metadata).
@@ -43,8 +54,9 @@ def get_harness(name: str) -> Harness:
         raise ValueError(f"unknown harness {name!r}; available: {', '.join(HARNESSES)}") from None
 
 
-def classify_call(harness: str | None, *, system: str, has_tools: bool, call: CallInfo,
-                  prior: Sequence[CallInfo]) -> Purpose:
+def classify_call(
+    harness: str | None, *, system: str, has_tools: bool, call: CallInfo, prior: Sequence[CallInfo]
+) -> Purpose:
     """The capture proxy's default classifier (`workbench.capture_classify.Classifier`): the named
     harness's own ``classify`` (`DEFAULT_HARNESS` when the session named none)."""
     return get_harness(harness or DEFAULT_HARNESS).classify(system=system, has_tools=has_tools, call=call, prior=prior)

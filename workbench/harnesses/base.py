@@ -114,8 +114,10 @@ class Harness(ABC):
         names and schema: write solution.py with hello() returning "hello", then check it. A small
         model copies them verbatim, so another harness's schema teaches it calls that fail. The
         default is opencode's."""
-        return (("write", {"filePath": "solution.py", "content": 'def hello():\n    return "hello"\n'}),
-                ("bash", {"command": 'python -c "from solution import hello; print(hello())"'}))
+        return (
+            ("write", {"filePath": "solution.py", "content": 'def hello():\n    return "hello"\n'}),
+            ("bash", {"command": 'python -c "from solution import hello; print(hello())"'}),
+        )
 
     def few_shot_prompt(self, instruction: str) -> str:
         """The instruction preceded by two worked turns written in ChatML, with `example_calls`.
@@ -132,8 +134,10 @@ class Harness(ABC):
             # json.dumps' ", "/": " spacing is what the chat template's tojson re-renders
             return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
 
-        return (f'Create solution.py with a function hello() that returns "hello". Use the {write} tool.<|im_end|>\n'
-                f"<|im_start|>assistant\n{block(write, write_args)}<|im_end|>\n"
-                f"<|im_start|>user\nRun a quick check with the {check} tool.<|im_end|>\n"
-                f"<|im_start|>assistant\n{block(check, check_args)}<|im_end|>\n"
-                f"<|im_start|>user\n{instruction}")
+        return (
+            f'Create solution.py with a function hello() that returns "hello". Use the {write} tool.<|im_end|>\n'
+            f"<|im_start|>assistant\n{block(write, write_args)}<|im_end|>\n"
+            f"<|im_start|>user\nRun a quick check with the {check} tool.<|im_end|>\n"
+            f"<|im_start|>assistant\n{block(check, check_args)}<|im_end|>\n"
+            f"<|im_start|>user\n{instruction}"
+        )

@@ -37,13 +37,18 @@ class Codex(Harness):
 
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
         top: dict[str, Any] = {
-            "model": model, "model_provider": self.provider,
+            "model": model,
+            "model_provider": self.provider,
             "model_context_window": options.context_tokens,
-            "approval_policy": "never", "sandbox_mode": "danger-full-access",
+            "approval_policy": "never",
+            "sandbox_mode": "danger-full-access",
             "check_for_update_on_startup": False,
         }
         provider: dict[str, Any] = {
-            "name": "workbench", "base_url": base_url, "env_key": "WB_API_KEY", "wire_api": "responses",
+            "name": "workbench",
+            "base_url": base_url,
+            "env_key": "WB_API_KEY",
+            "wire_api": "responses",
             "stream_idle_timeout_ms": options.timeout_ms,
         }
         files: dict[str, str] = {}
@@ -58,18 +63,29 @@ class Codex(Harness):
             # work through exec_command. A restricted run drops the tools that do not act on the
             # workspace (goals, subagents; web search is dropped by the proxy's transformer anyway).
             lines += ["", "[features]", "goals = false", "multi_agent = false"]
-        argv = [self.bin(), "exec", "--json", "--color", "never", "--ephemeral", "--skip-git-repo-check",
-                # the sandbox session is the boundary, as for the other harnesses: no approval prompts
-                # (exec cannot answer them) and no codex sandbox of its own inside it
-                "--dangerously-bypass-approvals-and-sandbox", "-"]
+        argv = [
+            self.bin(),
+            "exec",
+            "--json",
+            "--color",
+            "never",
+            "--ephemeral",
+            "--skip-git-repo-check",
+            # the sandbox session is the boundary, as for the other harnesses: no approval prompts
+            # (exec cannot answer them) and no codex sandbox of its own inside it
+            "--dangerously-bypass-approvals-and-sandbox",
+            "-",
+        ]
         env = {"WB_API_KEY": api_key}  # CODEX_HOME defaults to $HOME/.codex, the sandbox's home
         files[".codex/config.toml"] = "\n".join(lines) + "\n"
         return Launch(argv=argv, env=env, stdin=prompt.encode(), files=files)
 
     def example_calls(self) -> tuple[tuple[str, dict[str, str]], tuple[str, dict[str, str]]]:
         # no file-writing tool: files are written from the shell
-        return (("exec_command", {"cmd": "cat > solution.py << 'EOF'\ndef hello():\n    return \"hello\"\nEOF"}),
-                ("exec_command", {"cmd": 'python -c "from solution import hello; print(hello())"'}))
+        return (
+            ("exec_command", {"cmd": "cat > solution.py << 'EOF'\ndef hello():\n    return \"hello\"\nEOF"}),
+            ("exec_command", {"cmd": 'python -c "from solution import hello; print(hello())"'}),
+        )
 
     def parse_events(self, stdout: str) -> HarnessRun:
         steps, errors, texts = 0, [], []
@@ -95,8 +111,14 @@ class Codex(Harness):
                 errors.append(f"turn.failed: {(event.get('error') or {}).get('message')}"[:500])
             elif kind == "error":
                 errors.append(f"error: {event.get('message')}"[:500])
-        return HarnessRun(steps=steps, tool_calls=tools, tool_failures=failures, errors=errors,
-                          text="\n".join(texts), events=len(events))
+        return HarnessRun(
+            steps=steps,
+            tool_calls=tools,
+            tool_failures=failures,
+            errors=errors,
+            text="\n".join(texts),
+            events=len(events),
+        )
 
     def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: Sequence[CallInfo]) -> Purpose:
         # compaction keeps the agent's system prompt and drops the tools; the request is the last message

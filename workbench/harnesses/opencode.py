@@ -26,19 +26,34 @@ class OpenCode(Harness):
 
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
         provider_options: dict[str, Any] = {
-            "baseURL": base_url, "apiKey": api_key,
+            "baseURL": base_url,
+            "apiKey": api_key,
             # defaults are 5 min to first byte and between chunks; a queued CPU engine can be slower
-            "timeout": options.timeout_ms, "headerTimeout": options.timeout_ms, "chunkTimeout": options.timeout_ms,
+            "timeout": options.timeout_ms,
+            "headerTimeout": options.timeout_ms,
+            "chunkTimeout": options.timeout_ms,
         }
         config: dict[str, Any] = {
             "$schema": "https://opencode.ai/config.json",
-            "provider": {self.provider: {
-                "npm": "@ai-sdk/openai-compatible", "name": "workbench", "options": provider_options,
-                "models": {model: {"name": model, "tool_call": True,
-                                   "limit": {"context": options.context_tokens, "output": options.max_output_tokens}}},
-            }},
-            "model": f"{self.provider}/{model}", "small_model": f"{self.provider}/{model}",
-            "autoupdate": False, "share": "disabled", "snapshot": False,
+            "provider": {
+                self.provider: {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "workbench",
+                    "options": provider_options,
+                    "models": {
+                        model: {
+                            "name": model,
+                            "tool_call": True,
+                            "limit": {"context": options.context_tokens, "output": options.max_output_tokens},
+                        }
+                    },
+                }
+            },
+            "model": f"{self.provider}/{model}",
+            "small_model": f"{self.provider}/{model}",
+            "autoupdate": False,
+            "share": "disabled",
+            "snapshot": False,
             # run mode cannot answer "ask"; the sandbox is the boundary, not opencode's prompts
             "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny", "external_directory": "deny"},
         }
@@ -53,9 +68,12 @@ class OpenCode(Harness):
         env = {
             "OPENCODE_CONFIG_CONTENT": json.dumps(config),
             # offline: no models.dev catalogue, no autoupdate, no LSP downloads, no plugin installs
-            "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1",
-            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
-            "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+            "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+            "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+            "OPENCODE_DISABLE_SHARE": "1",
+            "OPENCODE_DISABLE_CLAUDE_CODE": "1",
             "npm_config_offline": "true",  # its embedded npm would fetch @opencode-ai/plugin per HOME
         }
         # stdin, not argv: a positional prompt is re-quoted ("\"...\"") before it reaches the model
@@ -83,8 +101,14 @@ class OpenCode(Harness):
                 err = event.get("error") or {}
                 data = err.get("data") or {}
                 errors.append(f"{err.get('name', 'error')}: {data.get('message') or json.dumps(data)[:300]}")
-        return HarnessRun(steps=steps, tool_calls=tools, tool_failures=failures, errors=errors,
-                          text="\n".join(texts), events=len(events))
+        return HarnessRun(
+            steps=steps,
+            tool_calls=tools,
+            tool_failures=failures,
+            errors=errors,
+            text="\n".join(texts),
+            events=len(events),
+        )
 
     def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: Sequence[CallInfo]) -> Purpose:
         if system.startswith("You are a title generator"):

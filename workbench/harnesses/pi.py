@@ -27,37 +27,68 @@ class Pi(Harness):
     provider = "wb"
 
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
-        models = {"providers": {self.provider: {
-            "baseUrl": base_url, "api": "openai-completions",
-            "apiKey": "WB_API_KEY",  # the name of an env var: the key never lands in a file
-            # vLLM takes the system role and has no reasoning_effort
-            "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
-            "models": [{"id": model, "contextWindow": options.context_tokens, "maxTokens": options.max_output_tokens,
-                        "reasoning": False}],
-        }}}
+        models = {
+            "providers": {
+                self.provider: {
+                    "baseUrl": base_url,
+                    "api": "openai-completions",
+                    "apiKey": "WB_API_KEY",  # the name of an env var: the key never lands in a file
+                    # vLLM takes the system role and has no reasoning_effort
+                    "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+                    "models": [
+                        {
+                            "id": model,
+                            "contextWindow": options.context_tokens,
+                            "maxTokens": options.max_output_tokens,
+                            "reasoning": False,
+                        }
+                    ],
+                }
+            }
+        }
         settings = {
             "compaction": {"reserveTokens": options.max_output_tokens},
             # the OpenAI SDK's own timeout; a queued CPU engine can take minutes to answer
             "retry": {"provider": {"timeoutMs": options.timeout_ms}},
         }
-        argv = [self.bin(), "--offline", "-p", "--no-session", "--mode", "json",
-                "--provider", self.provider, "--model", model,
-                # nothing from the host: no AGENTS.md/CLAUDE.md, extensions, skills or templates
-                "--no-context-files", "--no-extensions", "--no-skills", "--no-prompt-templates"]
+        argv = [
+            self.bin(),
+            "--offline",
+            "-p",
+            "--no-session",
+            "--mode",
+            "json",
+            "--provider",
+            self.provider,
+            "--model",
+            model,
+            # nothing from the host: no AGENTS.md/CLAUDE.md, extensions, skills or templates
+            "--no-context-files",
+            "--no-extensions",
+            "--no-skills",
+            "--no-prompt-templates",
+        ]
         if options.system_prompt is not None:
             argv += ["--system-prompt", options.system_prompt]
         if options.tools is not None:
             argv += ["--tools", ",".join(options.tools)]
         env = {"WB_API_KEY": api_key, "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1"}
         # stdin, not argv: a prompt starting with "@" would be read as a file argument
-        return Launch(argv=argv, env=env, stdin=prompt.encode(), files={
-            ".pi/agent/models.json": json.dumps(models, indent=1),
-            ".pi/agent/settings.json": json.dumps(settings, indent=1),
-        })
+        return Launch(
+            argv=argv,
+            env=env,
+            stdin=prompt.encode(),
+            files={
+                ".pi/agent/models.json": json.dumps(models, indent=1),
+                ".pi/agent/settings.json": json.dumps(settings, indent=1),
+            },
+        )
 
     def example_calls(self) -> tuple[tuple[str, dict[str, str]], tuple[str, dict[str, str]]]:
-        return (("write", {"path": "solution.py", "content": 'def hello():\n    return "hello"\n'}),
-                ("bash", {"command": 'python -c "from solution import hello; print(hello())"'}))
+        return (
+            ("write", {"path": "solution.py", "content": 'def hello():\n    return "hello"\n'}),
+            ("bash", {"command": 'python -c "from solution import hello; print(hello())"'}),
+        )
 
     def parse_events(self, stdout: str) -> HarnessRun:
         steps, errors, texts = 0, [], []
@@ -82,8 +113,14 @@ class Pi(Harness):
                     failures[tool] = failures.get(tool, 0) + 1
             elif kind == "compaction_end" and event.get("errorMessage"):
                 errors.append(f"compaction: {event['errorMessage']}"[:500])
-        return HarnessRun(steps=steps, tool_calls=tools, tool_failures=failures, errors=errors,
-                          text="\n".join(texts), events=len(events))
+        return HarnessRun(
+            steps=steps,
+            tool_calls=tools,
+            tool_failures=failures,
+            errors=errors,
+            text="\n".join(texts),
+            events=len(events),
+        )
 
     def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: Sequence[CallInfo]) -> Purpose:
         if system.startswith("You are a context summarization assistant"):

@@ -91,8 +91,17 @@ from .hook import jail_options as hook_options
 from .hook import parse_hook, run_hook
 from .jail import SANDBOXES, Jail, guards, resolve
 
-__all__ = ["OUTCOMES", "SANDBOXES", "TestOutcome", "VerifyResult", "Shaping", "verify", "verify_many",
-           "shaped_reward", "sandbox_guards"]
+__all__ = [
+    "OUTCOMES",
+    "SANDBOXES",
+    "TestOutcome",
+    "VerifyResult",
+    "Shaping",
+    "verify",
+    "verify_many",
+    "shaped_reward",
+    "sandbox_guards",
+]
 
 
 @dataclass(frozen=True)
@@ -136,8 +145,10 @@ class VerifyResult:
 
     def table(self) -> str:
         """A header line and one line per test, for terminals and notebooks."""
-        head = (f"{self.task_id}: reward {self.reward:.3f} ({self.passed}/{self.total} passed) in "
-                f"{self.duration_s:.2f}s [{', '.join(self.guards)}]")
+        head = (
+            f"{self.task_id}: reward {self.reward:.3f} ({self.passed}/{self.total} passed) in "
+            f"{self.duration_s:.2f}s [{', '.join(self.guards)}]"
+        )
         rows = [f"{'#':>3}  {'outcome':<12} {'seconds':>7}  reason"]
         rows += [f"{t.index:>3}  {t.outcome:<12} {t.duration_s:>7.2f}  {t.reason}" for t in self.tests]
         return "\n".join([head, *rows])
@@ -150,16 +161,17 @@ class Shaping:
     Defaults are the August example: dense base, budget 30. ``binary=True, tool_budget=20`` is July's.
     """
 
-    binary: bool = False              # base 1.0 only when every test passed, else the pass fraction
-    shell_tool: str = "bash"          # the harness' shell tool; never calling it costs no_shell_penalty
+    binary: bool = False  # base 1.0 only when every test passed, else the pass fraction
+    shell_tool: str = "bash"  # the harness' shell tool; never calling it costs no_shell_penalty
     no_shell_penalty: float = 0.1
-    tool_budget: int = 30             # tool calls beyond it cost over_budget_penalty each ...
+    tool_budget: int = 30  # tool calls beyond it cost over_budget_penalty each ...
     over_budget_penalty: float = 0.03
     max_over_budget_penalty: float = 0.5  # ... up to this much
 
 
-def shaped_reward(result: VerifyResult, *, tool_calls: dict[str, int], timed_out: bool,
-                  shaping: Shaping = Shaping()) -> float:
+def shaped_reward(
+    result: VerifyResult, *, tool_calls: dict[str, int], timed_out: bool, shaping: Shaping = Shaping()
+) -> float:
     """The shaped training reward of one rollout; ``result.reward`` stays the raw score.
 
     A timed-out rollout gets base 0; the penalties apply on top (the result may be negative).
@@ -211,12 +223,22 @@ def verify(task: Task, workspace: Path | str, *, sandbox: str = "auto", verifier
                 graded = run_hook(box, task, hook, min(t0 + limits.time_s, deadline))
             else:
                 graded = grade(box, task, test, min(t0 + limits.time_s, deadline))
-            outcomes.append(TestOutcome(i, graded.outcome, graded.reason, round(time.monotonic() - t0, 4),
-                                        graded.score, graded.metrics))
+            outcomes.append(
+                TestOutcome(
+                    i, graded.outcome, graded.reason, round(time.monotonic() - t0, 4), graded.score, graded.metrics
+                )
+            )
     passed = sum(o.outcome == "passed" for o in outcomes)
     reward = sum(float(o.outcome == "passed") if o.score is None else o.score for o in outcomes) / len(outcomes)
-    return VerifyResult(task_id=task.id, reward=reward, passed=passed, total=len(outcomes),
-                        tests=outcomes, duration_s=round(time.monotonic() - start, 4), guards=guards(host, bwrap))
+    return VerifyResult(
+        task_id=task.id,
+        reward=reward,
+        passed=passed,
+        total=len(outcomes),
+        tests=outcomes,
+        duration_s=round(time.monotonic() - start, 4),
+        guards=guards(host, bwrap),
+    )
 
 
 def sandbox_guards(sandbox: str = "auto") -> list[str]:
@@ -225,8 +247,14 @@ def sandbox_guards(sandbox: str = "auto") -> list[str]:
     return guards(*resolve(sandbox))
 
 
-def verify_many(items: Sequence[tuple[Task, Path]], workers: int | None = None, progress: bool = True, *,
-                sandbox: str = "auto", verifier: str | None = None) -> list[VerifyResult]:
+def verify_many(
+    items: Sequence[tuple[Task, Path]],
+    workers: int | None = None,
+    progress: bool = True,
+    *,
+    sandbox: str = "auto",
+    verifier: str | None = None,
+) -> list[VerifyResult]:
     """`verify` each (task, workspace) pair, in order; ``workers`` processes (default: the usable CPUs).
 
     Each verification runs its tests one after another, so the pool keeps about ``workers`` test
@@ -265,5 +293,13 @@ def _verify_one(task: Task, workspace: Path, sandbox: str, verifier: str | None 
     except Exception as exc:  # noqa: BLE001 - recorded per item, the batch goes on
         reason = f"verification failed: {type(exc).__name__}: {exc}"[:300]
         tests = [TestOutcome(i, "crash", reason) for i in range(len(task.held_out_tests))]
-        return VerifyResult(task_id=task.id, reward=0.0, passed=0, total=len(tests), tests=tests,
-                            duration_s=round(time.monotonic() - start, 4), guards=[], error=reason)
+        return VerifyResult(
+            task_id=task.id,
+            reward=0.0,
+            passed=0,
+            total=len(tests),
+            tests=tests,
+            duration_s=round(time.monotonic() - start, 4),
+            guards=[],
+            error=reason,
+        )

@@ -27,7 +27,7 @@ from .runner import decode, encode
 
 __all__ = ["Child", "Runner", "Failed", "PYTHON_FLAGS", "clip"]
 
-PYTHON_FLAGS = ("-E", "-s", "-B")    # no PYTHON* variables, no user site, no .pyc files in the copy
+PYTHON_FLAGS = ("-E", "-s", "-B")  # no PYTHON* variables, no user site, no .pyc files in the copy
 EXIT_GRACE_S = 0.5  # how long output may still arrive after a test process exited
 
 
@@ -50,7 +50,7 @@ class Child:
         self.box, self.cap = box, box.limits.output_bytes
         self.proc = box.spawn(cmd, stdin)
         self.out, self.err, self.err_bytes = bytearray(), bytearray(), 0
-        self.pending = b""           # bytes still to write to the process' stdin
+        self.pending = b""  # bytes still to write to the process' stdin
         self.over: str | None = None  # which stream passed the output cap
         self.stopped = False
         self.sel = selectors.DefaultSelector()
@@ -166,8 +166,13 @@ def _pipe(f: IO[bytes] | None) -> IO[bytes]:
     return f
 
 
-SIGNAL_HINTS = {"SIGXFSZ": " (file size limit)", "SIGXCPU": " (CPU time limit)", "SIGSEGV": " (segfault)",
-                 "SIGKILL": "", "SIGABRT": " (abort)"}
+SIGNAL_HINTS = {
+    "SIGXFSZ": " (file size limit)",
+    "SIGXCPU": " (CPU time limit)",
+    "SIGSEGV": " (segfault)",
+    "SIGKILL": "",
+    "SIGABRT": " (abort)",
+}
 
 
 class Runner(Child):
@@ -196,10 +201,10 @@ class Runner(Child):
             raise Failed("crash", f"unreadable answer from the solution's process: {exc}") from None
 
     def _answer(self, deadline: float) -> dict:
-        status = self.pump(deadline, until=lambda: b"\n" in self.out[self.used:])
+        status = self.pump(deadline, until=lambda: b"\n" in self.out[self.used :])
         if status == "until":
             end = self.out.index(b"\n", self.used)
-            line, self.used = bytes(self.out[self.used:end]), end + 1
+            line, self.used = bytes(self.out[self.used : end]), end + 1
             try:
                 answer = json.loads(line)
             except (ValueError, RecursionError):

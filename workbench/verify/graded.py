@@ -1,8 +1,8 @@
 """What grading one held-out test gives: an `Outcome` and a `Graded` record (every test kind's rules return one).
 
-    from workbench.verify.graded import Graded
-    Graded("wrong", "expected 3, got 4")            # score None: 1.0 when passed, else 0.0
-    Graded("passed", "reward 0.75", score=0.75)     # a test that scores itself (Harbor, a verifier hook)
+from workbench.verify.graded import Graded
+Graded("wrong", "expected 3, got 4")            # score None: 1.0 when passed, else 0.0
+Graded("passed", "reward 0.75", score=0.75)     # a test that scores itself (Harbor, a verifier hook)
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from .jail import Jail
 
 __all__ = ["grade", "Graded", "Outcome", "OUTCOMES"]
 
+
 def grade(box: Jail, task: Task, test: dict, deadline: float) -> Graded:
     """One held-out test. Whatever the solution returns or leaves behind ends as an outcome of this
     test (a value too deep to compare, too many set members, one that breaks check()): never as an

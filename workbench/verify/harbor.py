@@ -59,19 +59,25 @@ __all__ = [
 
 TESTS_AT, LOGS_AT, SOLUTION_AT, BIN_AT, APP = "/tests", "/logs/verifier", "/solution", "/run/workbench/bin", "/app"
 _REWARD_FILE_BYTES = 65536  # a reward file is a number or a small JSON object; more is refused, never read whole
-_SOLVE_TIMEOUT_S = 600.0    # solve.sh's wall clock when the task gives no agent.timeout_sec (Harbor's default)
+_SOLVE_TIMEOUT_S = 600.0  # solve.sh's wall clock when the task gives no agent.timeout_sec (Harbor's default)
 
 
 def jail_options(task: Task, bwrap: bool, *, solution: bool = False) -> dict[str, Any]:
     """`Jail` keyword arguments for grading ``task`` (or, ``solution=True``, running its solve.sh)."""
     if not bwrap:
-        raise RuntimeError(f"task {task.id}: Harbor grading needs bubblewrap (the workspace at /app, the tests at "
-                           "/tests); plain mode (sandbox='none') cannot remap paths")
+        raise RuntimeError(
+            f"task {task.id}: Harbor grading needs bubblewrap (the workspace at /app, the tests at "
+            "/tests); plain mode (sandbox='none') cannot remap paths"
+        )
     held = task.held_out_tests[0]
     extra_ro = {BIN_AT: "bin", **({SOLUTION_AT: "solution"} if solution else {TESTS_AT: "tests"})}
     env = held.get("solution_env" if solution else "env") or {}
-    return {"workspace_at": APP, "extra_ro": extra_ro, "extra_rw": {} if solution else {LOGS_AT: "logs"},
-            "extra_env": {**env, "PATH": f"{BIN_AT}:/usr/local/bin:/usr/bin:/bin"}}
+    return {
+        "workspace_at": APP,
+        "extra_ro": extra_ro,
+        "extra_rw": {} if solution else {LOGS_AT: "logs"},
+        "extra_env": {**env, "PATH": f"{BIN_AT}:/usr/local/bin:/usr/bin:/bin"},
+    }
 
 
 def grade_harbor(box: Jail, task: Task, test: dict, deadline: float) -> Graded:
@@ -110,8 +116,11 @@ def _read_reward(logs: Path) -> tuple[float, dict[str, float]]:
             raise _NoReward("/logs/verifier/reward.json is not JSON") from None
         if not isinstance(parsed, dict):
             raise _NoReward("/logs/verifier/reward.json is not a JSON object")
-        metrics = {k: float(v) for k, v in parsed.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k != "reward"}
+        metrics = {
+            k: float(v)
+            for k, v in parsed.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k != "reward"
+        }
         reward = parsed.get("reward")
         if reward is None and text_txt is None:
             raise _NoReward("/logs/verifier/reward.json has no 'reward' (and there is no reward.txt)")
@@ -195,8 +204,11 @@ def run_solution(task: Task, dest: Path, *, sandbox: str = "auto") -> tuple[str,
                 status, reason = failed.outcome, failed.reason
             finally:
                 child.close()
-            copy_tree(box.ws, dest, CopyLimits(max_bytes=task.limits.workspace_mb << 20,
-                                               max_entries=task.limits.workspace_entries))
+            copy_tree(
+                box.ws,
+                dest,
+                CopyLimits(max_bytes=task.limits.workspace_mb << 20, max_entries=task.limits.workspace_entries),
+            )
     return status, reason
 
 
@@ -211,9 +223,15 @@ def oracle_check(task: Task, *, sandbox: str = "auto") -> dict[str, Any]:
         solved = Path(tmp) / "solved"
         status, reason = run_solution(task, solved, sandbox=sandbox)
         graded = verify(task, solved, sandbox=sandbox) if solved.exists() else None
-    return {"task_id": task.id, "oracle": graded.reward if graded else None, "start": begun.reward,
-            "solve": status, "solve_reason": reason, "oracle_reason": graded.tests[0].reason if graded else reason,
-            "start_reason": begun.tests[0].reason}
+    return {
+        "task_id": task.id,
+        "oracle": graded.reward if graded else None,
+        "start": begun.reward,
+        "solve": status,
+        "solve_reason": reason,
+        "oracle_reason": graded.tests[0].reason if graded else reason,
+        "start_reason": begun.tests[0].reason,
+    }
 
 
 def _write_files(root: Path, files: dict[str, str]) -> None:

@@ -60,8 +60,8 @@ class Hook:
 
     module: str
     function: str
-    source: Path      # the module's file (single-file module) or its top-level package's folder
-    name: str         # its name inside /run/verifier/ (file or folder)
+    source: Path  # the module's file (single-file module) or its top-level package's folder
+    name: str  # its name inside /run/verifier/ (file or folder)
 
 
 def parse_hook(spec: str) -> Hook:
@@ -93,7 +93,10 @@ def jail_options(hook: Hook, bwrap: bool) -> dict[str, Any]:
     """`Jail` keyword arguments for running ``hook`` (bwrap: the mounts above; plain mode: none)."""
     if not bwrap:
         return {}
-    return {"workspace_at": "/app", "extra_ro": {f"{_LIB_AT}/workbench": _PACKAGE, f"{_HOOK_AT}/{hook.name}": hook.source}}
+    return {
+        "workspace_at": "/app",
+        "extra_ro": {f"{_LIB_AT}/workbench": _PACKAGE, f"{_HOOK_AT}/{hook.name}": hook.source},
+    }
 
 
 def run_hook(box: Jail, task: Task, hook: Hook, deadline: float) -> Graded:
@@ -130,8 +133,11 @@ def run_hook(box: Jail, task: Task, hook: Hook, deadline: float) -> Graded:
 def _scored(value: Any) -> Graded:
     metrics: dict[str, float] = {}
     if isinstance(value, dict):
-        metrics = {str(k): float(v) for k, v in value.items()
-                   if k != "reward" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        metrics = {
+            str(k): float(v)
+            for k, v in value.items()
+            if k != "reward" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        }
         if "reward" not in value:
             return Graded("error", "verifier hook returned a dict without 'reward'", 0.0, metrics)
         value = value["reward"]

@@ -45,8 +45,19 @@ from ..paths import exposed_paths, private_paths
 from ..procs import environ, kill_matching, processes
 from ..tasks import Limits, humaneval_path
 
-__all__ = ["Host", "Jail", "host", "resolve", "guards", "python_dirs", "reachable", "remove_tree", "SANDBOXES",
-           "MARKER_VAR", "RUNNER"]
+__all__ = [
+    "Host",
+    "Jail",
+    "host",
+    "resolve",
+    "guards",
+    "python_dirs",
+    "reachable",
+    "remove_tree",
+    "SANDBOXES",
+    "MARKER_VAR",
+    "RUNNER",
+]
 
 SANDBOXES = ("auto", "bwrap", "none")
 MARKER_VAR = "WORKBENCH_VERIFY_RUN"  # set in every test process: found again by the sweep when not root
@@ -61,8 +72,8 @@ class Host:
     root: bool
     prlimit: str
     setpriv: str
-    bwrap: str | None     # a bwrap that can create the namespaces we use
-    unshare: str | None   # `unshare --net` works (root without bwrap)
+    bwrap: str | None  # a bwrap that can create the namespaces we use
+    unshare: str | None  # `unshare --net` works (root without bwrap)
 
 
 @functools.cache
@@ -71,8 +82,9 @@ def host() -> Host:
     if prlimit is None or setpriv is None:
         raise RuntimeError("verify needs prlimit and setpriv (util-linux) to run tests under limits")
     bwrap = shutil.which("bwrap")
-    if bwrap and not _works([bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--die-with-parent",
-                             "true"]):
+    if bwrap and not _works(
+        [bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--die-with-parent", "true"]
+    ):
         bwrap = None
     root = os.geteuid() == 0
     unshare = shutil.which("unshare") if root else None
@@ -92,8 +104,12 @@ def resolve(sandbox: str) -> tuple[Host, bool]:
 
 
 def guards(host: Host, bwrap: bool) -> list[str]:
-    return ["rlimits", *(["uid"] if host.root else []), *(["bwrap"] if bwrap else []),
-            *(["netns"] if bwrap or host.unshare else [])]
+    return [
+        "rlimits",
+        *(["uid"] if host.root else []),
+        *(["bwrap"] if bwrap else []),
+        *(["netns"] if bwrap or host.unshare else []),
+    ]
 
 
 def interpreter(info: Host, bwrap: bool) -> str:
@@ -110,16 +126,25 @@ def interpreter(info: Host, bwrap: bool) -> str:
 
 def _works(argv: list[str]) -> bool:
     try:
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=20).returncode == 0
+        return (
+            subprocess.run(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
 def python_dirs() -> list[str]:
     """Directories the interpreter needs: the venv, its base installation, the real binary's."""
-    dirs = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
-            os.path.dirname(os.path.realpath(sys.executable))}
+    dirs = {
+        sys.prefix,
+        sys.exec_prefix,
+        sys.base_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+    }
     return sorted(os.path.realpath(d) for d in dirs)
 
 
@@ -131,17 +156,27 @@ def reachable(path: Path) -> bool:
 class Jail:
     """One verification's private directory, and how its test processes are started and stopped."""
 
-    def __init__(self, limits: Limits, host: Host, *, bwrap: bool, workspace_at: str | None = None,
-                 extra_ro: dict[str, Path | str] | None = None, extra_rw: dict[str, Path | str] | None = None,
-                 extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        limits: Limits,
+        host: Host,
+        *,
+        bwrap: bool,
+        workspace_at: str | None = None,
+        extra_ro: dict[str, Path | str] | None = None,
+        extra_rw: dict[str, Path | str] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.limits, self.host = limits, host
         self.bwrap = host.bwrap if bwrap else None
         self.extra_ro, self.extra_rw = dict(extra_ro or {}), dict(extra_rw or {})
         self.extra_env = dict(extra_env or {})
         self.workspace_at = workspace_at
         if not self.bwrap and (workspace_at or self.extra_ro or self.extra_rw):
-            raise RuntimeError("plain grading (sandbox='none') cannot show the workspace or other folders at "
-                               f"other paths ({workspace_at or ', '.join([*self.extra_ro, *self.extra_rw])}); use bwrap")
+            raise RuntimeError(
+                "plain grading (sandbox='none') cannot show the workspace or other folders at "
+                f"other paths ({workspace_at or ', '.join([*self.extra_ro, *self.extra_rw])}); use bwrap"
+            )
         for inside in [*([workspace_at] if workspace_at else []), *self.extra_ro, *self.extra_rw]:
             if not inside.startswith("/") or ".." in Path(inside).parts or os.path.normpath(inside) in _RESERVED:
                 raise ValueError(f"jail mount point {inside!r} must be an absolute path outside {', '.join(_RESERVED)}")
@@ -154,11 +189,15 @@ class Jail:
     def __enter__(self) -> Jail:
         if not self.bwrap and self.uid is not None:
             if not reachable(Path(tempfile.gettempdir())):
-                raise RuntimeError(f"plain grading (sandbox='none'): the test uid cannot enter the temp dir "
-                                   f"{tempfile.gettempdir()}; use bwrap, or a TMPDIR other users can enter")
+                raise RuntimeError(
+                    f"plain grading (sandbox='none'): the test uid cannot enter the temp dir "
+                    f"{tempfile.gettempdir()}; use bwrap, or a TMPDIR other users can enter"
+                )
             if exposed_paths():
-                raise RuntimeError(f"plain grading (sandbox='none'): {', '.join(map(str, exposed_paths()))} can be "
-                                   "read by other users (and so by the graded code); run scripts/setup.sh or use bwrap")
+                raise RuntimeError(
+                    f"plain grading (sandbox='none'): {', '.join(map(str, exposed_paths()))} can be "
+                    "read by other users (and so by the graded code); run scripts/setup.sh or use bwrap"
+                )
         self.root = Path(tempfile.mkdtemp(prefix="wb-verify-"))
         try:
             os.chmod(self.root, 0o711)  # the sandbox uid may pass through to ws/ and runner.py, not list
@@ -191,8 +230,11 @@ class Jail:
         that vanish mid-copy, the agent may still be running, are graded without)."""
         self.tmp.mkdir(mode=0o700)
         try:
-            copy_tree(workspace, self.ws, CopyLimits(max_bytes=self.limits.workspace_mb << 20,
-                                                     max_entries=self.limits.workspace_entries))
+            copy_tree(
+                workspace,
+                self.ws,
+                CopyLimits(max_bytes=self.limits.workspace_mb << 20, max_entries=self.limits.workspace_entries),
+            )
         finally:  # what was copied belongs to the sandbox uid (and is removed with the jail)
             self._chown_copy()
 
@@ -210,8 +252,16 @@ class Jail:
         return self.workspace_at or str(self.ws)
 
     def spawn(self, cmd: list[str], stdin: IO[bytes] | int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self._argv(cmd), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                cwd=self.ws, env=self._env(), start_new_session=True, close_fds=True)
+        return subprocess.Popen(
+            self._argv(cmd),
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self.ws,
+            env=self._env(),
+            start_new_session=True,
+            close_fds=True,
+        )
 
     def sweep(self) -> None:
         """Kill every process this verification started, including those that left the process group."""
@@ -224,9 +274,20 @@ class Jail:
 
     def _argv(self, cmd: list[str]) -> list[str]:
         lim = self.limits
-        nproc = lim.max_processes if self.uid is not None else sum(p.threads for p in processes() if p.uid == os.getuid()) + lim.max_processes
-        argv = [self.host.prlimit, f"--as={lim.memory_mb << 20}", f"--fsize={lim.file_mb << 20}",
-                f"--nproc={nproc}", f"--cpu={math.ceil(lim.time_s) + 1}", "--core=0", "--"]
+        nproc = (
+            lim.max_processes
+            if self.uid is not None
+            else sum(p.threads for p in processes() if p.uid == os.getuid()) + lim.max_processes
+        )
+        argv = [
+            self.host.prlimit,
+            f"--as={lim.memory_mb << 20}",
+            f"--fsize={lim.file_mb << 20}",
+            f"--nproc={nproc}",
+            f"--cpu={math.ceil(lim.time_s) + 1}",
+            "--core=0",
+            "--",
+        ]
         if self.bwrap:
             argv += self._bwrap_args(self.bwrap)
         elif self.host.unshare:
@@ -235,17 +296,41 @@ class Jail:
         if self.uid is not None:
             # No capability at all, none to regain: the graded code cannot read past file modes
             # (plain mode checks at start that the fresh uid can walk to the interpreter and the copy).
-            argv += [f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--inh-caps=-all",
-                     "--bounding-set=-all"]
+            argv += [
+                f"--reuid={self.uid}",
+                f"--regid={self.uid}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+            ]
         if not self.bwrap:
             argv += ["--pdeathsig=KILL"]  # the tests die with the grader (bwrap: --die-with-parent)
         return argv + ["--", *cmd]
 
     def _bwrap_args(self, bwrap: str) -> list[str]:
-        args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
-                "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--proc", "/proc", "--dev", "/dev",
-                "--perms", "1777", "--size", str(4 * self.limits.file_mb << 20), "--tmpfs", "/tmp",
-                "--ro-bind", "/usr", "/usr"]
+        args = [
+            bwrap,
+            "--die-with-parent",
+            "--new-session",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--size",
+            str(4 * self.limits.file_mb << 20),
+            "--tmpfs",
+            "/tmp",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
         for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             path = Path("/", name)
             if path.is_symlink():
@@ -265,7 +350,7 @@ class Jail:
             real = os.path.realpath(src)
             for secret in map(str, private_paths()):  # a hook's package may hold task data (workbench/data)
                 if _under(secret, [real]) and os.path.exists(secret):
-                    args += ["--tmpfs", inside.rstrip("/") + secret[len(real):]]
+                    args += ["--tmpfs", inside.rstrip("/") + secret[len(real) :]]
         for inside, src in self.extra_rw.items():
             args += _mount("--bind", str(src), bound, made, inside)
         data = str(humaneval_path().parent)
@@ -274,10 +359,18 @@ class Jail:
         return args + ["--chdir", self.inside_ws]
 
     def _env(self) -> dict[str, str]:
-        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.inside_ws,
-                "TMPDIR": "/tmp" if self.bwrap else str(self.tmp), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                **self.extra_env, MARKER_VAR: self.marker}
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": self.inside_ws,
+            "TMPDIR": "/tmp" if self.bwrap else str(self.tmp),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            **self.extra_env,
+            MARKER_VAR: self.marker,
+        }
 
 
 def _under(path: str, roots: list[str]) -> bool:

@@ -63,7 +63,7 @@ def decode(data: Any, _budget: list[int] | None = None) -> Any:
         return data
     if len(data) != 1:
         raise ValueError("a tagged value has exactly one key")
-    (tag, body), = data.items()
+    ((tag, body),) = data.items()
     if tag in ("__set__", "__dict__"):
         budget[0] -= len(body)
         if budget[0] < 0:
@@ -105,7 +105,7 @@ def _main() -> None:
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)  # the solution reading stdin gets EOF, never our requests
-    os.dup2(2, 1)     # its prints go to stderr: stdout carries answers only
+    os.dup2(2, 1)  # its prints go to stderr: stdout carries answers only
     os.close(null)
 
     def answer(**message: Any) -> None:
