@@ -69,7 +69,7 @@ _HOME = {
     "load_trace": "turns",
     "VerifyResult": "verify",
     "GRPORun": "train",
-    "TrainConfig": "train",
+    "TrainConfig": "train_config",
     "EvalConfig": "evaluate",
     "run_eval": "evaluate",
     "compare": "evaluate",

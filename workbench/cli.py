@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         _cmd_train,
         "a short GRPO run: real rollouts -> verify -> rows -> TRL step -> LoRA hot-loaded into vLLM",
     )
-    from .train import TrainConfig
+    from .train_config import TrainConfig
 
     add_config_arguments(
         p,

