@@ -72,7 +72,7 @@ _HOME = {
     "TrainConfig": "train_config",
     "EvalConfig": "evaluate",
     "run_eval": "evaluate",
-    "compare": "evaluate",
+    "compare": "eval_report",
 }
 
 

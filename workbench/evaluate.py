@@ -21,8 +21,9 @@ artefact per rollout) and eval.json (what `run_eval` returns). The statistics:
   agent) or that have no reward are unscored: excluded from every statistic and counted by status.
 
 An adapter is checked against the model before anything starts (`workbench.adapter_check`): its rank,
-target modules, layer indices and every LoRA matrix's shape against the asset's config.json. The
-statistics themselves (pure functions of reward lists) are `workbench.eval_stats`.
+target modules, layer indices and every LoRA matrix's shape against the asset's config.json. The numbers
+above are computed from the rollout records by `workbench.eval_report` (`aggregate`; also `compare`), with the
+statistics themselves (pure functions of reward lists) from `workbench.eval_stats`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from .adapter_check import check_adapter
-from .eval_stats import RESAMPLES, bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
+from .eval_report import aggregate, compare
 from .runs import RunDir
 from .sandbox_spec import Isolation, check_isolation
 
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from .capture_client import ProxyClient
     from .engine import Engine
 
+# compare is defined in workbench.eval_report (with aggregate, eval.json's numbers) and re-exported here: an
+# evaluation and its comparison are imported together (``from workbench.evaluate import compare, run_eval``).
 __all__ = ["EvalConfig", "run_eval", "compare", "add_eval_arguments", "run_from_args", "cli_main"]
 
 
@@ -110,59 +113,6 @@ class EvalConfig:
 
 
 # -- the evaluation --------------------------------------------------------------------------------
-
-
-def _aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> dict[str, Any]:
-    from .rollout_types import FAILED_STATUSES
-
-    def count(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
-        return {v: sum(r[key] == v for r in rows) for v in sorted({r[key] for r in rows})}
-
-    for r in records:
-        r["scored"] = r["status"] not in FAILED_STATUSES and r["reward"] is not None
-        r["solved"], r["used_tools"] = r["reward"] == 1.0, r["tool_calls"] > 0
-    scored = [r for r in records if r["scored"]]
-    out: dict[str, Any] = {
-        "rollouts": len(records),
-        "scored": len(scored),
-        "statuses": count(records, "status"),
-        "failures": {
-            "unscored": len(records) - len(scored),
-            "by_status": count([r for r in records if not r["scored"]], "status"),
-        },
-    }
-    for name, key in (
-        ("solve_rate", "solved"),
-        ("tool_call_rate", "used_tools"),
-        ("solution_written_rate", "solution_written"),
-    ):
-        hits = sum(r[key] for r in scored)
-        out[name], out[f"{name}_ci95"] = hits / len(scored) if scored else None, list(wilson(hits, len(scored)))
-    per_task = []
-    for tid in task_ids:
-        ok = [r for r in scored if r["task_id"] == tid]
-        rewards = [r["reward"] for r in ok]
-        per_task.append(
-            {
-                "task_id": tid,
-                "rollouts": sum(r["task_id"] == tid for r in records),
-                "scored": len(ok),
-                "mean": sum(rewards) / len(ok) if ok else None,
-                "solved": sum(r["solved"] for r in ok),
-                "tool_call_rate": sum(r["used_tools"] for r in ok) / len(ok) if ok else None,
-                "solution_written_rate": sum(r["solution_written"] for r in ok) / len(ok) if ok else None,
-                "rewards": rewards,
-            }
-        )
-    groups = [t["rewards"] for t in per_task if t["rewards"]]
-    out.update(
-        mean=sum(sum(g) / len(g) for g in groups) / len(groups) if groups else None,
-        ci95=list(bootstrap_ci(groups, seed=seed)) if groups else None,
-        rollout_mean=sum(r["reward"] for r in scored) / len(scored) if scored else None,
-        per_task=per_task,
-        bootstrap={"method": "two-stage percentile (tasks, then rollouts)", "resamples": RESAMPLES, "seed": seed},
-    )
-    return out
 
 
 def run_eval(
@@ -285,7 +235,7 @@ def run_eval(
         "n": config.n,
         "isolation": mode,
         "temperature": config.temperature,
-        **_aggregate(records, config.seed, [t.id for t in tasks]),
+        **aggregate(records, config.seed, [t.id for t in tasks]),
         "stale_calls": sum(r["stale_calls"] for r in records),
         "run_dir": str(run.path),
         "wall_s": round(time.monotonic() - started, 1),
@@ -293,52 +243,6 @@ def run_eval(
     }
     run.write_json("eval.json", out)
     return out
-
-
-def compare(
-    base: dict[str, Any],
-    trained: dict[str, Any],
-    *,
-    resamples: int = RESAMPLES,
-    seed: int = 0,
-    permutations: int = 100_000,
-) -> dict[str, Any]:
-    """Paired by task: delta = mean over tasks of (trained task mean - base task mean), with a paired
-    bootstrap interval over tasks and a sign-flip permutation p-value. Tasks scored in only one of the
-    two evaluations are left out (and listed)."""
-    if base["model"] != trained["model"]:
-        raise ValueError(f"cannot compare evaluations of different models: {base['model']!r} vs {trained['model']!r}")
-    a = {t["task_id"]: t["mean"] for t in base["per_task"] if t["mean"] is not None}
-    b = {t["task_id"]: t["mean"] for t in trained["per_task"] if t["mean"] is not None}
-    common = [t for t in a if t in b]
-    if not common:
-        raise ValueError("the two evaluations have no scored task in common")
-    import numpy as np
-
-    xa, xb = np.array([a[t] for t in common]), np.array([b[t] for t in common])
-    d = xb - xa
-
-    def ci(x: Any) -> dict[str, Any]:  # one seed, so the same task resamples on every side: paired
-        return {"mean": float(x.mean()), "ci95": list(paired_bootstrap_ci(x, resamples=resamples, seed=seed))}
-
-    return {
-        "model": base["model"],
-        "tasks": base["tasks"] if base["tasks"] == trained["tasks"] else f"{base['tasks']} | {trained['tasks']}",
-        "n": min(base["n"], trained["n"]),
-        "n_base": base["n"],
-        "n_trained": trained["n"],
-        "task_ids": common,
-        "tasks_left_out": sorted((set(a) | set(b)) - set(common)),
-        "base": {**ci(xa), "adapter": base.get("adapter"), "policy": base.get("policy")},
-        "trained": {**ci(xb), "adapter": trained.get("adapter"), "policy": trained.get("policy")},
-        "delta": {
-            **ci(d),
-            "p": sign_flip_p(d, permutations=permutations, seed=seed),
-            "tasks_better": int((d > 0).sum()),
-            "tasks_worse": int((d < 0).sum()),
-        },
-        "per_task": [{"task_id": t, "base": a[t], "trained": b[t], "delta": b[t] - a[t]} for t in common],
-    }
 
 
 # -- command line ----------------------------------------------------------------------------------
