@@ -1,7 +1,8 @@
 """What the trainer modules read from a run, as Protocols: they are typed against these, never against
 `workbench.train`.
 
-`workbench.train` owns `TrainConfig` and `GRPORun` and dispatches to the trainers (`workbench.train_async`);
+`workbench.train_config` owns `TrainConfig`, `workbench.train` owns `GRPORun` and dispatches to the trainers
+(`workbench.train_async`);
 those, and the step helpers (`workbench.train_fields`), take a `StepConfig` / `AsyncTrainConfig` / `AsyncRun`,
 which TrainConfig and GRPORun satisfy structurally (mypy checks it at the dispatch). The imports go one way:
 train -> train_async -> train_types, train -> train_fields -> train_types.
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from .capture_client import ProxyClient
     from .engine import Engine
     from .policy_sync import SharedFolder
-    from .rollout import RolloutConfig
+    from .rollout_types import RolloutConfig
     from .runs import RunDir
     from .tasks import Task
 
