@@ -135,3 +135,17 @@ def test_few_shot_examples_use_each_harness_schema():
     codex = get_harness("codex").few_shot_prompt(instruction)
     assert '"name": "exec_command", "arguments": {"cmd": "cat > solution.py' in codex
     assert codex.endswith("<|im_start|>user\n" + instruction)
+
+
+def test_each_harness_is_told_its_own_file_writing_tool():
+    """The easy set says "Use the write tool.": codex has no such tool (it writes files with exec_command)."""
+    from workbench.harnesses import get_harness
+    from workbench.tasks import load_task
+
+    instruction = load_task("easy/0").instruction
+    assert instruction.endswith(" Use the write tool.")
+    assert get_harness("opencode").task_prompt(instruction) == instruction  # as measured before
+    assert get_harness("pi").task_prompt(instruction) == instruction
+    codex = get_harness("codex").task_prompt(instruction)
+    assert codex.endswith(" Use the exec_command tool.") and "write tool" not in codex
+    assert get_harness("codex").task_prompt("Fix the bug.") == "Fix the bug."  # other tasks untouched

@@ -121,7 +121,8 @@ class HarnessSession:
             raise
         try:
             self.timings["setup_s"] = time.monotonic() - t0
-            prompt = self.harness.few_shot_prompt(task.instruction) if config.few_shot else task.instruction
+            instruction = self.harness.task_prompt(task.instruction)
+            prompt = self.harness.few_shot_prompt(instruction) if config.few_shot else instruction
             launch = self.harness.launch(
                 base_url=self.sandbox.reach(self.client.agent_base_url),
                 api_key=self.key,

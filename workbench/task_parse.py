@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from .task_record import Limits, Task
+from .task_record import WRITE_HINT, Limits, Task
 
 __all__ = ["Unusable", "humaneval_task", "row_task", "usable_tasks"]
 
@@ -130,7 +130,7 @@ def row_task(row: dict[str, Any], task_id: str, source: str, max_tests: int, lim
     # The easy set is for 135M-parameter models, which lose the thread in a long instruction: one line,
     # the examples only in visible_tests.txt.
     instruction = (
-        f"{statement.split(chr(10))[0]} Use the write tool."
+        f"{statement.split(chr(10))[0]}{WRITE_HINT}"
         if source == "easy"
         else _deepcoder_instruction(statement, kind, fn_name)
     )

@@ -16,7 +16,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["TEST_KINDS", "Limits", "Task"]
+__all__ = ["TEST_KINDS", "WRITE_HINT", "Limits", "Task"]
+
+# How the easy set's one-line instructions end. A harness whose file-writing tool has another name (codex has
+# none: it writes files with exec_command) names its own (`Harness.task_prompt`).
+WRITE_HINT = " Use the write tool."
 
 TEST_KINDS = ("stdin_stdout", "function_call", "humaneval", "harbor")
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ..capture_classify import CallInfo, Purpose
 from ..paths import harness_bin
+from ..task_record import WRITE_HINT
 
 __all__ = ["CallInfo", "Purpose", "HarnessOptions", "Launch", "HarnessRun", "Harness", "json_events"]
 
@@ -118,6 +119,14 @@ class Harness(ABC):
             ("write", {"filePath": "solution.py", "content": 'def hello():\n    return "hello"\n'}),
             ("bash", {"command": 'python -c "from solution import hello; print(hello())"'}),
         )
+
+    def task_prompt(self, instruction: str) -> str:
+        """The task's instruction as this harness's agent is given it: an instruction ending in the easy set's
+        `WRITE_HINT` names this harness's own file-writing tool (`example_calls`' first: codex's exec_command), so
+        an agent is never told to use a tool it does not have. Identical for opencode and pi."""
+        if not instruction.endswith(WRITE_HINT):
+            return instruction
+        return f"{instruction[: -len(WRITE_HINT)]} Use the {self.example_calls()[0][0]} tool."
 
     def few_shot_prompt(self, instruction: str) -> str:
         """The instruction preceded by two worked turns written in ChatML, with `example_calls`.
