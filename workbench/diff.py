@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .turns import Turn, derive_turns, load_trace
+from .turns_trace import Turn, derive_turns, load_trace
 from .tokenizer import Tokenizer, decode_text
 from .views import STYLE, token_texts
 

@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from .turns import analyse, load_trace
+from .turns import analyse
+from .turns_trace import load_trace
 from .tokenizer import Tokenizer, decode_text
 from .views import STYLE, token_texts
 

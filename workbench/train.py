@@ -48,7 +48,7 @@ from .sandbox_spec import Isolation, check_isolation
 from .tasks import load_task, load_tasks
 from .train_fields import step_fields
 from .train_rows import rows_for_trl
-from .turns import has_tool_call
+from .turns_trace import has_tool_call
 
 __all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_STATUSES", "resolve_device"]
 

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .tokenizer import Tokenizer, decode_text
-from .turns import Fork, Row, Turn, analyse, load_trace
+from .turns import analyse
+from .turns_rows import Fork, Row
+from .turns_trace import Turn, load_trace
 
 __all__ = [
     "token_texts",
