@@ -15,7 +15,8 @@ from workbench.turns import rollout_report, write_turns
 from workbench.turns_drift import CAUSES, diagnose
 from workbench.turns_rows import build_rows
 from workbench.turns_trace import Turn, TraceError, derive_turns, has_tool_call, load_trace, load_turns
-from workbench.views import render_drift, render_row, render_trace, render_turn
+from workbench.views import render_trace
+from workbench.views_tokens import render_drift, render_row, render_turn
 
 FIXTURES = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"  # real captures, shipped as examples
 

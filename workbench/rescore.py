@@ -36,7 +36,7 @@ from typing import Any, Literal, Sequence
 from .turns import analyse
 from .turns_trace import load_trace
 from .tokenizer import Tokenizer, decode_text
-from .views import STYLE, token_texts
+from .views_tokens import STYLE, token_texts
 
 __all__ = [
     "TokenDelta",
