@@ -21,6 +21,7 @@ from .turns_trace import Turn
 
 __all__ = ["CAUSES", "diagnose"]
 
+# Every cause `diagnose` can name: reports count forks by these (`rollout_report`'s ``fork_causes``).
 CAUSES = (
     "template_rerender",
     "arguments_reserialised",
