@@ -43,7 +43,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from workbench.turns import Row, Turn, build_rows, derive_turns, load_trace
+from workbench.turns_rows import Row, build_rows
+from workbench.turns_trace import Turn, derive_turns, load_trace
 
 RESULTS = ROOT / "benchmarks" / "results" / "rows_vs_turns.json"
 FIXTURES = ROOT / "workbench" / "data" / "rollouts"

@@ -65,7 +65,9 @@ sys.path.insert(0, str(ROOT))
 from workbench import group_step
 from workbench.assets import load
 from workbench.train import GRPORun, TrainConfig
-from workbench.turns import Row, analyse, load_trace
+from workbench.turns import analyse
+from workbench.turns_rows import Row
+from workbench.turns_trace import load_trace
 
 RESULTS = ROOT / "benchmarks" / "results" / "trainer_step.json"
 FIXTURES = ROOT / "workbench" / "data" / "rollouts"

@@ -49,7 +49,8 @@ from workbench.sandbox import Sandbox
 from workbench.sandbox_spec import bwrap_available
 from workbench.tasks import Limits, Task, load_task
 from workbench.train import FAILED_STATUSES, RolloutOutcome
-from workbench.turns import TraceError, load_trace, load_turns, write_turns
+from workbench.turns import write_turns
+from workbench.turns_trace import TraceError, load_trace, load_turns
 from workbench.verify import verify
 
 ISOLATIONS = ["none"] + (["bwrap"] if bwrap_available() else [])

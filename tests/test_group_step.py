@@ -19,7 +19,9 @@ import torch
 from workbench import _compat, group_pack, group_step
 from workbench.assets import build, load
 from workbench.train import GRPORun, TrainConfig
-from workbench.turns import Row, analyse, load_trace
+from workbench.turns import analyse
+from workbench.turns_rows import Row
+from workbench.turns_trace import load_trace
 
 FIXTURES = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"
 T = 0.7

@@ -412,7 +412,8 @@ def test_shipped_long_capture_chains_into_one_row():
     """The teacher-forced 7-turn capture on inventory-fix (real ids, scripted replies: its CAPTURE.md)."""
     from transformers import AutoTokenizer
 
-    from workbench.turns import analyse, load_trace
+    from workbench.turns import analyse
+    from workbench.turns_trace import load_trace
 
     folder = Path(__file__).resolve().parents[1] / "workbench" / "data" / "rollouts" / "smollm2-forced-repo-task"
     tok = AutoTokenizer.from_pretrained(folder.parent / "smollm2-tokenizer")

@@ -10,7 +10,7 @@ import torch
 from workbench.assets import build
 from workbench.capture import CaptureProxy
 from workbench.train import GRPORun, TrainConfig, rows_for_trl
-from workbench.turns import has_tool_call, load_trace
+from workbench.turns_trace import has_tool_call, load_trace
 
 from test_turns import FIXTURES
 

@@ -11,20 +11,12 @@ from pathlib import Path
 import pytest
 
 from workbench.assets import build_tokenizer
-from workbench.turns import (
-    CAUSES,
-    Turn,
-    TraceError,
-    build_rows,
-    derive_turns,
-    diagnose,
-    has_tool_call,
-    load_trace,
-    load_turns,
-    rollout_report,
-    write_turns,
-)
-from workbench.views import render_drift, render_row, render_trace, render_turn
+from workbench.turns import rollout_report, write_turns
+from workbench.turns_drift import CAUSES, diagnose
+from workbench.turns_rows import build_rows
+from workbench.turns_trace import Turn, TraceError, derive_turns, has_tool_call, load_trace, load_turns
+from workbench.views import render_trace
+from workbench.views_tokens import render_drift, render_row, render_turn
 
 FIXTURES = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"  # real captures, shipped as examples
 

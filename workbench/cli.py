@@ -89,7 +89,9 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 def _cmd_turns(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .turns import TraceError, run_report, tokenizer_for_rollout, write_turns
+    from .turns import run_report, write_turns
+    from .turns_tokenizer import tokenizer_for_rollout
+    from .turns_trace import TraceError
 
     root = Path(args.path)
     dirs = [root] if (root / "trace.json").exists() else sorted(p.parent for p in root.rglob("trace.json"))
@@ -99,7 +101,7 @@ def _cmd_turns(args: argparse.Namespace) -> int:
     reports, broken = {}, []
     for d in dirs:
         try:
-            from .turns import rollout_model
+            from .turns_tokenizer import rollout_model
 
             name = args.model or rollout_model(d)
             if name not in tokenizers:

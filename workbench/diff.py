@@ -34,9 +34,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .turns import Turn, derive_turns, load_trace
+from .turns_trace import Turn, derive_turns, load_trace
 from .tokenizer import Tokenizer, decode_text
-from .views import STYLE, token_texts
+from .views_tokens import STYLE, token_texts
 
 __all__ = ["diff_rollouts", "render_diff", "add_diff_arguments", "diff_from_args", "cli_diff", "VOLATILE"]
 

@@ -68,7 +68,7 @@ from ._compat import GRPO_GET_LOGPS as _GET_LOGPS
 from ._compat import GRPO_METRICS as _METRICS
 from ._compat import trl_use_triton
 from .group_pack import ATTENTION, plan  # importing it registers ATTENTION with transformers
-from .turns import Row
+from .turns_rows import Row
 
 __all__ = ["OWNER_FIELD", "GroupStep", "install", "every_row_fields"]
 

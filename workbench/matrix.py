@@ -34,7 +34,8 @@ from .stack import local_stack
 from .runs import RunDir
 from .tasks import load_tasks
 from .tokenizer import Tokenizer
-from .turns import TraceError, analyse, load_trace
+from .turns import analyse
+from .turns_trace import TraceError, load_trace
 from .views import render_table
 
 __all__ = [

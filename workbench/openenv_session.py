@@ -44,7 +44,8 @@ from .rollout_types import FAILED_STATUSES, RolloutConfig, agent_entries
 from .sandbox_spec import SandboxError
 from .tasks import Task, load_task
 from .train_types import TurnPolicy
-from .turns import analyse, has_tool_call
+from .turns import analyse
+from .turns_trace import has_tool_call
 
 __all__ = ["OpenEnvSession", "HarnessSessionFactory", "ProxyAddress", "all_turns", "turn_policy"]
 

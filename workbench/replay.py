@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .rollout_types import RolloutResult
-from .turns import load_trace
+from .turns_trace import load_trace
 
 __all__ = ["Recording", "load_recording", "NOT_RECORDED"]
 

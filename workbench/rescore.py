@@ -33,9 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from .turns import analyse, load_trace
+from .turns import analyse
+from .turns_trace import load_trace
 from .tokenizer import Tokenizer, decode_text
-from .views import STYLE, token_texts
+from .views_tokens import STYLE, token_texts
 
 __all__ = [
     "TokenDelta",

@@ -51,7 +51,7 @@ from .tasks import load_task, load_tasks
 from .train_config import TrainConfig, resolve_device
 from .train_fields import step_fields
 from .train_rows import rows_for_trl
-from .turns import has_tool_call
+from .turns_trace import has_tool_call
 
 # TrainConfig and resolve_device are defined in workbench.train_config and re-exported here: the run and its
 # config are imported together (tests, notebooks, benchmarks: ``from workbench.train import GRPORun, TrainConfig``).

@@ -17,7 +17,8 @@ from .tasks import Task
 from .train_rows import longest_row_fields, rollout_rows
 from .tokenizer import Tokenizer, token_id
 from .train_types import StepConfig
-from .turns import Row, load_trace
+from .turns_rows import Row
+from .turns_trace import load_trace
 
 __all__ = ["step_fields"]
 

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .tokenizer import Tokenizer
-from .turns import Row, analyse
+from .turns import analyse
+from .turns_rows import Row
 
 __all__ = ["rollout_rows", "trl_row", "longest_row_fields", "rows_for_trl"]
 

@@ -1,0 +1,88 @@
+"""Figures: plotly charts of a run's turns and forks and of a training run's reward, with their statistics.
+
+    summary_figure(reports)                       # per rollout: turns trained / not, excluded calls; fork causes
+    learning_curve_figure(metrics)                # per step: group-mean reward, 95% interval, moving average
+    step_interval(rewards)                        # (mean, low, high): one step's bootstrap interval
+
+`reports` are `workbench.turns.rollout_report`s by rollout name; `metrics` a run's metrics.jsonl records.
+plotly is imported only when a figure is drawn.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+__all__ = ["step_interval", "learning_curve_figure", "summary_figure"]
+
+
+def step_interval(
+    rewards: Sequence[float | None], *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """(mean, low, high): a step's group-mean reward and its 95% percentile-bootstrap interval over the
+    group's scored rollouts (unscored ones, None, left out as in GRPO's baseline)."""
+    import random
+
+    xs = [x for x in rewards if x is not None]
+    if not xs:
+        return math.nan, math.nan, math.nan
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choice(xs) for _ in xs) / len(xs) for _ in range(resamples))
+    return sum(xs) / len(xs), means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+
+
+def learning_curve_figure(metrics: list[dict[str, Any]], *, window: int = 5, title: str = "training reward"):
+    """Per-step group-mean reward with its 95% interval (error bars) and a `window`-step moving average
+    of the step means, from a run's metrics.jsonl (each step's ``rewards``)."""
+    import plotly.graph_objects as go
+
+    steps = [m["step"] for m in metrics]
+    stats = [step_interval(m.get("rewards") or []) for m in metrics]
+    mean = [s[0] for s in stats]
+    moving = [
+        sum(mean[max(0, i - window + 1) : i + 1]) / len(mean[max(0, i - window + 1) : i + 1]) for i in range(len(mean))
+    ]
+    fig = go.Figure()
+    fig.add_scatter(
+        x=steps,
+        y=mean,
+        mode="markers",
+        name="step mean (95% CI)",
+        error_y={
+            "type": "data",
+            "symmetric": False,
+            "array": [s[2] - s[0] for s in stats],
+            "arrayminus": [s[0] - s[1] for s in stats],
+        },
+    )
+    fig.add_scatter(x=steps, y=moving, mode="lines", name=f"moving average ({window} steps)")
+    fig.update_layout(
+        title=title,
+        xaxis_title="step",
+        yaxis_title="reward (fraction of hidden tests passed)",
+        yaxis_range=[-0.05, 1.05],
+        height=380,
+    )
+    return fig
+
+
+def summary_figure(reports: dict[str, dict[str, Any]]):
+    """Per rollout: agent turns (trained / not), excluded calls, rows and fork causes."""
+    from plotly.subplots import make_subplots
+
+    names = list(reports)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("turns per rollout", "fork causes (all rollouts)"))
+    fig.add_bar(x=names, y=[r["turns_trained"] for r in reports.values()], name="trained turns", row=1, col=1)
+    fig.add_bar(
+        x=names, y=[r["turns"] - r["turns_trained"] for r in reports.values()], name="untrained turns", row=1, col=1
+    )
+    fig.add_bar(
+        x=names, y=[sum(r["excluded_calls"].values()) for r in reports.values()], name="excluded calls", row=1, col=1
+    )
+    causes: dict[str, int] = {}
+    for r in reports.values():
+        for k, v in r["fork_causes"].items():
+            causes[k] = causes.get(k, 0) + v
+    fig.add_bar(x=list(causes) or ["(no forks)"], y=list(causes.values()) or [0], name="forks", row=1, col=2)
+    fig.update_layout(barmode="stack", height=360, margin=dict(t=40, b=40))
+    return fig
