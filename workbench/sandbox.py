@@ -31,8 +31,9 @@ Writes are bounded in total: RLIMIT_FSIZE per file, and the folders' allocated s
 kills everything within 0.5 s if this process dies without closing; the next `Sandbox.create` in
 that dir removes the folders it left.
 
-This module is the session (folders, processes, quota, snapshot, close); `sandbox_spec` holds the modes,
-limits and error, `sandbox_command` the prlimit/setpriv/bwrap argv, `sandbox_cleanup` the kill and removal.
+This module is the session (create, endpoint, env, spawn/run, snapshot, close); `sandbox_spec` holds the
+modes, limits and error, `sandbox_files` the folders (task files, ownership, quota), `sandbox_process` a
+running process, `sandbox_command` the prlimit/setpriv/bwrap argv, `sandbox_cleanup` the kill and removal.
 
     from workbench.sandbox_spec import SandboxLimits
     sb = Sandbox.create({"README.md": "..."}, limits=SandboxLimits(wall_s=300), endpoint=proxy_url)
@@ -44,25 +45,21 @@ limits and error, `sandbox_command` the prlimit/setpriv/bwrap argv, `sandbox_cle
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import shutil
-import stat
 import subprocess
 import tempfile
-import time
 import urllib.parse
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 from .bounded_copy import CopyLimits, copy_tree
-from .procs import stop_group
 from .sandbox_cleanup import force_remove, kill_all, new_folder, remove_stale, strays
 from .sandbox_command import wrap
+from .sandbox_files import check_task_files, materialise, over_quota, write_home
 from .sandbox_net import Relay, open_relay
+from .sandbox_process import SandboxProcess, start
 from .sandbox_spec import (
     AGENT_HOME,
     AGENT_TMP,
@@ -76,38 +73,12 @@ from .sandbox_spec import (
     resolve_isolation,
 )
 
-__all__ = ["Sandbox", "SandboxProcess"]
+__all__ = ["Sandbox"]
 
 
 def _fresh_uid() -> int | None:
     """A random unused-looking uid when we are root (one per sandbox), else None (our own)."""
     return random.SystemRandom().randrange(1_000_000, 2_000_000_000) if os.geteuid() == 0 else None
-
-
-@dataclass
-class SandboxProcess:
-    """A process started in a sandbox, leader of its own process group."""
-
-    popen: subprocess.Popen[bytes]
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def pgid(self) -> int:
-        return self.popen.pid
-
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
-    def wait(self, timeout_s: float | None = None) -> int:
-        """The exit code; raises TimeoutError (the process keeps running) at `timeout_s`."""
-        try:
-            return self.popen.wait(timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise TimeoutError(f"process {self.pgid} still running after {timeout_s} s") from exc
-
-    def kill(self) -> bool:
-        """SIGKILL the whole group now and wait until no member is left (True when gone)."""
-        return stop_group(self.popen, grace_s=0, gone_timeout_s=5)
 
 
 class Sandbox:
@@ -166,14 +137,7 @@ class Sandbox:
                 relayed in, and `reach` gives the URL to use inside.
         """
         mode = resolve_isolation(isolation)
-        for rel, text in files.items():
-            # Checked up front (NUL, non-str), so that bad task files are a SandboxError, not a TypeError
-            # or ValueError from deep inside the copy.
-            if not isinstance(rel, str) or not isinstance(text, str):
-                raise SandboxError(f"task file {rel!r}: path and content must be text")
-            p = Path(rel)
-            if p.is_absolute() or ".." in p.parts or not rel.strip() or "\0" in rel:
-                raise SandboxError(f"task file path {rel!r} must be relative and stay inside the workspace")
+        check_task_files(files)
         interpreter = python or shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
         if interpreter is None:
             raise SandboxError("no python3 found for the sandbox")
@@ -188,7 +152,18 @@ class Sandbox:
         uid = _fresh_uid()
         sb = cls(root, mode, limits or SandboxLimits(), list(ro_paths or []), uid, interpreter)
         try:
-            sb._materialise(files, git_init)
+            materialise(
+                root,
+                files,
+                workspace=sb.workspace,
+                home=sb.home,
+                bin_dir=sb.bin,
+                tmp=sb.tmp,
+                logs=sb.logs,
+                python=interpreter,
+                uid=uid,
+                git_init=git_init,
+            )
             if mode == "none" and uid is not None:
                 check_plain_mode(root, interpreter)
             if target is not None:
@@ -202,38 +177,6 @@ class Sandbox:
             sb._discard()
             raise
         return sb
-
-    def _materialise(self, files: dict[str, str], git_init: bool) -> None:
-        self.root.chmod(0o711)  # the sandbox uid passes through to its folders; cannot list or write here
-        owned = [self.workspace, self.home, self.bin, self.tmp]
-        for d in owned + [
-            self.home / ".config",
-            self.home / ".cache",
-            self.home / ".local" / "share",
-            self.home / ".local" / "state",
-        ]:
-            d.mkdir(parents=True, exist_ok=True)
-        self.logs.mkdir(mode=0o700)
-        for rel, text in files.items():
-            target = self.workspace / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-        (self.bin / "python").symlink_to(self.python)
-        if git_init:
-            subprocess.run(
-                ["git", "init", "-q", str(self.workspace)],
-                check=True,
-                capture_output=True,
-                timeout=30,
-                env={"PATH": "/usr/bin:/bin", "HOME": str(self.home)},
-            )
-        for d in owned:
-            d.chmod(0o700)
-            if self.uid is not None:
-                for top, dirs, names in os.walk(d):  # does not follow links: lchown the links themselves
-                    os.lchown(top, self.uid, self.uid)
-                    for name in dirs + names:
-                        os.lchown(os.path.join(top, name), self.uid, self.uid)
 
     def _open_endpoint(self, host: str, port: int) -> None:
         self._endpoint = (host, port)
@@ -252,16 +195,7 @@ class Sandbox:
 
     def write_home(self, rel: str, text: str) -> Path:
         """Write a file under the sandbox's HOME (a harness's config), owned by the sandbox's uid."""
-        path = self.home / rel
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            raise SandboxError(f"home file {rel!r} must stay inside the sandbox home")
-        made = [p for p in reversed(path.relative_to(self.home).parents) if p != Path(".")]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        if self.uid is not None:
-            for p in [*(self.home / m for m in made), path]:
-                os.lchown(p, self.uid, self.uid)
-        return path
+        return write_home(self.home, rel, text, self.uid)
 
     def reach(self, url: str) -> str:
         """`url` (on the endpoint given to `create`) as the sandbox must call it."""
@@ -337,27 +271,9 @@ class Sandbox:
         `stderr` are opened here and inherited: the sandbox itself cannot open them by name."""
         if self.closed:
             raise SandboxError("sandbox is closed")
-        out: IO[bytes] | int = open(stdout, "wb") if stdout else subprocess.DEVNULL
-        err: IO[bytes] | int = out if stderr == stdout else open(stderr, "wb") if stderr else subprocess.DEVNULL
-        try:
-            popen = subprocess.Popen(
-                self.command(argv),
-                cwd=self.workspace,
-                env=self.env(env),
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
-        finally:
-            for f in {id(out): out, id(err): err}.values():
-                if not isinstance(f, int):  # DEVNULL
-                    f.close()
-        if stdin is not None and popen.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                popen.stdin.write(stdin)
-            popen.stdin.close()
-        proc = SandboxProcess(popen)
+        proc = start(
+            self.command(argv), cwd=self.workspace, env=self.env(env), stdin=stdin, stdout=stdout, stderr=stderr
+        )
         self.processes.append(proc)
         return proc
 
@@ -394,29 +310,9 @@ class Sandbox:
     # -- files -----------------------------------------------------------------------------------
 
     def over_quota(self) -> str | None:
-        """Why the sandbox's folders are over `SandboxLimits.disk_mb` / ``max_entries``, or None.
-        Allocated blocks are counted (a sparse file costs what it uses); the walk stops at the limit."""
-        limit, entries, used = self.limits.disk_mb << 20, 0, 0
-        stack = [self.workspace, self.home, self.tmp]
-        while stack:
-            try:
-                with os.scandir(stack.pop()) as it:
-                    for entry in it:
-                        entries += 1
-                        try:
-                            st = entry.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        used += st.st_blocks * 512
-                        if stat.S_ISDIR(st.st_mode):
-                            stack.append(Path(entry.path))
-                        if used > limit:
-                            return f"the sandbox wrote more than {self.limits.disk_mb} MiB"
-                        if entries > self.limits.max_entries:
-                            return f"the sandbox made more than {self.limits.max_entries} files and folders"
-            except OSError:
-                continue
-        return None
+        """Why the sandbox's folders are over `SandboxLimits.disk_mb` / ``max_entries``, or None
+        (`sandbox_files.over_quota`: allocated blocks, the walk stops at the limit)."""
+        return over_quota([self.workspace, self.home, self.tmp], self.limits)
 
     def snapshot(self, dest: Path, limits: CopyLimits | None = None) -> Path:
         """Copy the workspace (not .git, no links followed, no special files) to `dest`, within

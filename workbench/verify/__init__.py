@@ -89,7 +89,8 @@ from .grading import OUTCOMES, Graded, Outcome, grade
 from .harbor import jail_options as harbor_options
 from .hook import jail_options as hook_options
 from .hook import parse_hook, run_hook
-from .jail import SANDBOXES, Jail, guards, resolve
+from .jail import Jail
+from .jail_host import SANDBOXES, guards, resolve
 
 __all__ = [
     "OUTCOMES",

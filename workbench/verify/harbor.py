@@ -43,7 +43,8 @@ from ..bounded_copy import CopyLimits, copy_tree
 from ..tasks import Limits, Task
 from .child import Child, Failed, clip
 from .graded import Graded
-from .jail import Jail, resolve
+from .jail import Jail
+from .jail_host import resolve
 
 __all__ = [
     "BIN_AT",

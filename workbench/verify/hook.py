@@ -45,7 +45,8 @@ from typing import Any
 from ..tasks import Task
 from .child import Child, Failed, clip
 from .graded import Graded
-from .jail import Jail, reachable
+from .jail import Jail
+from .jail_host import reachable
 
 __all__ = ["Hook", "jail_options", "parse_hook", "run_hook"]
 

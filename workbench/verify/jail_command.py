@@ -1,0 +1,167 @@
+"""The grading jail's command line: prlimit, then bwrap's mounts (or ``unshare --net``), then setpriv.
+
+`workbench.verify.jail.Jail` builds every test process's argv with `command`; this module decides
+what the graded code sees and is allowed, and nothing else (the jail's folder, environment, spawn and
+sweep stay in `jail`). With bwrap, only /usr (+ /bin, /lib...), a few ld.so files of /etc, the
+interpreter's folders, the workspace copy, the runner and the caller's extra mounts are visible;
+HumanEval's data file and any answers' folder (`paths.private_paths`) under a read-only mount are
+masked with an empty tmpfs. `check_mount_points` refuses a mount point the jail itself owns.
+
+    check_mount_points(["/app", "/tests"])                       # ValueError for "/", "/usr", "../x"...
+    argv = command(cmd, limits=task.limits, host=info, bwrap=info.bwrap, uid=uid, ws=ws, runner=runner,
+                   workspace_at=None, extra_ro={}, extra_rw={})
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from ..paths import private_paths
+from ..procs import processes
+from ..tasks import Limits, humaneval_path
+from .jail_host import Host, python_dirs
+
+__all__ = ["RESERVED", "check_mount_points", "command"]
+
+RESERVED = ("/", "/usr", "/proc", "/dev", "/tmp", "/etc", "/bin", "/lib")  # what the jail itself mounts
+
+
+def check_mount_points(points: list[str]) -> None:
+    """ValueError unless every point is absolute, without ``..``, and none of `RESERVED`."""
+    for inside in points:
+        if not inside.startswith("/") or ".." in Path(inside).parts or os.path.normpath(inside) in RESERVED:
+            raise ValueError(f"jail mount point {inside!r} must be an absolute path outside {', '.join(RESERVED)}")
+
+
+def command(
+    cmd: list[str],
+    *,
+    limits: Limits,
+    host: Host,
+    bwrap: str | None,
+    uid: int | None,
+    ws: Path,
+    runner: Path,
+    workspace_at: str | None,
+    extra_ro: dict[str, Path | str],
+    extra_rw: dict[str, Path | str],
+) -> list[str]:
+    """`cmd` under the task's limits, in bwrap's namespaces when `bwrap` is given (else only a network
+    namespace, where ``unshare`` works), as `uid` with no capability (when we are root)."""
+    nproc = (
+        limits.max_processes
+        if uid is not None
+        else sum(p.threads for p in processes() if p.uid == os.getuid()) + limits.max_processes
+    )
+    argv = [
+        host.prlimit,
+        f"--as={limits.memory_mb << 20}",
+        f"--fsize={limits.file_mb << 20}",
+        f"--nproc={nproc}",
+        f"--cpu={math.ceil(limits.time_s) + 1}",
+        "--core=0",
+        "--",
+    ]
+    if bwrap:
+        argv += _bwrap_args(
+            bwrap,
+            file_mb=limits.file_mb,
+            ws=ws,
+            runner=runner,
+            workspace_at=workspace_at,
+            extra_ro=extra_ro,
+            extra_rw=extra_rw,
+        )
+    elif host.unshare:
+        argv += [host.unshare, "--net", "--"]
+    argv += [host.setpriv, "--nnp"]
+    if uid is not None:
+        # No capability at all, none to regain: the graded code cannot read past file modes
+        # (plain mode checks at start that the fresh uid can walk to the interpreter and the copy).
+        argv += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
+    if not bwrap:
+        argv += ["--pdeathsig=KILL"]  # the tests die with the grader (bwrap: --die-with-parent)
+    return argv + ["--", *cmd]
+
+
+def _bwrap_args(
+    bwrap: str,
+    *,
+    file_mb: int,
+    ws: Path,
+    runner: Path,
+    workspace_at: str | None,
+    extra_ro: dict[str, Path | str],
+    extra_rw: dict[str, Path | str],
+) -> list[str]:
+    """bwrap's namespaces and mounts, ending with ``--chdir`` to the workspace copy as seen inside."""
+    args = [
+        bwrap,
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(4 * file_mb << 20),
+        "--tmpfs",
+        "/tmp",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = Path("/", name)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives"):
+        args += ["--ro-bind-try", etc, etc]
+    bound, made = ["/usr"], {"/tmp", "/proc", "/dev"}
+    for pydir in python_dirs():
+        if not _under(pydir, bound):
+            args += _mount("--ro-bind", pydir, bound, made)
+    args += _mount("--bind", str(ws), bound, made, workspace_at)
+    args += _mount("--ro-bind", str(runner), bound, made)
+    for inside, src in extra_ro.items():
+        args += _mount("--ro-bind", str(src), bound, made, inside)
+        real = os.path.realpath(src)
+        for secret in map(str, private_paths()):  # a hook's package may hold task data (workbench/data)
+            if _under(secret, [real]) and os.path.exists(secret):
+                args += ["--tmpfs", inside.rstrip("/") + secret[len(real) :]]
+    for inside, src in extra_rw.items():
+        args += _mount("--bind", str(src), bound, made, inside)
+    data = str(humaneval_path().parent)
+    if _under(data, bound):
+        args += ["--tmpfs", data]  # the problems' check() sources: not the solution's to read
+    return args + ["--chdir", workspace_at or str(ws)]
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _mount(how: str, path: str, bound: list[str], made: set[str], dest: str | None = None) -> list[str]:
+    """bwrap arguments mounting ``path`` at ``dest`` (default: the same place). Missing parents are
+    created 0755 (bwrap would make them 0700, locking the sandbox uid out); parents inside a bind
+    mount exist already."""
+    dest = dest or path
+    args = []
+    for parent in reversed(Path(dest).parents):
+        p = str(parent)
+        if p != "/" and p not in made and not _under(p, bound):
+            args += ["--perms", "0755", "--dir", p]
+            made.add(p)
+    bound.append(dest)
+    return args + [how, path, dest]
