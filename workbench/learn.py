@@ -21,7 +21,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .capture_client import ProxyClient
 from .engine import Engine, EngineConfig
@@ -53,6 +53,9 @@ class LearnConfig:
         eval_tasks: the held-out tasks evaluated before and after (never trained on).
         eval_n: rollouts per evaluation task and policy.
         seed: seeds TRL/torch, the task order and the bootstrap.
+        serving: how the engine serves each policy, in training (`TrainConfig.weight_sync`) and evaluation
+            (`EvalConfig.serving`): ``lora`` (hot-loaded adapters, vLLM's LoRA layers) or ``merged`` (the adapter merged
+            into the weights the engine reloads; the engine without LoRA layers).
     """
 
     model: str = "smollm2"
@@ -65,6 +68,7 @@ class LearnConfig:
     eval_tasks: str = "easy-eval"
     eval_n: int = 4
     seed: int = 0
+    serving: Literal["lora", "merged"] = "lora"
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(
@@ -83,6 +87,7 @@ class LearnConfig:
             max_model_calls=6,
             parallel_rollouts=self.group_size,
             seed=self.seed,
+            weight_sync=self.serving,
         )
 
     def eval_config(self, adapter: Path | None = None) -> EvalConfig:
@@ -98,6 +103,7 @@ class LearnConfig:
             parallel=self.group_size,
             seed=self.seed,
             adapter=str(adapter) if adapter else None,
+            serving=self.serving,
         )
 
 
@@ -145,7 +151,14 @@ def run_learning(
     run = RunDir.create("learning_demo", path=run_dir)
     run.write_config({"learn": asdict(config), "train": asdict(train), "eval": asdict(config.eval_config())})
     started, timings = time.monotonic(), {}
-    engine_config = EngineConfig(model=config.model, dtype=train.engine_dtype, prefix_caching=train.prefix_caching)
+    merged = config.serving == "merged"
+    engine_config = EngineConfig(
+        model=config.model,
+        dtype=train.engine_dtype,
+        prefix_caching=train.prefix_caching,
+        lora=not merged,
+        dev_routes=merged,
+    )
     stack = (
         local_stack(
             engine_config=engine_config,
