@@ -68,7 +68,7 @@ class LearnConfig:
     eval_tasks: str = "easy-eval"
     eval_n: int = 4
     seed: int = 0
-    serving: Literal["lora", "merged"] = "lora"
+    serving: Literal["lora", "merged"] = "merged"
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(
