@@ -69,10 +69,11 @@ ROLLOUT_LEVERS = {
 }
 # name -> (preset, steps, overrides). "merged": every lever and the engine without LoRA layers, the policy reloaded
 # as merged weights each step (TrainConfig.weight_sync), against "all" (a hot-loaded adapter).
-# "all" runs the group's 8 rollouts at once (TrainConfig's default is 2: safe on any machine).
+# "all" runs the group's 8 rollouts at once (TrainConfig's default is 2: safe on any machine) with the adapter
+# served through vLLM's LoRA layers (the default before merged weights measured faster).
 FULL: dict[str, tuple[str, int, dict[str, Any]]] = {
     "baseline": ("baseline", 1, {}),
-    "all": ("default", 3, {"parallel_rollouts": 8}),
+    "all": ("default", 3, {"parallel_rollouts": 8, "weight_sync": "lora"}),
     "merged": ("default", 3, {"parallel_rollouts": 8, "weight_sync": "merged"}),
 }
 

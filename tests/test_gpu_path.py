@@ -32,7 +32,7 @@ from workbench.capture import CaptureProxy
 from workbench.engine import Engine
 from workbench.harnesses import get_harness
 from workbench.openenv_session import ProxyAddress
-from workbench.policy_sync import LoraSync, NcclSync, SharedFolder, authenticated_vllm_client
+from workbench.policy_sync import LoraSync, MergedSync, NcclSync, SharedFolder, authenticated_vllm_client
 from workbench.runs import RunDir
 from workbench.tasks import load_task
 from workbench.train import GRPORun, TrainConfig
@@ -53,11 +53,13 @@ def test_device_cpu_is_todays_behaviour(tmp_path):
     trainer = GRPORun(TrainConfig(device="cpu"), run_dir=tmp_path / "r")._build_trainer(asset.path)
     assert trainer.args.use_cpu and not trainer.args.bf16
     assert next(trainer.model.parameters()).dtype == torch.float32
-    assert isinstance(trainer.vllm_generation, LoraSync) and trainer.use_vllm  # the seam, as before
+    # the seam: a run that starts its own engine on the CPU serves merged weights (weight_sync auto)
+    assert isinstance(trainer.vllm_generation, MergedSync) and trainer.use_vllm
     assert trainer.args.gradient_checkpointing == TrainConfig().activation_checkpointing is False  # our default
     baseline = GRPORun(TrainConfig.baseline(device="cpu"), run_dir=tmp_path / "b")._build_trainer(asset.path)
     assert trainer.group_step.shared_prefix  # shared_prefix auto: on for the CPU trainer (off on CUDA)
     assert baseline.args.gradient_checkpointing  # TRL's default, kept by the baseline
+    assert isinstance(baseline.vllm_generation, LoraSync)  # as is the adapter served through vLLM's LoRA layers
 
 
 def test_shared_prefix_is_auto_on_or_off():

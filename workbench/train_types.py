@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["TurnPolicy", "WeightSync", "Device", "StepConfig", "AsyncTrainConfig", "AsyncRun"]
 
 TurnPolicy = Literal["tool_calls", "all"]  # TrainConfig.train_turns: which agent turns are trained
-WeightSync = Literal["lora", "merged", "nccl"]  # TrainConfig.weight_sync: how the policy reaches the engine
+WeightSync = Literal["auto", "lora", "merged", "nccl"]  # TrainConfig.weight_sync: how the policy reaches the engine
 Device = Literal["cpu", "cuda"]  # a run's resolved trainer device (`workbench.train.resolve_device`)
 
 

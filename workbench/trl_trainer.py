@@ -63,7 +63,7 @@ def build_trainer(
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    cfg, cpu, lora = run.config, run.device == "cpu", run.config.weight_sync != "nccl"
+    cfg, cpu, lora = run.config, run.device == "cpu", run.weight_sync != "nccl"
     if cpu:
         score_only_labelled_positions_on_cpu()
         torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
@@ -136,7 +136,7 @@ def build_trainer(
         else NcclSync(run, group_port=cfg.nccl_group_port)
         if not lora
         else MergedSync(run)
-        if cfg.weight_sync == "merged"
+        if run.weight_sync == "merged"
         else LoraSync(run, shared=run.shared)
     )
     # TRL types the seam as its own VLLMGeneration; with a rollout_func TRL only calls sync_weights() on it,
