@@ -52,8 +52,11 @@ def test_chat_template_renders_tools(tok):
     assert "<tools>" in text and '"name": "bash"' in text and text.endswith("<|im_start|>assistant\n")
 
 
-def test_tiny_asset_is_reproducible():
+def test_tiny_asset_is_reproducible(tmp_path, monkeypatch):
+    """Built from scratch in an empty cache (not the one set-up filled): the bytes are the pinned ones."""
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     asset = assets.build("tiny")
+    assert asset.path.is_relative_to(tmp_path)
     hashes = assets.file_hashes("tiny")
     assert hashes["model.safetensors"] == assets._EXPECTED["tiny"]["model.safetensors"]
     assert hashes["tokenizer.json"] == assets._EXPECTED["tiny"]["tokenizer.json"]
@@ -63,3 +66,25 @@ def test_tiny_asset_is_reproducible():
 def test_unknown_asset_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown model asset 'gpt5'"):
         assets.build("gpt5")
+
+
+def test_assets_check_recomputes_the_hashes(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from workbench import cli
+
+    def check() -> int | str | None:
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["assets", "check", "tiny"])
+        return exit_.value.code
+
+    source = assets.build("tiny").path
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    shutil.copytree(source, tmp_path / "cache" / "assets" / "tiny")
+    assert assets.verify("tiny") == [] and check() == 0
+    assert "tiny: 5 files, hashes ok" in capsys.readouterr().out
+    config = tmp_path / "cache" / "assets" / "tiny" / "config.json"
+    config.write_text(config.read_text().replace("float32", "float16"))  # what a presence check would miss
+    assert assets.verify("tiny") == ["config.json: changed since it was built"]
+    assert check() == 1
+    assert "config.json: changed since it was built" in capsys.readouterr().out

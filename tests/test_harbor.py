@@ -141,6 +141,17 @@ def test_binary_files_are_refused_only_when_copied(tmp_path):
         load_harbor_task(root)
 
 
+def test_bytecode_caches_are_no_task_files(tmp_path):
+    """Running a task's code by hand leaves __pycache__/*.pyc beside it (binary): ignored, never refused."""
+    root = harbor_task(tmp_path / "t", dockerfile="FROM x\nWORKDIR /app\nCOPY app/ /app/\n")
+    for folder in (root / "environment" / "app", root / "tests"):
+        (folder / "__pycache__").mkdir()
+        (folder / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\xa7\r\r\n\x00\xff")
+    task = load_harbor_task(root)
+    assert set(task.files) == {"greet.py"}
+    assert not any("__pycache__" in name for name in task.held_out_tests[0]["tests"])
+
+
 # ------------------------------------------------------------------------------------------ grading
 
 

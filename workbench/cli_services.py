@@ -70,10 +70,15 @@ def _cmd_assets(args: argparse.Namespace) -> int:
         tok = assets.build_tokenizer()
         check = assets.check_tokenizer(tok, assets.reference_corpus())
         print(f"tokenizer: {check.texts} texts, {check.tokens} tokens, mismatched {check.mismatched or 'none'}")
+        ok = check.ok
         for name in args.names:
-            for f, h in assets.file_hashes(name).items():
-                print(f"{name}/{f}: {h}")
-        return 0 if check.ok else 1
+            problems = assets.verify(name)
+            print(
+                f"{name}: {len(assets.file_hashes(name))} files, "
+                + ("hashes ok" if not problems else "; ".join(problems))
+            )
+            ok = ok and not problems
+        return 0 if ok else 1
     return 0
 
 

@@ -75,10 +75,13 @@ class HarborError(ValueError):
 
 def list_tree(root: Path, what: str, skip: tuple[str, ...] = ()) -> dict[str, Path]:
     """Every entry under ``root`` that is not a folder (files, links, special files), by POSIX path
-    relative to it; at most `MAX_FILES`. Nothing is read: `read_text` refuses what cannot be a task file."""
+    relative to it, ``__pycache__`` folders left out; at most `MAX_FILES`. Nothing is read: `read_text` refuses what
+    cannot be a task file."""
     out: dict[str, Path] = {}
     for top, dirs, names in os.walk(root):
-        dirs.sort()
+        # Bytecode caches: Python writes them beside any task code it ran (the oracle run by hand, a test import);
+        # they are no task file, and binary: reading one would refuse the whole task.
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(names) + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
             path = Path(top, name)
             rel = path.relative_to(root).as_posix()
