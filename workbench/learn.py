@@ -49,6 +49,10 @@ class LearnConfig:
         learning_rate: the LoRA's learning rate.
         lora_rank: LoRA rank (alpha = 2 x rank).
         temperature: sampling temperature, pinned by the proxy, for training and evaluation alike.
+        write_credit: training-only credit for writing solution.py (`TrainConfig.write_credit`); the evaluations
+            report the plain hidden-test reward.
+        max_model_calls / rollout_timeout_s: per-rollout limits, for training and evaluation alike (a solved
+            rollout needs 2-3 calls: the write, then the reply to its result).
         train_tasks: the tasks trained on.
         eval_tasks: the held-out tasks evaluated before and after (never trained on).
         eval_n: rollouts per evaluation task and policy.
@@ -59,13 +63,16 @@ class LearnConfig:
     """
 
     model: str = "smollm2"
-    steps: int = 20
+    steps: int = 10
     group_size: int = 8
     learning_rate: float = 2e-3
     lora_rank: int = 16
     temperature: float = 0.7
+    write_credit: float = 0.2
+    max_model_calls: int = 4
+    rollout_timeout_s: float = 180.0
     train_tasks: str = "easy-train"
-    eval_tasks: str = "easy-eval"
+    eval_tasks: str = "easy-eval[:16]"
     eval_n: int = 4
     seed: int = 0
     serving: Literal["lora", "merged"] = "merged"
@@ -84,7 +91,9 @@ class LearnConfig:
             few_shot=True,
             agent_prompt="short",
             max_output_tokens=256,
-            max_model_calls=6,
+            max_model_calls=self.max_model_calls,
+            rollout_timeout_s=self.rollout_timeout_s,
+            write_credit=self.write_credit,
             parallel_rollouts=self.group_size,
             seed=self.seed,
             weight_sync=self.serving,
@@ -99,7 +108,8 @@ class LearnConfig:
             few_shot=True,
             agent_prompt="short",
             max_output_tokens=256,
-            max_model_calls=6,
+            max_model_calls=self.max_model_calls,
+            timeout_s=self.rollout_timeout_s,
             parallel=self.group_size,
             seed=self.seed,
             adapter=str(adapter) if adapter else None,
@@ -190,7 +200,11 @@ def run_learning(
             "learning_rate": config.learning_rate,
             "lora_rank": config.lora_rank,
             "temperature": config.temperature,
+            "write_credit": config.write_credit,
+            "max_model_calls": config.max_model_calls,
+            "rollout_timeout_s": config.rollout_timeout_s,
             "reward_per_step": summary["reward"],
+            "test_reward_per_step": summary["test_reward"],
             "isolation": summary.get("isolation"),
         },
         "base_eval": _headline(base),

@@ -57,7 +57,15 @@ from .turns_trace import has_tool_call
 
 # TrainConfig and resolve_device are defined in workbench.train_config and re-exported here: the run and its
 # config are imported together (tests, notebooks, benchmarks: ``from workbench.train import GRPORun, TrainConfig``).
-__all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_STATUSES", "resolve_device"]
+__all__ = [
+    "TrainConfig",
+    "GRPORun",
+    "RolloutOutcome",
+    "write_credit_reward",
+    "rows_for_trl",
+    "FAILED_STATUSES",
+    "resolve_device",
+]
 
 
 # Rollouts that end in FAILED_STATUSES have no trustworthy reward, through no doing of the agent's: excluded
@@ -67,6 +75,29 @@ __all__ = ["TrainConfig", "GRPORun", "RolloutOutcome", "rows_for_trl", "FAILED_S
 def hidden_test_reward(outcome: RolloutOutcome) -> float | None:
     """The seed's reward: fraction of held-out tests passed by solution.py (None when unscorable)."""
     return outcome.verified_reward
+
+
+def write_credit_reward(credit: float) -> Callable[[RolloutOutcome], float | None]:
+    """The hidden-test reward with ``credit`` for having written solution.py at all: ``credit + (1 - credit) x
+    fraction passed`` when the rollout wrote it, the plain reward (0, or None when unscorable) when not.
+
+    Why: SmolLM2-135M rarely writes solution.py (2 of 41 base held-out rollouts), so most GRPO groups score
+    all-zero and carry no gradient; the credit gives every group with one writer a signal. It is training-only:
+    `workbench eval` always reports the plain reward (metrics keep it as ``test_rewards``)."""
+    if not 0.0 <= credit < 1.0:
+        raise ValueError(f"write_credit must be in [0, 1), got {credit}")
+
+    def reward(outcome: RolloutOutcome) -> float | None:
+        plain = outcome.verified_reward
+        if (
+            plain is None
+            or outcome.result.status == "limit_exceeded"
+            or not outcome.result.summary.get("solution_written")
+        ):
+            return plain
+        return credit + (1.0 - credit) * plain
+
+    return reward
 
 
 def resolve_weight_sync(config: TrainConfig, engine: Engine | None, device: str) -> Literal["lora", "merged", "nccl"]:
@@ -91,7 +122,7 @@ class GRPORun:
         run_dir: Path | None = None,
         engine: Engine | None = None,
         client: ProxyClient | None = None,
-        reward_fn: Callable[[RolloutOutcome], float | None] = hidden_test_reward,
+        reward_fn: Callable[[RolloutOutcome], float | None] | None = None,
         train_turn_fn: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         if (engine is None) != (client is None):
@@ -102,7 +133,10 @@ class GRPORun:
         self.shared = SharedFolder.of(config.sync_dir, config.sync_dir_on_engine).check() if config.sync_dir else None
         self.dir = RunDir.create("grpo", path=run_dir)
         self.engine, self.client = engine, client
-        self.reward_fn = reward_fn
+        # Default: the hidden-test reward, with `TrainConfig.write_credit` for writing solution.py when set.
+        self.reward_fn = reward_fn or (
+            write_credit_reward(config.write_credit) if config.write_credit else hidden_test_reward
+        )
         self.train_turn_fn = train_turn_fn or (has_tool_call if config.train_turns == "tool_calls" else _all_turns)
         self.recording: Any = None
         if config.from_rollouts:
@@ -238,6 +272,8 @@ class GRPORun:
             "device": self.device,
             "off_policy": self.recording is not None,
             "reward": [m.get("reward") for m in metrics],
+            # the plain hidden-test reward per step (what `reward` is unless write_credit reshapes it)
+            "test_reward": [_mean(m.get("test_rewards")) for m in metrics],
             "loss": [m.get("loss") for m in metrics],
             "final_adapter": str(final),
             "policy": self.trainer.vllm_generation.current,
@@ -249,6 +285,11 @@ class GRPORun:
     def _last_checkpoint(self) -> Path | None:
         ckpts = sorted(self.dir.path.glob("checkpoints/checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
         return ckpts[-1] if ckpts else None
+
+
+def _mean(values: list[float | None] | None) -> float | None:
+    scored = [v for v in values or () if v is not None]
+    return sum(scored) / len(scored) if scored else None
 
 
 def _all_turns(call: dict[str, Any]) -> bool:

@@ -34,6 +34,8 @@ class TrainConfig:
             ``humaneval[:8]``, ``deepcoder-fixture``, ``jsonl:PATH``, ``harbor:PATH``, ``repo-tasks``).
         verifier: reward every task with this verifier hook (``module:function`` or ``PATH.py:function``,
             run in the grading jail) instead of its own tests; unset: each task's (Harbor tasks may name one).
+        write_credit: training-only credit for a rollout that wrote solution.py (``credit + (1 - credit) x`` the
+            fraction of tests passed; `workbench.train.write_credit_reward`); 0 = the plain hidden-test reward.
         tasks_per_step: distinct tasks per optimizer step.
         group_size: rollouts per task (the GRPO group; advantages are relative within it).
         steps: optimizer steps.
@@ -112,6 +114,7 @@ class TrainConfig:
     model: str = "tiny"
     tasks: str = "easy-train"
     verifier: str | None = None
+    write_credit: float = 0.0
     tasks_per_step: int = 1
     group_size: int = 4
     steps: int = 2
@@ -192,6 +195,8 @@ class TrainConfig:
         agent_prompt(self.agent_prompt)  # ValueError for an unknown name
         if self.train_turns not in ("tool_calls", "all"):
             raise ValueError(f"train_turns must be 'tool_calls' or 'all', got {self.train_turns!r}")
+        if not 0.0 <= self.write_credit < 1.0:
+            raise ValueError(f"write_credit must be in [0, 1), got {self.write_credit}")
         if self.group_size < 2:
             raise ValueError("group_size must be at least 2 (advantages are relative within a group)")
         if not self.temperature > 0:

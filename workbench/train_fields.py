@@ -59,12 +59,15 @@ def step_fields(
     }
     failures: dict[str, list[str]] = {}
     rewards: list[float | None] = []
+    test_rewards: list[float | None] = []  # the plain hidden-test reward, whatever reward_fn trains on
     per_rollout: list[list[Row]] = []
     for i, result in enumerate(results):
         task = tasks[i // g]
         trace = result.out_dir / "trace.json" if result.out_dir is not None else None
         calls = load_trace(trace) if trace is not None and trace.exists() else []
-        reward = reward_fn(RolloutOutcome(task, result, calls))
+        outcome = RolloutOutcome(task, result, calls)
+        reward = reward_fn(outcome)
+        test_rewards.append(outcome.verified_reward)
         if result.status in FAILED_STATUSES:
             c["rollouts_failed"] += 1
             failures.setdefault(result.status, []).append((result.reason or "")[:200])
@@ -104,6 +107,7 @@ def step_fields(
         verify_s=sum(r.summary.get("timings", {}).get("verify_s", 0.0) for r in results),
         sampled_tokens=sum(r.summary.get("sampled_tokens", 0) for r in results),
         rewards=rewards,
+        test_rewards=test_rewards,
     )
     return fields_, stats
 

@@ -1,0 +1,44 @@
+"""The learning demo's training-only reward: credit for writing solution.py, the plain reward otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.rollout_types import RolloutOutcome, RolloutResult
+from workbench.tasks import load_tasks
+from workbench.train import GRPORun, TrainConfig, hidden_test_reward, write_credit_reward
+
+
+def _outcome(status: str, reward: float | None, written: bool) -> RolloutOutcome:
+    task = load_tasks("easy-train[:1]")[0]
+    result = RolloutResult("r0", task.id, status, None, reward, None, {"solution_written": written})
+    return RolloutOutcome(task, result, [])
+
+
+@pytest.mark.parametrize(
+    "status, reward, written, expected",
+    [
+        ("ok", 0.0, True, 0.2),  # wrote a wrong solution: the credit alone
+        ("ok", 0.5, True, 0.6),  # 0.2 + 0.8 x 0.5
+        ("ok", 1.0, True, 1.0),  # solved: still 1, so solving always beats writing
+        ("ok", 0.0, False, 0.0),  # wrote nothing: no credit
+        ("timeout", 0.5, True, 0.6),  # a timeout is the agent's doing: scored on its workspace
+        ("limit_exceeded", 0.0, True, 0.0),  # broke a sandbox limit: 0, never credited
+        ("crashed", None, True, None),  # unscorable stays unscorable (out of the group's baseline)
+    ],
+)
+def test_write_credit_reward(status, reward, written, expected):
+    got = write_credit_reward(0.2)(_outcome(status, reward, written))
+    assert got == pytest.approx(expected) if expected is not None else got is None
+
+
+def test_write_credit_is_bounded_and_off_by_default(tmp_path):
+    with pytest.raises(ValueError, match="write_credit"):
+        TrainConfig(write_credit=1.0)
+    with pytest.raises(ValueError, match="write_credit"):
+        write_credit_reward(-0.1)
+    assert GRPORun(TrainConfig(tasks="easy-train[:1]"), run_dir=tmp_path / "a", engine=None, client=None).reward_fn is (
+        hidden_test_reward
+    )
+    credited = GRPORun(TrainConfig(tasks="easy-train[:1]", write_credit=0.3), run_dir=tmp_path / "b").reward_fn
+    assert credited(_outcome("ok", 0.0, True)) == pytest.approx(0.3)
