@@ -42,3 +42,17 @@ def test_write_credit_is_bounded_and_off_by_default(tmp_path):
     )
     credited = GRPORun(TrainConfig(tasks="easy-train[:1]", write_credit=0.3), run_dir=tmp_path / "b").reward_fn
     assert credited(_outcome("ok", 0.0, True)) == pytest.approx(0.3)
+
+
+def test_the_learning_curve_shows_the_test_reward_and_the_credited_one_apart():
+    from workbench.views_figures import learning_curve_figure
+
+    plain = [{"step": 1, "rewards": [0.0, 1.0]}, {"step": 2, "rewards": [1.0, 1.0]}]
+    assert [t.name for t in learning_curve_figure(plain).data] == [
+        "hidden-test reward: step mean (95% CI)",
+        "hidden-test reward: moving average (5 steps)",
+    ]
+    credited = [{"step": 1, "rewards": [0.2, 1.0], "test_rewards": [0.0, 1.0]}]
+    fig = learning_curve_figure(credited, window=2)
+    assert len(fig.data) == 4
+    assert list(fig.data[0].y) == [0.5] and list(fig.data[2].y) == [0.6]  # test reward first, credited second

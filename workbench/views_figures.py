@@ -33,29 +33,35 @@ def step_interval(
 
 def learning_curve_figure(metrics: list[dict[str, Any]], *, window: int = 5, title: str = "training reward"):
     """Per-step group-mean reward with its 95% interval (error bars) and a `window`-step moving average
-    of the step means, from a run's metrics.jsonl (each step's ``rewards``)."""
+    of the step means, from a run's metrics.jsonl: the hidden-test reward (each step's ``test_rewards``, or
+    ``rewards`` in older runs) and, when the run trained on a reshaped one (`TrainConfig.write_credit`), that too."""
     import plotly.graph_objects as go
 
     steps = [m["step"] for m in metrics]
-    stats = [step_interval(m.get("rewards") or []) for m in metrics]
-    mean = [s[0] for s in stats]
-    moving = [
-        sum(mean[max(0, i - window + 1) : i + 1]) / len(mean[max(0, i - window + 1) : i + 1]) for i in range(len(mean))
-    ]
+    series = [("hidden-test reward", [m.get("test_rewards", m.get("rewards")) or [] for m in metrics])]
+    if any("test_rewards" in m and m.get("rewards") != m["test_rewards"] for m in metrics):
+        series.append(("reward trained on (with write credit)", [m.get("rewards") or [] for m in metrics]))
     fig = go.Figure()
-    fig.add_scatter(
-        x=steps,
-        y=mean,
-        mode="markers",
-        name="step mean (95% CI)",
-        error_y={
-            "type": "data",
-            "symmetric": False,
-            "array": [s[2] - s[0] for s in stats],
-            "arrayminus": [s[0] - s[1] for s in stats],
-        },
-    )
-    fig.add_scatter(x=steps, y=moving, mode="lines", name=f"moving average ({window} steps)")
+    for name, per_step in series:
+        stats = [step_interval(r) for r in per_step]
+        mean = [s[0] for s in stats]
+        moving = [
+            sum(mean[max(0, i - window + 1) : i + 1]) / len(mean[max(0, i - window + 1) : i + 1])
+            for i in range(len(mean))
+        ]
+        fig.add_scatter(
+            x=steps,
+            y=mean,
+            mode="markers",
+            name=f"{name}: step mean (95% CI)",
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [s[2] - s[0] for s in stats],
+                "arrayminus": [s[0] - s[1] for s in stats],
+            },
+        )
+        fig.add_scatter(x=steps, y=moving, mode="lines", name=f"{name}: moving average ({window} steps)")
     fig.update_layout(
         title=title,
         xaxis_title="step",
