@@ -63,14 +63,14 @@ class LearnConfig:
     """
 
     model: str = "smollm2"
-    steps: int = 10
+    steps: int = 8
     group_size: int = 8
     learning_rate: float = 2e-3
     lora_rank: int = 16
     temperature: float = 0.7
     write_credit: float = 0.2
     max_model_calls: int = 4
-    rollout_timeout_s: float = 180.0
+    rollout_timeout_s: float = 300.0
     train_tasks: str = "easy-train"
     eval_tasks: str = "easy-eval[:16]"
     eval_n: int = 4
