@@ -56,3 +56,20 @@ def test_the_learning_curve_shows_the_test_reward_and_the_credited_one_apart():
     fig = learning_curve_figure(credited, window=2)
     assert len(fig.data) == 4
     assert list(fig.data[0].y) == [0.5] and list(fig.data[2].y) == [0.6]  # test reward first, credited second
+
+
+def test_the_learning_evidence_pairs_each_rate_by_task():
+    from workbench.learn import _rate_delta
+
+    def ev(written: list[float], solved: list[int]) -> dict:
+        return {
+            "per_task": [
+                {"task_id": f"t{i}", "scored": 4, "solved": s, "solution_written_rate": w}
+                for i, (w, s) in enumerate(zip(written, solved))
+            ]
+        }
+
+    base, trained = ev([0.0, 0.25, 0.0, 0.0], [0, 1, 0, 0]), ev([1.0, 0.75, 0.5, 1.0], [0, 1, 0, 1])
+    written = _rate_delta(base, trained, 0, "solution_written_rate")
+    assert written["mean"] == pytest.approx(0.75) and written["ci95"][0] > 0
+    assert _rate_delta(base, trained, 0)["mean"] == pytest.approx(0.0625)  # (0 + 0 + 0 + 1/4) / 4

@@ -137,12 +137,18 @@ def _headline(e: dict[str, Any]) -> dict[str, Any]:
     return {k: e.get(k) for k in keys}
 
 
-def _solve_delta(base: dict[str, Any], trained: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The paired test of `compare` on each task's solve fraction (the goal is about solving)."""
+def _rate_delta(base: dict[str, Any], trained: dict[str, Any], seed: int, rate: str = "solve") -> dict[str, Any]:
+    """The paired test of `compare` on each task's solve fraction (``rate="solve"``: the goal is about solving) or
+    on another per-task rate of eval.json (``"solution_written_rate"``, ``"tool_call_rate"``)."""
     import numpy as np
 
-    solved = [{t["task_id"]: t["solved"] / t["scored"] for t in e["per_task"] if t["scored"]} for e in (base, trained)]
-    d = np.array([solved[1][t] - solved[0][t] for t in solved[0] if t in solved[1]])
+    def per_task(e: dict[str, Any]) -> dict[str, float]:
+        if rate == "solve":
+            return {t["task_id"]: t["solved"] / t["scored"] for t in e["per_task"] if t["scored"]}
+        return {t["task_id"]: t[rate] for t in e["per_task"] if t["scored"] and t.get(rate) is not None}
+
+    a, b = per_task(base), per_task(trained)
+    d = np.array([b[t] - a[t] for t in a if t in b])
     diffs: list[float] = d.tolist()
     return {
         "mean": float(d.mean()),
@@ -192,7 +198,9 @@ def run_learning(
         timings["eval_trained_s"] = time.monotonic() - t
     evidence = {
         **compare(base, trained),
-        "solve_delta": _solve_delta(base, trained, config.seed),
+        "solve_delta": _rate_delta(base, trained, config.seed),
+        "solution_written_delta": _rate_delta(base, trained, config.seed, "solution_written_rate"),
+        "tool_call_delta": _rate_delta(base, trained, config.seed, "tool_call_rate"),
         "train": {
             "tasks": config.train_tasks,
             "steps": config.steps,
