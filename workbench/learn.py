@@ -8,9 +8,9 @@ and of the final adapter on ``easy-eval`` (held out: the trainer never sees thos
 task, compared by task (`workbench.evaluate.compare`: 95% paired-bootstrap interval, sign-flip p), for
 the mean reward and for the solve rate.
 
-    evidence = run_learning(LearnConfig(steps=20), run_dir=Path("runs/x"))     # ~1 h 20 min here
+    evidence = run_learning(LearnConfig(), run_dir=Path("runs/x"))     # 8 steps, 2 x 64 eval rollouts: ~1 h 35 min here
     ship(evidence, Path("runs/x"))            # -> workbench/data/learning_demo/{metrics.jsonl, adapter/, eval.json}
-    python benchmarks/learning_demo.py --steps 20                                # the same, from the shell
+    python benchmarks/learning_demo.py                                           # the same, from the shell
 """
 
 from __future__ import annotations
