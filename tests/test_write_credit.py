@@ -73,3 +73,14 @@ def test_the_learning_evidence_pairs_each_rate_by_task():
     written = _rate_delta(base, trained, 0, "solution_written_rate")
     assert written["mean"] == pytest.approx(0.75) and written["ci95"][0] > 0
     assert _rate_delta(base, trained, 0)["mean"] == pytest.approx(0.0625)  # (0 + 0 + 0 + 1/4) / 4
+
+
+def test_the_eval_table_shows_every_paired_delta_of_the_shipped_run():
+    from workbench.learn import load_shipped
+    from workbench.views import render_eval
+
+    _, evidence, _ = load_shipped()
+    assert evidence is not None  # the shipped run is a held-out comparison
+    html = render_eval(evidence)
+    for key in ("delta", "solve_delta", "tool_call_delta", "solution_written_delta"):
+        assert f"{evidence[key]['mean']:.3f}" in html

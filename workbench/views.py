@@ -86,15 +86,19 @@ def render_eval(evidence: dict[str, Any]) -> str:
                 "solution.py written": rate(e, "solution_written_rate"),
             }
         )
-    d, sd = evidence["delta"], evidence.get("delta", {}).get("solve_delta") or evidence.get("solve_delta")
+
+    def paired(key: str) -> str:
+        d = evidence.get(key)
+        return f"{ci(d)}, p = {d['p']:.4f}" if d else "–"
+
     rows.append(
         {
             "policy": "trained − base (paired by task)",
             "rollouts": "",
-            "mean reward (95% CI)": f"{ci(d)}, p = {d['p']:.4f}",
-            "solve rate": f"{ci(sd)}, p = {sd['p']:.4f}" if sd else "–",
-            "tool-call rate": "",
-            "solution.py written": "",
+            "mean reward (95% CI)": paired("delta"),
+            "solve rate": paired("solve_delta"),
+            "tool-call rate": paired("tool_call_delta"),
+            "solution.py written": paired("solution_written_delta"),
         }
     )
     return render_table(rows)
