@@ -21,6 +21,9 @@ opencode, few-shot, short agent prompt, one ``easy`` task, a group of 8 rollouts
    the process's peak RSS. (The trainer levers one at a time, on the same rows: benchmarks/trainer_step.py.)
    ``merged``: the defaults with ``weight_sync="merged"`` (the engine without LoRA layers; the adapter merged into
    the weights and reloaded in place each step), against ``all`` (the adapter hot-loaded): ``--configs all,merged``.
+   ``rollout-levers``: merged, plus the engine bound to one core and opencode given its session title (no title
+   call), with the same agent-call budget: ``--configs merged,rollout-levers``. ``bf16`` / ``bf16-engine``: those
+   defaults with the trainer under bf16 autocast, and the engine in bf16 too (for hosts with AMX/AVX512-BF16).
 
 Each configuration runs in a fresh subprocess (its own engine and peak RSS). Writes
 benchmarks/results/cpu_loop.json and prints the tables; benchmarks/README.md has the analysis.
@@ -73,8 +76,46 @@ ROLLOUT_LEVERS = {
 # served through vLLM's LoRA layers (the default before merged weights measured faster).
 FULL: dict[str, tuple[str, int, dict[str, Any]]] = {
     "baseline": ("baseline", 1, {}),
-    "all": ("default", 3, {"parallel_rollouts": 8, "weight_sync": "lora"}),
-    "merged": ("default", 3, {"parallel_rollouts": 8, "weight_sync": "merged"}),
+    "all": (
+        "default",
+        3,
+        {"parallel_rollouts": 8, "weight_sync": "lora", "engine_cores": "all", "skip_title_call": False},
+    ),
+    "merged": (
+        "default",
+        3,
+        {"parallel_rollouts": 8, "weight_sync": "merged", "engine_cores": "all", "skip_title_call": False},
+    ),
+    # merged + the engine on one core (the other left to the 8 opencode processes) + no title call; 5 calls = the
+    # same agent-call budget as merged's 6 with the title call counted (benchmarks/group_start.py, harness_cpu.py)
+    "rollout-levers": (
+        "default",
+        3,
+        {
+            "parallel_rollouts": 8,
+            "weight_sync": "merged",
+            "engine_cores": "half",
+            "skip_title_call": True,
+            "max_model_calls": 5,
+        },
+    ),
+    # the defaults on an AMX host: + the trainer under bf16 autocast (IS: token_truncate), and + the engine in bf16
+    "bf16": (
+        "default",
+        3,
+        {"parallel_rollouts": 8, "weight_sync": "merged", "max_model_calls": 5, "precision": "bf16"},
+    ),
+    "bf16-engine": (
+        "default",
+        3,
+        {
+            "parallel_rollouts": 8,
+            "weight_sync": "merged",
+            "max_model_calls": 5,
+            "precision": "bf16",
+            "engine_dtype": "bfloat16",
+        },
+    ),
 }
 
 
@@ -141,7 +182,7 @@ def child_full(name: str, out: Path, steps: int = 0) -> dict[str, Any]:
 
     preset, default_steps, overrides = FULL[name]
     make = TrainConfig.baseline if preset == "baseline" else TrainConfig
-    cfg = make(**COMMON, **overrides, steps=steps or default_steps)
+    cfg = make(**{**COMMON, **overrides}, steps=steps or default_steps)
     t = time.monotonic()
     summary = GRPORun(cfg, run_dir=out / "run").train()
     keys = (
@@ -149,6 +190,7 @@ def child_full(name: str, out: Path, steps: int = 0) -> dict[str, Any]:
         "step_s",
         "rollout_s",
         "train_s",
+        "fields_s",
         "sync_s",
         "rollouts",
         "rows_trained",
@@ -193,6 +235,9 @@ def child_full(name: str, out: Path, steps: int = 0) -> dict[str, Any]:
                 "engine_dtype",
                 "prefix_caching",
                 "title_max_tokens",
+                "skip_title_call",
+                "max_model_calls",
+                "engine_cores",
                 "every_row",
                 "parallel_rollouts",
                 "lead_s",

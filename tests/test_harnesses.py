@@ -149,3 +149,36 @@ def test_each_harness_is_told_its_own_file_writing_tool():
     codex = get_harness("codex").task_prompt(instruction)
     assert codex.endswith(" Use the exec_command tool.") and "write tool" not in codex
     assert get_harness("codex").task_prompt("Fix the bug.") == "Fix the bug."  # other tasks untouched
+
+
+def test_opencode_titled_session_makes_no_title_call(tmp_path):
+    """`RolloutConfig.skip_title_call` passes opencode's own ``run --title``: the real binary then sends only
+    its agent calls (as shipped, a "You are a title generator" call comes first), and the title it was given
+    is the task id."""
+    launch = get_harness("opencode").launch(
+        base_url="http://127.0.0.1:1/v1",
+        api_key="k",
+        model="m",
+        prompt="p",
+        options=HarnessOptions(session_title="t/1"),
+    )
+    assert launch.argv[-2:] == ["--title", "t/1"]
+    shipped = get_harness("opencode").launch(
+        base_url="http://127.0.0.1:1/v1", api_key="k", model="m", prompt="p", options=HarnessOptions()
+    )
+    assert "--title" not in shipped.argv
+    up = ScriptedUpstream().start()
+    up.untooled = "text"
+    purposes = {}
+    try:
+        with CaptureProxy(up.url, "scripted") as proxy:
+            for skip in (False, True):
+                up.script = ["tool", "text"]
+                config = RolloutConfig(max_output_tokens=16, timeout_s=120, skip_title_call=skip)
+                result = run_rollout(load_task("easy/0"), proxy.client(), config, tmp_path / f"r{skip}")
+                assert result.status == "ok", result.reason
+                calls = json.loads((result.out_dir / "trace.json").read_text())
+                purposes[skip] = sorted(c["purpose"] for c in calls)
+    finally:
+        up.stop()
+    assert purposes == {False: ["agent", "agent", "title"], True: ["agent", "agent"]}

@@ -174,3 +174,35 @@ def test_two_step_run_syncs_the_policy_to_the_engine(engine, tmp_path):
     assert config_json["train"]["temperature"] == 0.7 and config_json["git_commit"]
     # resuming picks up from the last checkpoint
     assert sorted(p.name for p in (run.dir.path / "checkpoints").iterdir())[-1] == "checkpoint-2"
+
+
+def test_rollout_phase_levers_reach_the_engine_and_the_harness(monkeypatch):
+    """`engine_cores` binds the engine a run starts (half the cores by default, every core in the baseline);
+    `skip_title_call` reaches every rollout; LearnConfig keeps both as the shipped run had them and passes them to
+    training and evaluation alike."""
+    from workbench.engine import engine_threads
+    from workbench.learn import LearnConfig
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert (engine_threads("half"), engine_threads("all")) == (1, 0)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert engine_threads("half") == 8
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert engine_threads("half") == 1
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    cfg = TrainConfig(model="smollm2", title_max_tokens=32)
+    merged, lora = cfg.engine_config("merged"), cfg.engine_config("lora")
+    assert (merged.threads, merged.lora, merged.dev_routes, merged.model) == (1, False, True, "smollm2")
+    assert (lora.lora, lora.dev_routes) == (True, False)
+    assert cfg.rollout_config().skip_title_call and cfg.bookkeeping_max_tokens() == {"title": 32}
+    assert TrainConfig(title_max_tokens=0).bookkeeping_max_tokens() == {}
+    base = TrainConfig.baseline()
+    assert base.engine_config("lora").threads == 0 and not base.rollout_config().skip_title_call
+    with pytest.raises(ValueError, match="engine_cores"):
+        TrainConfig(engine_cores="most")  # type: ignore[arg-type]
+    learn = LearnConfig()
+    assert not learn.train_config().skip_title_call and learn.train_config().engine_cores == "all"
+    assert not learn.eval_config().skip_title_call and learn.eval_config().engine_cores == "all"
+    learn = LearnConfig(skip_title_call=True, engine_cores="half")
+    assert learn.train_config().skip_title_call and learn.train_config().engine_cores == "half"
+    assert learn.eval_config().skip_title_call and learn.eval_config().engine_cores == "half"

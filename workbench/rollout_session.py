@@ -133,6 +133,7 @@ class HarnessSession:
                     context_tokens=config.context_tokens,
                     system_prompt=config.system_prompt,
                     tools=config.tools,
+                    session_title=task.id if config.skip_title_call else None,
                 ),
             )
             for rel, text in launch.files.items():

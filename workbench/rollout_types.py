@@ -91,6 +91,10 @@ class RolloutConfig:
             ~3k-token prompts (same harness, same task) are not prefilled again: 8 simultaneous
             SmolLM2 rollouts each prefilled 3,053 + 746 tokens (~116 s of the 2 cores, 12.3 s each
             alone), which put every first call at 210-250 s (benchmarks/group_start.py).
+        skip_title_call: give the harness the task id as its session title (opencode's shipped
+            ``run --title``), so it makes no title call: one prompt less to prefill and decode per rollout,
+            beside its first agent call, never trained. The title call counted against
+            `max_model_calls`; without it every call is the agent's.
     """
 
     harness: str = "opencode"
@@ -105,6 +109,7 @@ class RolloutConfig:
     context_tokens: int = 16384
     stop_on_upstream_error: bool = True
     lead_s: float = 60.0
+    skip_title_call: bool = False
     limits: SandboxLimits = field(default_factory=SandboxLimits)
 
 

@@ -200,7 +200,9 @@ class GRPORun:
             self.tokenizer,
             policy=None if self.recording is not None else self.step_stats.get("policy"),
         )
-        self.step_stats.update(rollout_s=rollout_s, **stats, **extra)
+        # fields_s: grading is in rollout_s; this is turning traces into rows (part of train_s)
+        fields_s = time.monotonic() - t0 - rollout_s
+        self.step_stats.update(rollout_s=rollout_s, fields_s=fields_s, **stats, **extra)
         return fields_
 
     # -- the run ---------------------------------------------------------------------------------
@@ -234,22 +236,14 @@ class GRPORun:
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
             if self.engine is None and self.recording is None:
-                from .engine import EngineConfig
                 from .stack import local_stack  # the capture proxy (fastapi): not needed to replay
 
                 cfg = self.config
-                engine_config = EngineConfig(
-                    model=cfg.model,
-                    dtype=cfg.engine_dtype,
-                    prefix_caching=cfg.prefix_caching,
-                    lora=self.weight_sync == "lora",
-                    dev_routes=self.weight_sync == "merged",
-                )
                 self.engine, _, self.client = stack.enter_context(
                     local_stack(
-                        engine_config=engine_config,
+                        engine_config=cfg.engine_config(self.weight_sync),
                         max_output_tokens=cfg.max_output_tokens,
-                        bookkeeping_max_tokens={"title": cfg.title_max_tokens} if cfg.title_max_tokens else {},
+                        bookkeeping_max_tokens=cfg.bookkeeping_max_tokens(),
                     )
                 )
             self.trainer = self._build_trainer(asset.path)

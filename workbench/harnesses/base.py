@@ -40,6 +40,9 @@ class HarnessOptions:
             None keeps the harness as shipped. A short prompt cuts opencode's ~7.2k-token prompt.
         tools: restrict the agent to these tools; None keeps all.
         timeout_ms: provider request/first-byte/chunk timeouts; a queued CPU engine is slow.
+        session_title: the session's title, given to the harness so it generates none (opencode's
+            shipped ``run --title``: no "You are a title generator" call, which is never trained);
+            None: as shipped. pi and codex make no title call and ignore it.
     """
 
     max_output_tokens: int = 1024
@@ -47,6 +50,7 @@ class HarnessOptions:
     system_prompt: str | None = None
     tools: tuple[str, ...] | None = None
     timeout_ms: int = 1_800_000
+    session_title: str | None = None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ __all__ = ["OpenCode"]
 class OpenCode(Harness):
     """opencode 1.18.33 (npm ``opencode-ai``): ``opencode run --format json``, prompt on stdin.
 
-    Calls, as the harness ships (no ``--title``): one title call (no tools, "You are a title
+    Calls, as the harness ships (no ``--title``; `HarnessOptions.session_title` passes one): one title call (no tools, "You are a title
     generator") concurrent with the first agent step; agent steps (tools, the ``build`` agent's
     prompt, one x-session-id); compaction near the context limit ("You are a context summarization
     agent"); task-tool subagents (tools, their own x-session-id).
@@ -78,6 +78,8 @@ class OpenCode(Harness):
         }
         # stdin, not argv: a positional prompt is re-quoted ("\"...\"") before it reaches the model
         argv = [self.bin(), "run", "--format", "json", "-m", f"{self.provider}/{model}"]
+        if options.session_title is not None:  # a titled session makes no title call
+            argv += ["--title", options.session_title]
         return Launch(argv=argv, env=env, stdin=prompt.encode())
 
     def parse_events(self, stdout: str) -> HarnessRun:
