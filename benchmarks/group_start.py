@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -40,6 +41,9 @@ SETTINGS = {  # name: (EngineConfig fields, environment, EvalConfig fields, titl
     "lead passive": ({"threads": 2, "omp_wait_policy": "passive"}, {}, {"lead_s": 60.0}, 32),
     "lead bind-1": ({"threads": 1}, {}, {"lead_s": 60.0}, 32),
     "lead title-1": ({"threads": 2}, {}, {"lead_s": 60.0}, 1),
+    # TrainConfig's rollout-phase defaults: the engine on half the cores, no title call (5 calls: the same
+    # agent-call budget as 6 with the title call counted)
+    "lead bind-1 titled": ({"threads": 1}, {}, {"lead_s": 60.0, "skip_title_call": True, "max_model_calls": 5}, 32),
 }
 
 
@@ -55,6 +59,7 @@ def main() -> None:
     ap.add_argument("--tasks", default="easy-eval[:1]")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "group_start.json"))
+    ap.add_argument("--repeat", type=int, default=1, help="run the settings list this many times, interleaved")
     args = ap.parse_args()
     results = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -63,7 +68,8 @@ def main() -> None:
         "n": args.n,
         "settings": [],
     }
-    for name in args.settings.split(","):
+    for i, name in enumerate(args.settings.split(",") * args.repeat):
+        folder = Path(f"/tmp/group_start/{i:02d}_{name.replace(' ', '_')}")
         engine_kw, env, eval_kw, title_cap = SETTINGS[name]
         saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
         os.environ.pop("OMP_NUM_THREADS", None)
@@ -77,6 +83,7 @@ def main() -> None:
             ) as (eng, _, cli):
                 os.environ.pop("OMP_NUM_THREADS", None)
                 os.environ.update({k: v for k, v in saved.items() if v is not None})
+                common = dict(max_output_tokens=256, max_model_calls=6, parallel=args.n, seed=0)
                 cfg = EvalConfig(
                     model="smollm2",
                     tasks=args.tasks,
@@ -84,24 +91,18 @@ def main() -> None:
                     temperature=0.7,
                     few_shot=True,
                     agent_prompt="short",
-                    max_output_tokens=256,
-                    max_model_calls=6,
-                    parallel=args.n,
-                    seed=0,
-                    **eval_kw,
+                    **{**common, **eval_kw},
                 )
                 assert eng.proc is not None
                 account = CpuAccount(eng.proc.pid)
                 t = time.monotonic()
                 with account:
-                    out = run_eval(
-                        cfg, run_dir=Path(f"/tmp/group_start/{name.replace(' ', '_')}"), engine=eng, client=cli
-                    )
+                    out = run_eval(cfg, run_dir=folder, engine=eng, client=cli)
                 wall = time.monotonic() - t
         finally:
             os.environ.pop("OMP_NUM_THREADS", None)
             os.environ.update({k: v for k, v in saved.items() if v is not None})
-        folders = sorted(Path(f"/tmp/group_start/{name.replace(' ', '_')}").glob("rollouts/*"))
+        folders = sorted(folder.glob("rollouts/*"))
         title, first, calls, statuses = [], [], 0, {}
         for f in folders:
             trace = json.loads((f / "trace.json").read_text()) if (f / "trace.json").exists() else []
@@ -129,6 +130,7 @@ def main() -> None:
         }
         print(json.dumps(row), flush=True)
         results["settings"].append(row)
+        shutil.rmtree(folder, ignore_errors=True)  # the rollouts were read above
         Path(args.out).write_text(json.dumps(results, indent=1))
 
 

@@ -171,8 +171,8 @@ class TrainConfig:
     @classmethod
     def baseline(cls, **overrides: Any) -> "TrainConfig":
         """The path before the speed levers (issue 14), for side-by-side runs: TRL's own step in fp32
-        with checkpointing and its extra forward, longest row only, fp32 engine, title calls uncapped,
-        two rollouts at a time, the adapter served through vLLM's LoRA layers."""
+        with checkpointing and its extra forward, longest row only, fp32 engine on every core, title calls made
+        and uncapped, two rollouts at a time, the adapter served through vLLM's LoRA layers."""
         levers = dict(
             weight_sync="lora",
             shared_prefix="off",

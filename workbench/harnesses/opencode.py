@@ -14,10 +14,10 @@ __all__ = ["OpenCode"]
 class OpenCode(Harness):
     """opencode 1.18.33 (npm ``opencode-ai``): ``opencode run --format json``, prompt on stdin.
 
-    Calls, as the harness ships (no ``--title``; `HarnessOptions.session_title` passes one): one title call (no tools, "You are a title
-    generator") concurrent with the first agent step; agent steps (tools, the ``build`` agent's
-    prompt, one x-session-id); compaction near the context limit ("You are a context summarization
-    agent"); task-tool subagents (tools, their own x-session-id).
+    Calls, as the harness ships (no ``--title``; `HarnessOptions.session_title` passes one, and then there is
+    no title call): one title call (no tools, "You are a title generator") concurrent with the first agent
+    step; agent steps (tools, the ``build`` agent's prompt, one x-session-id); compaction near the context
+    limit ("You are a context summarization agent"); task-tool subagents (tools, their own x-session-id).
     """
 
     name = "opencode"
