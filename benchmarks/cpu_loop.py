@@ -276,6 +276,7 @@ def main() -> None:
         f"(of {', '.join(FULL)}); their earlier results stay in the JSON",
     )
     ap.add_argument("--steps", type=int, default=0, help="steps per full configuration (0: each one's default)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON (earlier results in it are kept)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -285,7 +286,8 @@ def main() -> None:
         return
     started = time.monotonic()
     load = [os.getloadavg()[0]]
-    result: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    out: Path = args.out
+    result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     result.update(
         {
             "benchmark": "cpu_loop",
@@ -300,7 +302,7 @@ def main() -> None:
         for r in result["rollouts"]:
             if base and r.get("rollouts_per_min"):
                 r["ratio_vs_baseline"] = round(r["rollouts_per_min"] / base, 2)
-        RESULTS.write_text(json.dumps(result, indent=1))
+        out.write_text(json.dumps(result, indent=1))
     if args.only in (None, "full"):
         names = [n for n in args.configs.split(",") if n]
         unknown = sorted(set(names) - set(FULL))
@@ -308,11 +310,11 @@ def main() -> None:
             ap.error(f"unknown --configs {unknown}: choose from {list(FULL)}")
         done = {r["config"]: r for r in result.get("full", []) if r.get("config") not in names}
         result["full"] = list(done.values()) + [run_child("full", name, args.steps) for name in names]
-        RESULTS.write_text(json.dumps(result, indent=1))
+        out.write_text(json.dumps(result, indent=1))
     load.append(os.getloadavg()[0])
     result["loadavg_before_after"] = load
     result["wall_s"] = round(time.monotonic() - started, 1)
-    RESULTS.write_text(json.dumps(result, indent=1))
+    out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: result.get(k) for k in ("rollouts", "full")}, indent=1)[:6000])
 
 
