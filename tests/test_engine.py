@@ -105,11 +105,13 @@ def test_logprobs_are_those_of_the_sampled_distribution(engine):
 
 def test_engine_stops_its_whole_process_group():
     eng = Engine(EngineConfig(model="tiny")).start()
-    pgid = eng.pgid
+    pgid, tmp = eng.pgid, eng.tmp_dir
     assert eng.healthy()
+    assert tmp is not None and any(tmp.iterdir())  # vLLM's IPC sockets live in its own TMPDIR
     eng.stop()
     # No member is running (orphaned members may linger as zombies until init reaps them).
     assert not group_alive(pgid)
+    assert not tmp.exists() and eng.tmp_dir is None
 
 
 def test_failed_start_reports_the_server_log():

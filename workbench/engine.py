@@ -32,8 +32,10 @@ import json
 import math
 import os
 import secrets
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -130,6 +132,9 @@ class Engine:
         self._adapters: list[str] = []  # loaded, in order; names are single-use per server lifetime
         self._names_used: set[str] = set()
         self.api_key: str | None = None
+        # vLLM leaves ZMQ sockets and a vllm_dist_* folder in TMPDIR at every start (~210 of
+        # them in /tmp after one session of tests and benchmarks): its TMPDIR is this folder, removed by stop()
+        self.tmp_dir: Path | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -232,6 +237,8 @@ class Engine:
         self.url = f"http://{self.config.host}:{self.config.port}"
         self.served_name = self.asset.served_name
         self.api_key = secrets.token_urlsafe(24)
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix="wb-vllm-"))
+        env = {**self.environment(), "TMPDIR": str(self.tmp_dir)}
         with open(self.log_path, "wb") as log:
             # Own process group: stop() kills vLLM's engine-core child too. die_with_us: the group
             # also goes when this process dies without stop() (SIGKILL, a notebook kernel restart);
@@ -242,7 +249,7 @@ class Engine:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=self.environment(),
+                env=env,
                 start_new_session=True,
             )
         try:
@@ -274,6 +281,9 @@ class Engine:
         proc, self.proc = self.proc, None
         if proc is not None and not stop_group(proc, grace_s=timeout_s):
             raise EngineError(f"vLLM process group {proc.pid} survived SIGKILL")
+        tmp, self.tmp_dir = self.tmp_dir, None
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def __enter__(self) -> "Engine":
         return self.start()
