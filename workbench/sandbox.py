@@ -165,7 +165,7 @@ class Sandbox:
                 git_init=git_init,
             )
             if mode == "none" and uid is not None:
-                check_plain_mode(root, interpreter)
+                check_plain_mode(root, interpreter, sb.ro_paths)
             if target is not None:
                 sb._open_endpoint(*target)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:

@@ -1,4 +1,10 @@
-"""What a process inside a sandbox can see and do, asked from inside: for notebook 01 and the tests.
+"""What a process inside a sandbox can see and do, asked from inside: for notebook 01, set-up and the tests.
+
+`check_harness` is set-up's last check: one real sandbox, made from the checkout as it is (wherever it
+lives), runs the harness's ``--version`` inside; it returns one line that says what ran or, when it
+did not, why and what to do.
+
+    ok, line = check_harness(harness_bin("opencode"), ro_paths=[project_root() / "tools" / "node_modules"])
 
 Each probe is a shell command run in the sandbox as the agent would run it (its uid, its limits, its
 namespaces), and what it printed. Nothing a probe does outlives it: the write probe uses a fresh name
@@ -10,12 +16,34 @@ and whatever it managed to create on the host is removed (and said so).
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
 from .sandbox import Sandbox
+from .sandbox_spec import Isolation, SandboxError, SandboxLimits
 
-__all__ = ["run_probes"]
+__all__ = ["run_probes", "check_harness"]
+
+
+def check_harness(binary: Path, *, ro_paths: list[Path], isolation: Isolation = "auto") -> tuple[bool, str]:
+    """Start one sandbox with `ro_paths` mounted and run ``binary --version`` in it. Returns (ok, one
+    line): the version and the mode, or the first line of what went wrong and what to do about it."""
+    where = f"(mounting {', '.join(map(str, ro_paths))})"
+    try:
+        with Sandbox.create({}, isolation=isolation, limits=SandboxLimits(wall_s=120), ro_paths=ro_paths) as sb:
+            code, out = sb.run([str(binary), "--version"], timeout_s=120)
+            mode, uid = sb.isolation, "a fresh uid" if sb.uid is not None else f"uid {os.getuid()}"
+    except (SandboxError, TimeoutError, OSError) as exc:
+        return False, f"{binary.name} could not start in a sandbox {where}: {exc}"
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    if code != 0:
+        why = last or f"exit code {code}"
+        return False, (
+            f"{binary.name} --version failed in a {mode} sandbox {where}: {why[:300]}. The sandbox uid "
+            "may not reach a folder (names above); rerun scripts/setup.sh, and report the line if it stays"
+        )
+    return True, f"{binary.name} {last} ran in a {mode} sandbox as {uid} {where}"
 
 
 def run_probes(sb: Sandbox, *, project: Path, engine_url: str | None = None) -> list[dict[str, str | int]]:

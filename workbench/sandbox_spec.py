@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -79,21 +80,23 @@ def check_isolation(isolation: Isolation, unsafe_no_sandbox: bool) -> IsolationM
     return mode
 
 
-def check_plain_mode(root: Path, python: str) -> None:
-    """In plain mode the fresh uid must walk to its folders and run the interpreter on its own rights,
-    and must not be able to enter the folders that hold answers (`paths.private_paths`)."""
+def check_plain_mode(root: Path, python: str, ro_paths: Sequence[Path] = ()) -> None:
+    """In plain mode the fresh uid must walk to its folders, the interpreter and `ro_paths` (the
+    harness install) on its own rights, and must not be able to enter the folders that hold answers
+    (`paths.private_paths`). The error names the first folder that blocks the way."""
     exposed = exposed_paths()
     if exposed:
         raise SandboxError(
             f"plain mode: {', '.join(map(str, exposed))} can be read by other users (and so by "
             "the agent); run scripts/setup.sh (it makes them 0700) or use bwrap"
         )
-    for path in (root, Path(os.path.realpath(python))):
-        for p in [path, *path.parents]:
+    for path in (root, Path(os.path.realpath(python)), *(Path(os.path.realpath(p)) for p in ro_paths)):
+        for p in [*reversed(path.parents), path]:  # from / down: the first folder that blocks the way
             if p.is_dir() and not p.stat().st_mode & stat.S_IXOTH:
                 raise SandboxError(
                     f"plain mode: the sandbox uid cannot enter {p} (mode "
-                    f"{stat.filemode(p.stat().st_mode)}); use bwrap, or a temp dir others can enter"
+                    f"{stat.filemode(p.stat().st_mode)}) on the way to {path}; use bwrap (it mounts "
+                    "what the sandbox needs wherever the project lives), or a folder others can enter"
                 )
 
 

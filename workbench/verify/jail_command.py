@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..paths import private_paths
 from ..procs import processes
+from ..sandbox_command import mount, system_dirs, under
 from ..tasks import Limits, humaneval_path
 from .jail_host import Host, python_dirs
 
@@ -120,48 +121,24 @@ def _bwrap_args(
         "/usr",
         "/usr",
     ]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = Path("/", name)
-        if path.is_symlink():
-            args += ["--symlink", os.readlink(path), str(path)]
-        elif path.is_dir():
-            args += ["--ro-bind", str(path), str(path)]
+    bound, made = ["/usr"], {"/tmp", "/proc", "/dev"}
+    args += system_dirs(bound)
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives"):
         args += ["--ro-bind-try", etc, etc]
-    bound, made = ["/usr"], {"/tmp", "/proc", "/dev"}
     for pydir in python_dirs():
-        if not _under(pydir, bound):
-            args += _mount("--ro-bind", pydir, bound, made)
-    args += _mount("--bind", str(ws), bound, made, workspace_at)
-    args += _mount("--ro-bind", str(runner), bound, made)
+        if not under(pydir, bound):
+            args += mount("--ro-bind", pydir, bound, made)
+    args += mount("--bind", str(ws), bound, made, workspace_at)
+    args += mount("--ro-bind", str(runner), bound, made)
     for inside, src in extra_ro.items():
-        args += _mount("--ro-bind", str(src), bound, made, inside)
+        args += mount("--ro-bind", str(src), bound, made, inside)
         real = os.path.realpath(src)
         for secret in map(str, private_paths()):  # a hook's package may hold task data (workbench/data)
-            if _under(secret, [real]) and os.path.exists(secret):
+            if under(secret, [real]) and os.path.exists(secret):
                 args += ["--tmpfs", inside.rstrip("/") + secret[len(real) :]]
     for inside, src in extra_rw.items():
-        args += _mount("--bind", str(src), bound, made, inside)
+        args += mount("--bind", str(src), bound, made, inside)
     data = str(humaneval_path().parent)
-    if _under(data, bound):
+    if under(data, bound):
         args += ["--tmpfs", data]  # the problems' check() sources: not the solution's to read
     return args + ["--chdir", workspace_at or str(ws)]
-
-
-def _under(path: str, roots: list[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
-def _mount(how: str, path: str, bound: list[str], made: set[str], dest: str | None = None) -> list[str]:
-    """bwrap arguments mounting ``path`` at ``dest`` (default: the same place). Missing parents are
-    created 0755 (bwrap would make them 0700, locking the sandbox uid out); parents inside a bind
-    mount exist already."""
-    dest = dest or path
-    args = []
-    for parent in reversed(Path(dest).parents):
-        p = str(parent)
-        if p != "/" and p not in made and not _under(p, bound):
-            args += ["--perms", "0755", "--dir", p]
-            made.add(p)
-    bound.append(dest)
-    return args + [how, path, dest]
