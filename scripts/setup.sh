@@ -128,7 +128,7 @@ run_logged private .venv/bin/python -c 'from workbench.paths import make_private
 if ! check=$(.venv/bin/python -m workbench sandbox-check 2>&1); then
   die "sandbox check: $(tail -n 1 <<<"$check")"
 fi
-say "sandbox: $check"
+say "sandbox: $(tail -n 1 <<<"$check")"
 
 # --- model assets ----------------------------------------------------------------------------------
 assets=("$@")

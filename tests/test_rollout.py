@@ -10,6 +10,7 @@ import pytest
 from openenv.core.harness import LoopOwningSession, TrainableSession, TrainingTrace
 from openenv.core.harness.capture.upstream import training_sampling
 
+from isolations import HARNESS_ISOLATIONS
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.procs import group_alive
@@ -40,7 +41,7 @@ def proxy(engine):
         yield p
 
 
-ISOLATIONS = ["none"] + (["bwrap"] if bwrap_available() else [])
+ISOLATIONS = HARNESS_ISOLATIONS
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)

@@ -29,6 +29,7 @@ __all__ = [
     "resolve_isolation",
     "check_isolation",
     "check_plain_mode",
+    "blocking_folder",
     "MARKER_ENV",
     "APP",
     "AGENT_HOME",
@@ -91,13 +92,21 @@ def check_plain_mode(root: Path, python: str, ro_paths: Sequence[Path] = ()) -> 
             "the agent); run scripts/setup.sh (it makes them 0700) or use bwrap"
         )
     for path in (root, Path(os.path.realpath(python)), *(Path(os.path.realpath(p)) for p in ro_paths)):
-        for p in [*reversed(path.parents), path]:  # from / down: the first folder that blocks the way
-            if p.is_dir() and not p.stat().st_mode & stat.S_IXOTH:
-                raise SandboxError(
-                    f"plain mode: the sandbox uid cannot enter {p} (mode "
-                    f"{stat.filemode(p.stat().st_mode)}) on the way to {path}; use bwrap (it mounts "
-                    "what the sandbox needs wherever the project lives), or a folder others can enter"
-                )
+        if (p := blocking_folder(path)) is not None:
+            raise SandboxError(
+                f"plain mode: the sandbox uid cannot enter {p} (mode {stat.filemode(p.stat().st_mode)}) "
+                f"on the way to {path}; use bwrap (it mounts what the sandbox needs wherever the "
+                "project lives), or a folder others can enter"
+            )
+
+
+def blocking_folder(path: Path) -> Path | None:
+    """The first folder, from / down, that a uid with no rights of its own cannot enter on the way
+    to `path` (no search bit for others); None when it can walk all the way."""
+    for p in [*reversed(path.parents), path]:
+        if p.is_dir() and not p.stat().st_mode & stat.S_IXOTH:
+            return p
+    return None
 
 
 @dataclass(frozen=True)

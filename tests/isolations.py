@@ -1,0 +1,28 @@
+"""The isolation modes a test may run the real harness in from this checkout (imported like
+`scripted_upstream`): bwrap where it works, and plain mode where a fresh uid can walk to the harness
+install on its own rights. Below a 0700 folder (root's home, a `mktemp -d`) it cannot, by design:
+plain mode then refuses to start (`sandbox_spec.check_plain_mode`) and its tests are skipped, saying why.
+
+    @pytest.mark.parametrize("isolation", HARNESS_ISOLATIONS)
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from workbench.paths import project_root
+from workbench.sandbox_spec import blocking_folder, bwrap_available
+
+__all__ = ["HARNESS_ISOLATIONS"]
+
+_blocker = blocking_folder(project_root() / "tools" / "node_modules") if os.geteuid() == 0 else None
+_PLAIN = pytest.param(
+    "none",
+    marks=pytest.mark.skipif(
+        _blocker is not None,
+        reason=f"plain mode: a fresh uid cannot enter {_blocker} on the way to the harness install (bwrap runs instead)",
+    ),
+)
+HARNESS_ISOLATIONS = [_PLAIN] + (["bwrap"] if bwrap_available() else [])
