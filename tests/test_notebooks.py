@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,10 @@ def test_all_notebooks_execute_headless(tmp_path):
         cwd=project_root(),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # progress as it happens, then where the copies are and how to open them
+    for i, name in enumerate(NOTEBOOKS, 1):
+        assert re.search(rf"^\[{i}/{len(NOTEBOOKS)}\] {name}: ok in \d+\.\d s$", proc.stdout, re.M), proc.stdout
+    assert proc.stdout.splitlines()[-1].endswith(f"-m jupyter lab {out}"), proc.stdout
     for name in NOTEBOOKS:
         errors, outputs = _outputs(out / f"{name}.ipynb")
         assert not errors, (name, errors)
@@ -81,6 +86,9 @@ def test_all_notebooks_execute_headless(tmp_path):
         "steps",
         "curves",
     } <= figures
+    # every figure draws offline: plotly.js beside them, no CDN (tests/test_figures_offline.py opens one)
+    assert (out / "figures" / "plotly.min.js").stat().st_size > 1_000_000
+    assert not any("cdn.plot.ly" in p.read_text() for p in (out / "figures").glob("*.html"))
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {m["notebook"] for m in metrics} >= set(NOTEBOOKS)
     # widgets degrade headless: the executed notebook holds the static token view
@@ -100,3 +108,128 @@ def test_secrets_are_scrubbed_even_when_a_notebook_fails(tmp_path):
     assert "<secret>" in text
     injected = [line for line in text.splitlines() if "admin_key = " in line or "engine_key = " in line]
     assert injected and all("<secret>" in line for line in injected), injected
+
+
+# --- the command's progress and failure report, on tiny notebooks (papermill and a real kernel; the
+# engine and proxy are stand-ins: what is checked here is what the command says, not what they serve)
+
+_CONTEXT_PARAMS = (
+    'model = "tiny"\nrun_dir = ""\nengine_url = ""\nserved_name = ""\nproxy_url = ""\n'
+    'admin_key = ""\nengine_key = ""\ninteractive = True\n'
+)
+
+
+def _tiny_notebook(path: Path, *cells: str, params: str = "") -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell(params + _CONTEXT_PARAMS)
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# a tiny notebook"), params]
+    nb.cells += [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+class _TTY:
+    """A stderr that says it is a terminal (what a user at a shell has) and keeps what is written."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def tiny_notebooks(tmp_path, monkeypatch):
+    """03_turns runs fine; 04_reward stops in a cell that raises NotebookError on purpose, the way a
+    notebook says that a stage has nothing to show."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import workbench.cli
+    import workbench.notebooks as notebooks
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _tiny_notebook(src / "03_turns.ipynb", "print('turns derived')", "x = 1 + 1")
+    _tiny_notebook(
+        src / "04_reward.ipynb",
+        "print('reward')",
+        "# Grade the captured solution\nfrom workbench.notebooks import NotebookError\n"
+        "raise NotebookError('no solution to grade:\\nall 3 rollouts crashed (bwrap: Permission denied)')",
+        params='task = "easy/3"\n',  # what the "small" set passes to 04_reward
+    )
+
+    @contextlib.contextmanager
+    def stack(model):
+        engine = SimpleNamespace(url="http://127.0.0.1:1/v1", served_name=model, api_key="engine-key-s3cret")
+        yield engine, SimpleNamespace(url="http://127.0.0.1:2/v1", admin_key="admin-key-s3cret"), None
+
+    monkeypatch.setattr(notebooks, "local_stack", stack)
+    monkeypatch.setattr(notebooks, "_notebook_path", lambda name: src / f"{name}.ipynb")
+    monkeypatch.setattr(workbench.cli, "unwind_on_signals", lambda: None)  # pytest keeps its own handlers
+    return tmp_path / "run"
+
+
+def _cli(*argv: str) -> int:
+    from workbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(list(argv))
+    return exit_.value.code
+
+
+def test_notebooks_run_reports_each_notebook_and_where_the_copies_are(tiny_notebooks, capsys, monkeypatch):
+    tty = _TTY()
+    monkeypatch.setattr(sys, "stderr", tty)
+    code = _cli("notebooks", "run", "--params", "small", "--only", "03_turns", "--out", str(tiny_notebooks))
+    out = capsys.readouterr().out
+    assert code == 0, (out, tty.text)
+    lines = out.splitlines()
+    start = lines.index("[1/1] 03_turns: running ...")
+    assert re.fullmatch(r"\[1/1\] 03_turns: ok in \d+\.\d s", lines[start + 1]), lines
+    # the last line: where the executed copies are, and the command that opens them here
+    assert str(tiny_notebooks) in lines[-1] and lines[-1].endswith(f"-m jupyter lab {tiny_notebooks}"), lines[-1]
+    assert (tiny_notebooks / "03_turns.ipynb").exists()
+    # on a terminal, papermill's per-cell bar, named after the notebook
+    assert "03_turns:" in tty.text and "cell" in tty.text, tty.text
+    text = (tiny_notebooks / "03_turns.ipynb").read_text()
+    assert "s3cret" not in text and "<secret>" in text
+
+
+def test_a_failing_cell_fails_the_command_naming_notebook_cell_and_reason(tiny_notebooks, capfd):
+    only = ["--only", "03_turns", "--only", "04_reward"]
+    code = _cli("notebooks", "run", "--params", "small", *only, "--out", str(tiny_notebooks))
+    out, err = capfd.readouterr()  # the kernels' stderr too (a subprocess writes to the fd)
+    assert code == 1, (out, err)
+    assert "[1/2] 03_turns: ok in" in out, err
+    failed = [line for line in out.splitlines() if line.startswith("[2/2] 04_reward: FAILED")]
+    assert len(failed) == 1, out
+    # the cell: its index in the committed notebook, and "In [4]" as the executed copy shows it
+    index = int(re.search(r" in cell (\d+) \(In \[4\]: ", failed[0]).group(1))
+    source = json.loads((tiny_notebooks.parent / "src" / "04_reward.ipynb").read_text())
+    assert "".join(source["cells"][index]["source"]).startswith("# Grade the captured solution")
+    executed = json.loads((tiny_notebooks / "04_reward.ipynb").read_text())
+    in4 = [c for c in executed["cells"] if c.get("execution_count") == 4]
+    assert len(in4) == 1 and "".join(in4[0]["source"]).startswith("# Grade the captured solution")
+    cell = f"cell {index} (In [4]: # Grade the captured solution)"
+    assert failed[0].endswith(f"in {cell}: NotebookError: all 3 rollouts crashed (bwrap: Permission denied)"), failed
+    # the error the command exits with: notebook, cell, the whole reason, the copy to read
+    reason = "NotebookError: no solution to grade:\n"
+    assert f"workbench notebooks: error: 04_reward.ipynb failed in {cell}: {reason}" in err
+    assert "all 3 rollouts crashed (bwrap: Permission denied)" in err
+    assert str(tiny_notebooks / "04_reward.ipynb") in err
+    assert "jupyter lab" not in out  # no success line
+    # not a terminal here (captured): no progress bar
+    assert "03_turns:" not in err and "%|" not in err and "cell/s" not in err, err
+    assert "[IPKernelApp] WARNING" not in err, err  # nor the kernel's warnings between the lines
+    assert "s3cret" not in (tiny_notebooks / "04_reward.ipynb").read_text()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -191,13 +192,21 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _cmd_notebooks(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .notebooks import run_notebooks
+    from .notebooks import open_command, run_notebooks
 
-    run = run_notebooks(args.params, only=args.only, run_dir=Path(args.out) if args.out else None)
-    print(f"executed notebooks in {run.path}:")
-    for nb in sorted(run.path.glob("*.ipynb")):
-        print(f"  {nb}")
-    print(f"open them with: .venv/bin/python -m jupyter lab {run.path}")
+    t = time.monotonic()
+    run = run_notebooks(
+        args.params,
+        only=args.only,
+        run_dir=Path(args.out) if args.out else None,
+        echo=lambda line: print(line, flush=True),  # flushed: a pipe (make, tee, CI) shows it as it happens
+        # tqdm's redrawn bar is noise in a log file or a CI console: only where someone watches it
+        progress_bar=sys.stderr.isatty(),
+    )
+    print(
+        f"notebooks done in {time.monotonic() - t:.0f} s; executed copies, figures/ and metrics in {run.path}"
+        f" -- open them with: {open_command(run.path)}"
+    )
     return 0
 
 

