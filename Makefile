@@ -9,7 +9,9 @@ setup:
 run: setup
 	OMP_NUM_THREADS=1 .venv/bin/python -m workbench notebooks run --params default
 
-test: setup
+# The test command also installs headless chromium (as root on Debian/Ubuntu) for the offline-figure test.
+test:
+	WORKBENCH_TEST_BROWSER=1 scripts/setup.sh tiny smollm2
 	OMP_NUM_THREADS=1 .venv/bin/python -m pytest
 
 lab: setup

@@ -70,6 +70,23 @@ if ! "${userns_probe[@]}" >"$logs/bwrap-probe.log" 2>&1; then
 fi
 say "bubblewrap: $(bwrap --version) (user namespaces: ok)"
 
+# --- chromium (headless), for `make test` only (WORKBENCH_TEST_BROWSER=1) --------------------------
+# tests/test_figures_offline.py opens a saved figure (runs/<run>/figures/*.html) in a real browser with
+# no network and counts the traces it drew (plotly.js is shipped beside the figures, no CDN). About
+# 500 MB: installed for the test command only; without it that test is skipped, saying so.
+if [[ ${WORKBENCH_TEST_BROWSER:-0} == 1 ]] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    need_space_gb 1
+    say "chromium: apt-get install chromium (about 500 MB, for the offline-figure test) ..."
+    if ! bash -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium' \
+        >"$logs/chromium-install.log" 2>&1; then
+      say "chromium: not installed (full log: .cache/logs/chromium-install.log); tests/test_figures_offline.py will skip"
+    fi
+  else
+    say "chromium: missing; tests/test_figures_offline.py will skip (Debian/Ubuntu: sudo apt-get install chromium)"
+  fi
+fi
+
 # --- main venv -----------------------------------------------------------------------------------
 # The editable install records this folder's absolute path (and pip's scripts their interpreter's),
 # so a venv carried to another path (a CI copy of the tree) must be re-pointed: the path is stamped too.
