@@ -12,6 +12,11 @@ It answers with random prompt ids, sampled ids and logprobs (shapes exactly as v
 Faults beyond HTTP statuses: "close" (the connection drops halfway through the body), "notjson" (a 200
 whose body is an SSE line, not JSON), "bash:CMD" (a bash tool call running CMD).
 
+Holding a request: "hang:S" holds it S seconds, then answers "text". "wait" holds it until the test sets
+``up.release`` (a ``threading.Event``, unset at start; `stop` sets it), then answers "text": a request
+in flight for as long as the test needs, whatever the machine's load. "wait:S" gives up waiting after S
+seconds (plain "wait": 120 s), so a test that never releases does not hang forever.
+
 A request with ``stream: true`` is answered as vLLM streams (`_events`): a role chunk carrying
 ``prompt_token_ids``, then one chunk per sampled token with its ``token_ids``, its logprob entry and its
 piece of the message (content, ``reasoning``, tool-call fragments by index), a usage chunk when
@@ -38,6 +43,7 @@ class ScriptedUpstream:
         self.script: list[str] = []
         self.untooled: str | None = None
         self.hold: threading.Event | None = None
+        self.release = threading.Event()  # ends every "wait" request's hold
         self.requests: list[dict[str, Any]] = []
         self.answers: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -54,6 +60,7 @@ class ScriptedUpstream:
         return self
 
     def stop(self) -> None:
+        self.release.set()  # no "wait" request left holding a handler thread
         self.server.shutdown()
         self.server.server_close()
 
@@ -246,6 +253,8 @@ class ScriptedUpstream:
                     return
                 if mode.startswith("hang:"):
                     time.sleep(float(mode.split(":")[1]))
+                if mode == "wait" or mode.startswith("wait:"):
+                    up.release.wait(float(mode.split(":")[1]) if ":" in mode else 120.0)
                 answer = up._answer(body, "text" if mode == "cut" else mode)
                 with up._lock:
                     up.answers.append(answer)

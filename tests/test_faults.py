@@ -173,9 +173,14 @@ def _trace(folder: Path) -> list[dict]:
 def test_opencode_killed_mid_rollout_is_crashed_and_its_group_proceeds(tmp_path, tmp_base, upstream, proxy, isolation):
     """kill -9 of opencode while its second model call is in flight: that rollout ends `crashed`, the
     reason naming SIGKILL; trace.json keeps the calls made so far (the first agent call `ok`) and the
-    workspace what it wrote; the other rollout of the group runs on to `ok`; nothing is left."""
+    workspace what it wrote; the other rollout of the group runs on to `ok`; nothing is left.
+
+    The calls after the two `tool` answers are held ("wait") until the kill, however slow the machine
+    (opencode's start, the proxy, /proc reads): whichever order the four requests come in, some opencode
+    has an `ok` agent call and a held one, and no timing window can be missed. The kill releases them,
+    so the other rollout answers "text" and ends `ok` (at the killer's deadline otherwise, and the test fails)."""
     upstream.untooled = "text"
-    upstream.script = ["tool", "tool", "hang:6", "hang:6"]  # then "text": an agent's answer that ends it
+    upstream.script = ["tool", "tool", "wait", "wait"]  # then "text": an agent's answer that ends it
     client = proxy.client()
     killed: list[int] = []
 
@@ -195,12 +200,16 @@ def test_opencode_killed_mid_rollout_is_crashed_and_its_group_proceeds(tmp_path,
 
     def killer() -> None:
         deadline = time.monotonic() + 150
-        while not killed and time.monotonic() < deadline:
-            pid = victim()
-            if pid is not None:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            time.sleep(0.2)
+        try:
+            while not killed and time.monotonic() < deadline:
+                pid = victim()
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    break
+                time.sleep(0.2)
+        finally:
+            upstream.release.set()  # the held calls answer: the other rollout runs on
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
