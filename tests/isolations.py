@@ -3,7 +3,8 @@
 install on its own rights. Below a 0700 folder (root's home, a `mktemp -d`) it cannot, by design:
 plain mode then refuses to start (`sandbox_spec.check_plain_mode`) and its tests are skipped, saying why.
 
-    @pytest.mark.parametrize("isolation", HARNESS_ISOLATIONS)
+    @pytest.mark.parametrize("isolation", HARNESS_ISOLATIONS)    # plain mode skipped, saying why
+    for mode in HARNESS_MODES: ...                                  # the modes that run here
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 from workbench.paths import project_root
 from workbench.sandbox_spec import blocking_folder, bwrap_available
 
-__all__ = ["HARNESS_ISOLATIONS"]
+__all__ = ["HARNESS_ISOLATIONS", "HARNESS_MODES"]
 
 _blocker = blocking_folder(project_root() / "tools" / "node_modules") if os.geteuid() == 0 else None
 _PLAIN = pytest.param(
@@ -26,3 +27,4 @@ _PLAIN = pytest.param(
     ),
 )
 HARNESS_ISOLATIONS = [_PLAIN] + (["bwrap"] if bwrap_available() else [])
+HARNESS_MODES = ([] if _blocker is not None else ["none"]) + (["bwrap"] if bwrap_available() else [])

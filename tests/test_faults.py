@@ -40,6 +40,7 @@ from typing import Callable
 import httpx
 import pytest
 
+from isolations import HARNESS_ISOLATIONS, HARNESS_MODES
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.paths import harness_bin, project_root
@@ -53,7 +54,7 @@ from workbench.turns import write_turns
 from workbench.turns_trace import TraceError, load_trace, load_turns
 from workbench.verify import verify
 
-ISOLATIONS = ["none"] + (["bwrap"] if bwrap_available() else [])
+ISOLATIONS = HARNESS_ISOLATIONS
 AGENT = [
     {"role": "system", "content": "You are opencode, an interactive CLI tool."},
     {"role": "user", "content": "Write solution.py"},
@@ -844,7 +845,7 @@ def test_soak_parallel_rollouts_leak_nothing(tmp_path, tmp_base):
         while not folders or time.monotonic() - t0 < duration:
             batch = len(folders) // 8
             jobs = [(task, tmp_path / f"b{batch:03d}" / f"r{i}") for i in range(8)]
-            config = replace(FAST, timeout_s=120, isolation=ISOLATIONS[batch % len(ISOLATIONS)])
+            config = replace(FAST, timeout_s=120, isolation=HARNESS_MODES[batch % len(HARNESS_MODES)])
             results = run_rollouts(jobs, client, config, parallel=8, progress=False)
             assert len(results) == 8
             statuses.update(r.status for r in results)
