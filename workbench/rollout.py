@@ -11,14 +11,19 @@ they find their shared prompt in the engine's prefix cache.
     client = proxy.client()                  # or workbench.stack.local_stack(model) -> (engine, proxy, client)
     result = run_rollout(load_task("humaneval/0"), client, RolloutConfig(), out_dir=Path("runs/x/r0"))
     results = run_rollouts([(task, out) for ...], client, config, parallel=2)
+    why = nothing_answered(read_summaries(Path("runs/x")))  # None, or why no agent call was answered
+    why_missing(Path("runs/x/r0"), "trace.json")            # what a folder without one holds instead
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,7 +34,7 @@ from .rollout_types import RolloutConfig, RolloutResult
 from .sandbox_spec import SandboxError
 from .tasks import Task
 
-__all__ = ["run_rollout", "run_rollouts"]
+__all__ = ["run_rollout", "run_rollouts", "read_summaries", "nothing_answered", "why_missing"]
 
 
 def run_rollout(
@@ -164,3 +169,51 @@ def run_rollouts(
         pool.shutdown(wait=True)
         bar.close()
     return [r for r in results if r is not None]
+
+
+def read_summaries(folder: Path) -> list[dict[str, Any]]:
+    """Every rollout's summary.json at or below `folder`, in path order, its ``rollout_id`` the folder's path
+    below `folder`. A rollout folder is not searched further (its workspace is the agent's: a summary.json
+    there is not ours). A summary that cannot be read counts as a rollout that says so."""
+    folder = Path(folder)
+    out = []
+    for top, dirs, files in os.walk(folder):
+        dirs.sort()
+        if "summary.json" not in files:
+            continue
+        dirs.clear()
+        path = Path(top) / "summary.json"
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            summary = {"status": "unreadable", "reason": f"{path}: {exc}"}
+        where = path.parent.relative_to(folder)  # step-0001/00-00_easy-0 in a training run: which step, too
+        out.append({**summary, "rollout_id": str(where) if where.parts else folder.name})
+    return out
+
+
+def nothing_answered(summaries: Sequence[dict[str, Any]]) -> str | None:
+    """None when at least one of the rollouts had an agent call answered; otherwise what a reader needs to see
+    why: one line per rollout with how it ended and the reason it recorded (summary.json's own words)."""
+    if any(s.get("agent_turns") for s in summaries):
+        return None
+    if not summaries:
+        return "there is no rollout folder (no summary.json)"
+    lines = []
+    for s in summaries:
+        by_status = s.get("calls_by_status") or {}
+        calls = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items())) or "none"
+        reason = s.get("reason") or "; ".join(s.get("harness_errors") or []) or "no reason recorded"
+        lines.append(f"  {s.get('rollout_id', '?')}: {s.get('status', 'no status')}: {reason} (model calls: {calls})")
+    return f"no agent call was answered in {len(summaries)} rollout(s):\n" + "\n".join(lines)
+
+
+def why_missing(folder: Path, what: str = "trace.json") -> str:
+    """Why `folder` has no `what` (trace.json, workspace) to show: in its rollouts' own words where it holds any."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    why = nothing_answered(read_summaries(folder))
+    if why is None:
+        return f"{folder} holds no {what} itself, the rollout folders below it do: name one of them"
+    return f"{folder} holds no {what}: {why}"
