@@ -32,7 +32,8 @@ __all__ = ["render_table", "render_trace", "render_eval", "browser"]
 def render_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
     if not rows:
         return "<i>(empty)</i>"
-    columns = list(columns or rows[0].keys())
+    # every key of every row, in order of first appearance: rows of two shapes in one table keep both
+    columns = list(columns or dict.fromkeys(k for r in rows for k in r))
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in columns) + "</tr>" for r in rows

@@ -16,7 +16,8 @@ The package: `grading` (the rules per test kind), `jail` (the folder, namespaces
 verification), `child` (a test process under watch; the call protocol), `runner` (the program that
 loads solution.py inside the jail, and the tagged-JSON codec both sides share), `harbor` (a Harbor
 task's test.sh and reward file; its oracle), `hook` and `hook_runner` (verifier hooks: a callable of
-yours, run in the same jail).
+yours, run in the same jail), `examples` (solutions that show grading on any task: its answer key, a hostile
+one that tries to read the held-out tests where they are; notebook 04).
 
 How a verification runs:
 
