@@ -82,3 +82,34 @@ def test_openenv_inference_client_policy_and_post_seam():
     theirs = getattr(InferenceClient, _compat.OPENENV_CLIENT_POST)
     assert list(inspect.signature(theirs).parameters) == ["self", "path", "body", "headers"]
     assert getattr(_CheckedClient, _compat.OPENENV_CLIENT_POST) is _CheckedClient.checked_post
+
+
+def test_quiet_known_noise_drops_exactly_trls_none_reward_line_and_the_checkpointing_warnings(caplog, tmp_path):
+    import logging
+    import warnings
+
+    from transformers import TrainingArguments
+    from trl.trainer import grpo_trainer
+
+    assert grpo_trainer.logger.logger is logging.getLogger(_compat.GRPO_LOGGER)  # the logger TRL really uses
+    logger = logging.getLogger(_compat.GRPO_LOGGER)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _compat.quiet_known_noise()
+        before = len(logger.filters)
+        _compat.quiet_known_noise()
+        assert len(logger.filters) == before  # idempotent: one filter, however often a notebook builds a trainer
+        TrainingArguments(output_dir=str(tmp_path), gradient_checkpointing=True, report_to="none")
+        warnings.warn("`gradient_checkpointing` is deprecated and will be removed in v6.", DeprecationWarning)
+        warnings.warn("`use_cache` is deprecated and will be removed in v6.", FutureWarning)
+    assert [(w.category, str(w.message)) for w in seen] == [
+        (DeprecationWarning, "`gradient_checkpointing` is deprecated and will be removed in v6."),
+        (FutureWarning, "`use_cache` is deprecated and will be removed in v6."),
+    ]
+    with caplog.at_level(logging.WARNING, logger=_compat.GRPO_LOGGER):
+        logger.warning(
+            "[RANK 0] All reward functions returned None for the following kwargs:\n{'completion': 'x'}\n"
+            "Please ensure that at least one reward function returns a valid reward."
+        )
+        logger.warning("All reward functions returned None, and something else")
+    assert [r.getMessage() for r in caplog.records] == ["All reward functions returned None, and something else"]

@@ -11,6 +11,7 @@ a training step.
     setattr(trainer, _compat.GRPO_GET_LOGPS, ours)          # a GRPOTrainer method name
     _compat.trl_use_triton(device)                         # trl.trainer.utils._use_triton
     _compat.budget_stop_response(...)                      # OpenEnv's, imported on first use
+    _compat.quiet_known_noise()                            # what the pinned versions repeat at every step
 
 Nothing heavy is imported here: TRL on first use of a TRL helper, OpenEnv's capture server (gradio,
 pandas: ~7 s) only when one of its names is first read (module ``__getattr__``), so the trainer's
@@ -20,6 +21,8 @@ import stays light (tests/test_imports.py).
 from __future__ import annotations
 
 import importlib.metadata
+import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +39,7 @@ __all__ = [
     "ASYNC_RUN_SESSION",
     "trl_use_triton",
     "patch_trl_use_triton",
+    "quiet_known_noise",
     "OPENENV_PRIVATE",
     "OPENENV_CLIENT_POST",
     "ClientPolicy",
@@ -123,6 +127,36 @@ def patch_trl_use_triton(decide: Callable[[Any, Callable[[Any], bool]], bool]) -
 
     original = trl_utils._use_triton
     trl_utils._use_triton = lambda device: decide(device, original)
+
+
+# What GRPOTrainer logs for every row whose rewards are all None (a decoded completion included), and
+# transformers 5.24's FutureWarnings for the `gradient_checkpointing` names: `quiet_known_noise` says why.
+GRPO_LOGGER = "trl.trainer.grpo_trainer"
+REWARD_NONE = ("All reward functions returned None", "Please ensure that at least one reward function returns")
+CHECKPOINTING_DEPRECATED = r"`(is_)?gradient_checkpointing(_kwargs)?` is deprecated and will be removed in v6"
+
+
+class _DropRewardNone(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not all(part in message for part in REWARD_NONE)
+
+
+def quiet_known_noise() -> None:
+    """Silence exactly two things the pinned versions repeat at every training step about what workbench does
+    on purpose; everything else TRL logs and transformers warns still shows. Idempotent.
+
+    - TRL's "All reward functions returned None for the following kwargs: ... Please ensure ..." (with the
+      row's decoded completion): GRPOTrainer logs it for each row whose reward is None, and ours are None on
+      purpose (padding rows, and rollouts unscored through no fault of the agent's: `workbench.train`).
+    - transformers' FutureWarnings that `gradient_checkpointing` (and ``_kwargs``, and the model's
+      `is_gradient_checkpointing`, which PEFT reads) are deprecated: `workbench.trl_trainer` passes the old
+      name on purpose (the GPU host's transformers 5.17 has no new one).
+    """
+    warnings.filterwarnings("ignore", message=CHECKPOINTING_DEPRECATED, category=FutureWarning)
+    logger = logging.getLogger(GRPO_LOGGER)
+    if not any(isinstance(f, _DropRewardNone) for f in logger.filters):
+        logger.addFilter(_DropRewardNone())
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ._compat import GRPO_LAST_LOADED_STEP
+from ._compat import GRPO_LAST_LOADED_STEP, quiet_known_noise
 from .policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ def build_trainer(
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    quiet_known_noise()  # TRL's line per None-reward row (ours are None on purpose), the old checkpointing name
     cfg, cpu, lora = run.config, run.device == "cpu", run.weight_sync != "nccl"
     if cpu:
         score_only_labelled_positions_on_cpu()
