@@ -92,6 +92,9 @@ def test_view_is_static_html_with_the_diverging_tokens(tok):
     assert page.startswith("<style>") and "first divergence: turn 0, prompt, token #3042" in page
     assert "wb-div" in page and "> subtract<" in page and "> double<" in page and "different tasks" in page
     assert "<script" not in page
+    assert str(EASY) not in page and f"<td>{EASY.name}</td>" in page  # the folders' names, no path of this machine
+    named = render_diff(diff_rollouts(EASY, BPE, tok, names=("base", "step 8 adapter")))
+    assert "<th>a</th><td>base</td>" in named and "<th>b</th><td>step 8 adapter</td>" in named
 
 
 def test_command(tmp_path, capsys):

@@ -145,3 +145,10 @@ def test_view_renders_headless_with_the_tokens(tiny, adapters, smol_tok):
     json.dumps(result.to_json())  # serialisable as is
     widget = delta_widget(result)
     assert type(widget).__name__ == "VBox"
+
+
+def test_view_names_the_policies_as_a_reader_knows_them_never_by_a_path(tiny, adapters, smol_tok):
+    head = render_delta(rescore(EASY, tiny, None, adapters / "late", smol_tok)).split("</div>")[0]
+    assert "<b>A</b> base vs <b>B</b> late on tiny:" in head and str(adapters) not in head and str(tiny) not in head
+    named = rescore(EASY, tiny, None, adapters / "late", smol_tok, names=("base", "step 8 adapter"))
+    assert "<b>A</b> base vs <b>B</b> step 8 adapter on tiny:" in render_delta(named)

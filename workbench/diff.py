@@ -138,9 +138,13 @@ def _side(turn: Turn | None, calls: list[dict[str, Any]]) -> dict[str, Any] | No
     }
 
 
-def diff_rollouts(a: Path, b: Path, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
-    """Compare rollout folders `a` and `b` turn by turn (see the module docstring for the fields)."""
+def diff_rollouts(
+    a: Path, b: Path, tokenizer: Tokenizer | None = None, *, names: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """Compare rollout folders `a` and `b` turn by turn (see the module docstring for the fields). `names`:
+    what the view calls them (e.g. "base", "step 8 adapter"); by default the folders' names."""
     a, b = Path(a), Path(b)
+    name_a, name_b = names or (a.name, b.name)
     calls = {"a": load_trace(a / "trace.json"), "b": load_trace(b / "trace.json")}
     turns = {k: derive_turns(v)[0] for k, v in calls.items()}
     summary = {"a": _json(a / "summary.json"), "b": _json(b / "summary.json")}
@@ -187,6 +191,7 @@ def diff_rollouts(a: Path, b: Path, tokenizer: Tokenizer | None = None) -> dict[
     out_a, out_b = outcome(summary["a"]), outcome(summary["b"])
     return {
         "a": {
+            "name": name_a,
             "path": str(a),
             "task_id": task["a"].get("id") or summary["a"].get("task_id"),
             "model": summary["a"].get("model"),
@@ -195,6 +200,7 @@ def diff_rollouts(a: Path, b: Path, tokenizer: Tokenizer | None = None) -> dict[
             "outcome": out_a,
         },
         "b": {
+            "name": name_b,
             "path": str(b),
             "task_id": task["b"].get("id") or summary["b"].get("task_id"),
             "model": summary["b"].get("model"),
@@ -257,7 +263,8 @@ def render_diff(result: dict[str, Any]) -> str:
     """The diff as HTML (pure: the same string in a live notebook and headless)."""
     a, b = result["a"], result["b"]
     head = "".join(
-        f"<tr><th>{k}</th><td>{html.escape(str(s['path']))}</td><td>{html.escape(str(s['task_id']))}</td>"
+        f"<tr><th>{k}</th><td>{html.escape(str(s.get('name', s['path'])))}</td>"
+        f"<td>{html.escape(str(s['task_id']))}</td>"
         f"<td>{html.escape(str(s['model']))}</td><td>{html.escape(json.dumps(s['outcome']))}</td></tr>"
         for k, s in (("a", a), ("b", b))
     )

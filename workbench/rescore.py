@@ -7,7 +7,7 @@ adapter), in float32 on CPU with transformers + PEFT, at the temperature the tra
 
     from workbench.rescore import rescore, render_delta, delta_widget
     result = rescore(Path("runs/x/rollouts/easy-13__00"), load("smollm2").path,
-                     adapter_b="runs/<grpo>/adapters/final")
+                     adapter_b="runs/<grpo>/adapters/final", names=("base", "step 8 adapter"))
     result.summary()["by_part"]          # mean delta for tool_name / arguments / code / text / ...
     HTML(render_delta(result))           # tokens coloured by delta; hover shows both logprobs
     delta_widget(result, interactive=False)   # headless: the same static HTML
@@ -82,6 +82,9 @@ class TokenDelta:
 
 @dataclass
 class RescoreResult:
+    """The labelled tokens scored under A and B; ``model``, ``policy_a`` and ``policy_b`` are names as a reader
+    knows them (the asset, "base", the adapter's), not paths."""
+
     model: str
     policy_a: str
     policy_b: str
@@ -204,12 +207,16 @@ def rescore(
     *,
     positions: Positions = "trained",
     temperature: float | None = None,
+    names: tuple[str | None, str | None] = (None, None),
 ) -> RescoreResult:
     """Score every labelled token of the trace's rows under A (`adapter_a`, or the base model when None)
     and B (`adapter_b`, or the base model). `tokenizer` decodes (default: `model_path`'s); the trace's
-    sampling temperature is used unless `temperature` is given."""
+    sampling temperature is used unless `temperature` is given. `names`: what the view calls A and B (e.g.
+    "base", "step 8 adapter"); by default "base" or the adapter's folder name, never a path of this machine."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ._compat import quiet_known_noise
 
     calls = load_trace(Path(rollout) / "trace.json") if isinstance(rollout, (str, Path)) else rollout
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
@@ -224,8 +231,9 @@ def rescore(
         if len(temps) > 1:
             raise ValueError(f"the trace was sampled at several temperatures {sorted(temps)}: pass temperature=")
         temperature = float(temps.pop()) if temps else 1.0
+    quiet_known_noise()  # PEFT reads transformers' deprecated `is_gradient_checkpointing`
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    names: dict[str, str | None] = {"a": None, "b": None}
+    loaded: dict[str, str | None] = {"a": None, "b": None}
     if adapter_a or adapter_b:
         from peft import PeftModel
 
@@ -236,7 +244,7 @@ def rescore(
                 model.load_adapter(str(path), adapter_name=side)
             else:
                 model = PeftModel.from_pretrained(model, str(path), adapter_name=side)
-            names[side] = side
+            loaded[side] = side
         model.eval()
     analysed = analyse(calls)
     turns = {t.index: t for t in analysed.turns}
@@ -248,7 +256,7 @@ def rescore(
             continue
         scores = {}
         for side in ("a", "b"):
-            with _policy(model, names[side]):
+            with _policy(model, loaded[side]):
                 scores[side] = _score(model, row.input_ids, targets, temperature)
         where: dict[int, tuple[int, int]] = {}
         decoded: dict[int, tuple[list[str], list[Part]]] = {}
@@ -275,13 +283,17 @@ def rescore(
                 )
             )
     return RescoreResult(
-        model=str(model_path),
-        policy_a=str(adapter_a or "base"),
-        policy_b=str(adapter_b or "base"),
+        model=Path(model_path).name,  # the asset's name (smollm2), as the reader knows it
+        policy_a=names[0] or _policy_name(adapter_a),
+        policy_b=names[1] or _policy_name(adapter_b),
         temperature=temperature,
         positions=positions,
         tokens=tokens,
     )
+
+
+def _policy_name(adapter: Path | str | None) -> str:
+    return Path(adapter).name if adapter else "base"
 
 
 # -- the view --------------------------------------------------------------------------------------------
