@@ -85,14 +85,24 @@ def _pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
 
 
+def _cpu_model() -> str:
+    """The host's CPU model (the machine varies between sessions: an AMX Xeon or an AVX2 EPYC)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=100, help="sessions per isolation mode")
     parser.add_argument("--isolation", nargs="+", default=["none", "bwrap"], choices=["none", "bwrap"])
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON record")
     args = parser.parse_args()
     modes = [m for m in args.isolation if m != "bwrap" or bwrap_available()]
     started = dt.datetime.now(dt.timezone.utc)
     base = Path(tempfile.mkdtemp(prefix="wb-bench-sandbox-"))
+    base.chmod(0o755)  # plain mode: the sandbox uids walk to their folders on their own rights
     timings: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     ids: dict[str, set[str]] = {m: set() for m in modes}
     try:
@@ -149,6 +159,7 @@ def main() -> None:
             "cpus": len(os.sched_getaffinity(0)),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "cpu": _cpu_model(),
             "load_avg_1m": os.getloadavg()[0],
             "bwrap": shutil.which("bwrap") is not None,
         },
@@ -158,9 +169,9 @@ def main() -> None:
         "left": left,
         "timings": timings,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out}")
     sys.exit(0 if all(summary[m]["processes_left"] == 0 == summary[m]["folders_left"] for m in modes) else 1)
 
 
