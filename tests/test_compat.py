@@ -100,8 +100,10 @@ def test_quiet_known_noise_drops_exactly_trls_none_reward_line_and_the_checkpoin
         _compat.quiet_known_noise()
         assert len(logger.filters) == before  # idempotent: one filter, however often a notebook builds a trainer
         TrainingArguments(output_dir=str(tmp_path), gradient_checkpointing=True, report_to="none")
-        warnings.warn("`gradient_checkpointing` is deprecated and will be removed in v6.", DeprecationWarning)
-        warnings.warn("`use_cache` is deprecated and will be removed in v6.", FutureWarning)
+        warnings.warn(
+            "`gradient_checkpointing` is deprecated and will be removed in v6.", DeprecationWarning, stacklevel=1
+        )
+        warnings.warn("`use_cache` is deprecated and will be removed in v6.", FutureWarning, stacklevel=1)
     assert [(w.category, str(w.message)) for w in seen] == [
         (DeprecationWarning, "`gradient_checkpointing` is deprecated and will be removed in v6."),
         (FutureWarning, "`use_cache` is deprecated and will be removed in v6."),
