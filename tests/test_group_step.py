@@ -18,7 +18,10 @@ import torch
 
 from workbench import _compat, group_pack, group_step
 from workbench.assets import build, load
-from workbench.train import GRPORun, TrainConfig
+from workbench.rollout_types import RolloutResult
+from workbench.tasks import load_tasks
+from workbench.train import GRPORun, TrainConfig, hidden_test_reward
+from workbench.train_fields import step_fields
 from workbench.turns import analyse
 from workbench.turns_rows import Row
 from workbench.turns_trace import load_trace
@@ -335,6 +338,91 @@ def test_every_row_reaches_the_loss_with_its_mask_and_its_rollouts_advantage(tmp
     assert step.last["packs"] == 4  # the easy row, each forked pair once, the padding slot
     log = next(h for h in trainer.state.log_history if "loss" in h)
     assert log["group/forwarded_tokens"] < 0.7 * log["group/row_tokens"]
+
+
+# -- scored rollouts without a row ------------------------------------------------------------------------------
+
+BUDGET = 3200  # keeps every fixture row (3097-3197 tokens) but the forced-repo-task's one (5622)
+SCORED_ZERO_CALL_LESS = ("timeout", "crashed", "harness_error", "limit_exceeded", "timeout", "ok")
+
+
+def call_less_group(tmp: Path) -> list[RolloutResult]:
+    """One task's group of 10 rollouts, 8 of them scored: 1 solve (the forked rollout: 2 rows), 6 scored 0 with no
+    trace at all (the first call still pending at the timeout, a harness dead before calling...), 1 scored 0 whose
+    only row is over the token budget, and 2 unscored (FAILED_STATUSES): one with rows, one without."""
+    empty = tmp / "no-trace"  # a rollout folder without trace.json: no call was ever answered
+    empty.mkdir()
+
+    def result(i: int, status: str, reward: float | None, folder: Path | None) -> RolloutResult:
+        return RolloutResult(f"r{i}", "easy/0", status, None, reward, folder, {})
+
+    return [
+        result(0, "ok", 1.0, FIXTURES / "smollm2-fork-bpe"),
+        *(result(1 + k, s, 0.0, empty if k % 2 else None) for k, s in enumerate(SCORED_ZERO_CALL_LESS)),
+        result(7, "ok", 0.0, FIXTURES / "smollm2-forced-repo-task"),
+        result(8, "upstream_error", None, FIXTURES / "smollm2-fork-invalid"),
+        result(9, "setup_failed", None, None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("every_row", "packed"),
+    [(False, False), (False, True), (True, False), (True, True)],
+    ids=["longest", "longest-packed", "every_row", "every_row-packed"],
+)
+def test_a_scored_rollout_without_rows_counts_in_its_groups_baseline(tmp_path, every_row, packed):
+    """Issue 26: 1 solve among 7 scored rollouts that left no row. TRL's group mean must be 1/8 and its std finite,
+    so the solve's rows get a positive advantage (not NaN -> 0) and move the weights; the row-less rollouts are
+    pad rows that carry their reward and no trained token; the unscored rollouts stay out of the baseline."""
+    results = call_less_group(tmp_path)
+    cfg = TrainConfig.baseline(
+        model="tiny", tasks="easy[:1]", group_size=len(results), token_budget=BUDGET, every_row=every_row
+    )
+    trainer = make_trainer(tmp_path, build("tiny").path, group_size=cfg.slots)
+    fields, stats = step_fields(
+        cfg,
+        load_tasks("easy[:1]"),
+        results,
+        hidden_test_reward,
+        lambda call: True,
+        trainer.processing_class,
+        policy=None,
+    )
+    assert stats["effective_group_size"] == 8 and stats["rows_dropped_budget"] == 1
+    assert len(fields["prompt_ids"]) == cfg.slots
+    trained = [any(m) for m in fields["env_mask"]]
+    # The engine's logprobs are the trainer's own: IS ratios of 1, so only the advantages decide the gradient
+    logprobs = [
+        own_logprobs(trainer, p, c).tolist() if t else lp
+        for p, c, lp, t in zip(fields["prompt_ids"], fields["completion_ids"], fields["logprobs"], trained)
+    ]
+    trainer.rollout_func = lambda prompts, trainer_: {**fields, "logprobs": logprobs}
+    if every_row or packed:  # as workbench.train installs it (every_row always goes through group_step)
+        group_step.install(trainer, shared_prefix=packed)
+    out, loss, grads = one_step(trainer, rows=cfg.slots)
+
+    scored = torch.tensor([1.0] + [0.0] * 7)
+    std = scored.std().item()  # TRL's nanstd: Bessel-corrected, 0.354 over these 8
+    metrics = trainer._metrics["train"]
+    assert metrics["reward"][-1] == pytest.approx(1 / 8)  # the group's baseline: every scored rollout, no other
+    assert metrics["reward_std"][-1] == pytest.approx(std) and metrics["frac_reward_zero_std"][-1] == 0.0
+    adv = out["advantages"].tolist()
+    loss_mask = (out["completion_mask"] * out["tool_mask"]).sum(1).tolist()
+    rewards = fields["wb_reward"]
+    solve = [i for i, r in enumerate(rewards) if r == 1.0]
+    zeros = [i for i, r in enumerate(rewards) if r == 0.0]
+    assert len(solve) == 1 and adv[solve[0]] == pytest.approx((1 - 1 / 8) / (std + 1e-4), abs=1e-4)
+    assert adv[solve[0]] > 0 and loss_mask[solve[0]] > 0
+    assert len(zeros) == 7, "one row per scored-0 rollout, with its reward"
+    for i in zeros:
+        assert adv[i] == pytest.approx(-1 / 8 / (std + 1e-4), abs=1e-4)
+        assert loss_mask[i] == 0 and not trained[i], "a row-less rollout's pad row trains nothing"
+    solve_rows = [i for i, a in enumerate(adv) if a == pytest.approx(adv[solve[0]]) and loss_mask[i] > 0]
+    assert len(solve_rows) == (2 if every_row else 1)  # every_row: the fork's other row takes the solve's advantage
+    for i, n in enumerate(loss_mask):
+        if n > 0 and i not in solve_rows:
+            assert adv[i] == 0.0, "only the unscored rollout's rows are trained besides the solve's, at advantage 0"
+    assert torch.isfinite(loss) and max(g.abs().max().item() for g in grads.values()) > 0
 
 
 def test_bf16_switch_runs_the_step_under_autocast(tiny):

@@ -32,7 +32,8 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    several rows with the same advantage and disjoint trained tokens (every turn's output is trained in
    exactly one row) contributes exactly what one row holding all its trained turns would. The advantage
    must be the rollout's, not the row's: TRL computes advantages over `num_generations` consecutive rows, so
-   only a rollout's lead row carries its reward; its other rows and the padding slots carry None (NaN: left
+   only a rollout's lead row carries its reward (a rollout with no row gets a pad row as its lead: scored, it
+   still counts in its group's mean and std); its other rows and the padding slots carry None (NaN: left
    out of the group mean and std, advantage 0), and `install` copies the lead row's advantage onto its
    other rows (`OWNER_FIELD`) before the loss. Not with "grpo"/"sapo"/"luspo"/"dr_grpo": they average per
    row, so a rollout's weight would grow with its row count and the padding slots would dilute the mean.
@@ -334,9 +335,13 @@ def every_row_fields(
     `groups[g][r]` holds rollout r's rows (workbench.turns.analyse(...).rows, budget-filtered), `rewards[g][r]`
     its reward. Each group fills exactly `slots` rows (GRPOConfig.num_generations = slots): first every rollout's
     lead row (most trained tokens: it carries the reward), then the other rows by trained tokens, then padding
-    rows (one pad token, nothing trained). Rows past `slots` are dropped; returns (fields, rows dropped). Every
-    row of a group is split into prompt/completion at the same index (the shortest first-output start), so
-    the group's rows get the same left padding in TRL and can share their prefix.
+    rows (one pad token, nothing trained, reward None). A rollout with no row (no call answered before the
+    timeout, a harness dead before calling, every row over the token budget) still gets a lead row: a pad row
+    carrying its reward, so that it counts in TRL's group mean and std like any scored rollout (issue 26: one
+    solve among seven such rollouts otherwise had a baseline of 1, std NaN, advantage 0). Rows past `slots` are
+    dropped; returns (fields, rows dropped). Every row of a group is split into prompt/completion at the same
+    index (the shortest first-output start), so the group's rows get the same left padding in TRL and can
+    share their prefix.
     """
     out: dict[str, list[object]] = {
         "prompt_ids": [],
@@ -346,32 +351,34 @@ def every_row_fields(
         "wb_reward": [],
         OWNER_FIELD: [],
     }
+    pad: dict[str, list[Any]] = {"prompt_ids": [pad_id], "completion_ids": [pad_id], "logprobs": [0.0], "env_mask": [0]}
     dropped = 0
     for rollouts, group_rewards in zip(groups, rewards, strict=True):
+        if len(rollouts) > slots:  # every rollout needs its lead slot, or it leaves the group's baseline
+            raise ValueError(f"{len(rollouts)} rollouts in a group of {slots} slots: slots must be >= group size")
         base = len(out["prompt_ids"])
         ranked = [sorted(rows, key=lambda r: (r.n_trained, len(r.input_ids)), reverse=True) for rows in rollouts]
-        leads = [(i, rows[0]) for i, rows in enumerate(ranked) if rows]
+        leads: list[tuple[int, Row | None]] = [(i, rows[0] if rows else None) for i, rows in enumerate(ranked)]
         rest = sorted(((i, r) for i, rows in enumerate(ranked) for r in rows[1:]), key=lambda x: -x[1].n_trained)
-        chosen = (leads + rest)[:slots]
-        dropped += len(leads) + len(rest) - len(chosen)
+        chosen = leads + rest[: slots - len(leads)]
+        dropped += len(rest) - (len(chosen) - len(leads))
         lead_slot = {i: base + k for k, (i, _) in enumerate(leads)}
-        split = min((r.spans[0][1] for _, r in chosen), default=1)
+        split = min((r.spans[0][1] for _, r in chosen if r is not None), default=1)
         for k, (i, row) in enumerate(chosen):
-            out["prompt_ids"].append(row.input_ids[:split])
-            out["completion_ids"].append(row.input_ids[split:])
-            out["logprobs"].append(row.logprobs[split:])
-            out["env_mask"].append(row.mask[split:])
+            if row is None:  # a rollout with no row: a pad row, nothing trained, its reward in the baseline
+                for key, value in pad.items():
+                    out[key].append(list(value))
+            else:
+                out["prompt_ids"].append(row.input_ids[:split])
+                out["completion_ids"].append(row.input_ids[split:])
+                out["logprobs"].append(row.logprobs[split:])
+                out["env_mask"].append(row.mask[split:])
             is_lead = k < len(leads)
             out["wb_reward"].append(group_rewards[i] if is_lead else None)
             out[OWNER_FIELD].append(base + k if is_lead else lead_slot[i])
-        for _ in range(slots - len(chosen)):
-            for key, value in (
-                ("prompt_ids", [pad_id]),
-                ("completion_ids", [pad_id]),
-                ("logprobs", [0.0]),
-                ("env_mask", [0]),
-                ("wb_reward", None),
-                (OWNER_FIELD, -1),
-            ):
-                out[key].append(value)
+        for _ in range(slots - len(chosen)):  # padding slots: reward None (NaN in TRL: outside the mean and std)
+            for key, value in pad.items():
+                out[key].append(list(value))
+            out["wb_reward"].append(None)
+            out[OWNER_FIELD].append(-1)
     return out, dropped
