@@ -179,6 +179,7 @@ def child_rollouts(name: str, out: Path) -> dict[str, Any]:
 
 def child_full(name: str, out: Path, steps: int = 0) -> dict[str, Any]:
     from workbench.train import GRPORun, TrainConfig
+    from workbench.train_config import resolve_importance_sampling
 
     preset, default_steps, overrides = FULL[name]
     make = TrainConfig.baseline if preset == "baseline" else TrainConfig
@@ -224,14 +225,15 @@ def child_full(name: str, out: Path, steps: int = 0) -> dict[str, Any]:
     return {
         "config": name,
         "preset": preset,
-        "levers": {
+        # importance_sampling as the trainer resolved it ("auto" depends on both dtypes)
+        "levers": {"importance_sampling": resolve_importance_sampling(cfg, "cpu")}
+        | {
             k: getattr(cfg, k)
             for k in (
                 "shared_prefix",
                 "reuse_logps",
                 "activation_checkpointing",
                 "precision",
-                "importance_sampling",
                 "engine_dtype",
                 "prefix_caching",
                 "title_max_tokens",
