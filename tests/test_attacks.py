@@ -534,3 +534,101 @@ def test_removing_a_sandbox_tree_changes_no_mode_above_it(tmp_path):
     force_remove(base / "root")  # already gone (the race): nothing to do, and nothing chmodded
     force_remove(base / "never-was")
     assert (base.stat().st_mode & 0o7777) == 0o1777
+
+
+def test_the_grading_jail_removal_changes_no_mode_above_it(base, monkeypatch):
+    """The jail removed its folder with a twin of the sandbox's old removal: a failure on the jail's
+    folder itself chmodded its parent (the temp dir) to 0700. Here the jail folder's own removal is
+    refused once (a seam: a sweep racing, a parent refusing); its parent keeps its mode, and the
+    folder goes on the next removal. A tree the graded code locked (000) still goes."""
+    from workbench.verify.jail import Jail
+    from workbench.verify.jail_host import resolve
+
+    host, use_bwrap = resolve("auto")
+    real_rmdir, refused = os.rmdir, []
+
+    def refuse_jail_folder_once(path, *args, **kwargs):
+        if os.path.basename(os.fspath(path)).startswith("wb-verify-") and not refused:
+            refused.append(path)
+            raise PermissionError(13, "refused (test seam)", os.fspath(path))
+        return real_rmdir(path, *args, **kwargs)
+
+    base.chmod(0o1777)
+    with Jail(ADD.limits, host, bwrap=use_bwrap) as jail:
+        locked = jail.root / "tmp" / "locked"
+        locked.mkdir(parents=True)
+        (locked / "f").write_text("x")
+        locked.chmod(0o000)
+        monkeypatch.setattr(os, "rmdir", refuse_jail_folder_once)
+    assert refused, "the seam never fired: the jail folder was not removed through os.rmdir"
+    assert (base.stat().st_mode & 0o7777) == 0o1777
+    assert [p.name for p in base.iterdir()] == [jail.root.name]  # refused once: still there, emptied
+    assert list(jail.root.iterdir()) == []
+    jail.__exit__(None, None, None)  # the next removal takes it
+    assert list(base.iterdir()) == []
+
+
+def _swap_for_link_on_first_unlink(monkeypatch, folder: Path, victim: Path) -> list[str]:
+    """A seam for the race an attacker runs against a removal: the first unlink of a file named ``f``
+    fails, and by then ``folder`` has been moved aside and a link to `victim` put in its place."""
+    real_unlink, fired = os.unlink, []
+
+    def unlink(path, *args, **kwargs):
+        if os.path.basename(os.fspath(path)) == "f" and not fired:
+            fired.append(os.fspath(path))
+            folder.rename(folder.with_name(folder.name + ".moved"))
+            folder.symlink_to(victim)
+            raise PermissionError(13, "refused (test seam)", os.fspath(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    return fired
+
+
+def _victim(base: Path) -> Path:
+    victim = base / "victim"
+    victim.mkdir(mode=0o755)
+    victim.chmod(0o755)
+    (victim / "f").write_text("keep me")
+    return victim
+
+
+def test_the_stale_sweep_leaves_folders_it_did_not_make(base, monkeypatch):
+    """`remove_stale` removed, as root, any ``wb-sbx-<dead pid>-…`` folder in the shared temp dir,
+    whoever made it; with the swap of `_swap_for_link_on_first_unlink` inside a planted one, root
+    chmodded the link's target (any directory) to 0700 and removed a file in it. Now only folders
+    lstat shows are ours (our euid, a real directory) are swept."""
+    from workbench.sandbox_cleanup import remove_stale
+
+    victim = _victim(base)
+    planted = base / "wb-sbx-999999999-1-planted"
+    (planted / "sub").mkdir(parents=True)
+    (planted / "sub" / "f").write_text("x")
+    for path in (planted, planted / "sub", planted / "sub" / "f"):
+        os.chown(path, 4242, 4242)  # another user's (an agent's uid in plain mode can write /tmp)
+    (base / "wb-sbx-999999998-1-linked").symlink_to(victim)
+    ours = base / "wb-sbx-999999997-1-ours"
+    (ours / "ws").mkdir(parents=True)
+    fired = _swap_for_link_on_first_unlink(monkeypatch, planted / "sub", victim)
+    remove_stale(base)
+    assert (victim.stat().st_mode & 0o7777) == 0o755 and (victim / "f").read_text() == "keep me"
+    assert (planted / "sub" / "f").read_text() == "x" and not fired  # not ours: not touched at all
+    assert (base / "wb-sbx-999999998-1-linked").is_symlink()
+    assert not ours.exists()  # a stale folder of ours still goes
+
+
+def test_a_swept_folder_swapped_for_a_link_chmods_nothing_outside(base, monkeypatch):
+    """Inside a folder that is ours, a subfolder swapped for a link mid-removal (the removal's error
+    handler then chmodded and unlinked by path, through the link): nothing outside changes, and the
+    whole tree, moved part included, still goes."""
+    from workbench.sandbox_cleanup import remove_stale
+
+    victim = _victim(base)
+    ours = base / "wb-sbx-999999997-1-ours"
+    (ours / "sub").mkdir(parents=True)
+    (ours / "sub" / "f").write_text("x")
+    fired = _swap_for_link_on_first_unlink(monkeypatch, ours / "sub", victim)
+    remove_stale(base)
+    assert fired
+    assert (victim.stat().st_mode & 0o7777) == 0o755 and (victim / "f").read_text() == "keep me"
+    assert sorted(p.name for p in base.iterdir()) == ["victim"]

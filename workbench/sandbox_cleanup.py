@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .procs import environ, group_alive, kill_group, kill_matching, proc_stat, processes
@@ -46,39 +47,172 @@ def new_folder(base: Path | str) -> Path:
 
 def remove_stale(base: Path) -> None:
     """Remove the sandbox folders in `base` whose creator process is gone (see `new_folder`).
-    Folders named before creators were recorded (``wb-sbx-XXXXXXXX``) are left alone."""
+    Folders named before creators were recorded (``wb-sbx-XXXXXXXX``) are left alone, and so is any
+    entry lstat does not show as a real folder of our euid: the temp dir is shared, and anyone may
+    plant a ``wb-sbx-…`` there for root to remove (`force_remove` checks again on its descriptor)."""
     try:
         entries = list(os.scandir(base))
     except OSError:
         return
+    me = os.geteuid()
     for entry in entries:
         parts = entry.name.split("-")  # wb, sbx, pid, starttime, random
         if len(parts) == 5 and entry.name.startswith(_PREFIX) and parts[2].isdigit() and parts[3].isdigit():
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+                continue
             if process_key(int(parts[2])) != f"{parts[2]}-{parts[3]}":
-                force_remove(Path(entry.path))
+                force_remove(Path(entry.path), owner=me)
 
 
-def force_remove(path: Path) -> None:
+# Every folder inside the tree is opened relative to its parent's descriptor and never through a link,
+# so no component of a path can be swapped for a link to send a chmod or an unlink elsewhere.
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_PASSES = 3  # listings of one folder: entries moved in while it is emptied (a racing process) still go
+
+
+def force_remove(path: Path, *, owner: int | None = None) -> None:
     """Remove a sandbox tree the agent may have chmodded to 000 (we own it as root, or as the same user).
+    With `owner`, only when `path` is a real folder of that uid (checked on its descriptor).
 
     Only modes inside `path` are touched: a failure on `path` itself (already gone: a sweep and a close
     racing; or its parent refusing) once chmodded the parent, /tmp, to 0700, and every later sandbox's
-    uid was refused its workspace ("bwrap: Can't find source path ...: Permission denied")."""
-    top = os.path.abspath(path)
-
-    def unlock(func, failed, exc_info):  # noqa: ANN001 - shutil's onerror signature
-        if isinstance(exc_info[1], FileNotFoundError):
+    uid was refused its workspace ("bwrap: Can't find source path ...: Permission denied"). And only
+    through descriptors: the removal's error handler once chmodded and unlinked by path, so a folder
+    swapped for a link mid-removal had root chmod (and empty) the link's target. Best effort: what
+    cannot be removed is left, never raised."""
+    parent, name = os.path.split(os.path.abspath(path))
+    try:
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the caller's: followed
+    except OSError:
+        return
+    try:
+        top = _open_dir(parent_fd, name, inside=False)
+        if top is None:  # gone, or not a folder (a link is never followed)
             return
-        failed = os.path.abspath(failed)
-        with contextlib.suppress(OSError):
-            parent = os.path.dirname(failed)
-            if parent == top or parent.startswith(top + os.sep):
-                os.chmod(parent, 0o700)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, 0o700)
-            func(failed)
+        if owner is not None and os.fstat(top).st_uid != owner:
+            os.close(top)
+            return
+        _empty_and_remove(parent_fd, name, top)
+    finally:
+        os.close(parent_fd)
 
-    shutil.rmtree(path, onerror=unlock)
+
+def _empty_and_remove(parent_fd: int, name: str, fd: int) -> None:
+    """Empty the folder open as `fd` (`name` in `parent_fd`), then remove it; iterative (a deep tree
+    is no RecursionError), one descriptor per level."""
+    frames = [(fd, name, _names(fd), 1)]  # folder, its name in the one below it, names left, listings
+    try:
+        while frames:
+            fd, name, left, passes = frames[-1]
+            if left:
+                child = left.pop()
+                sub = _open_dir(fd, child, inside=True)
+                if sub is None:
+                    _unlink(fd, child)
+                else:
+                    frames.append((sub, child, _names(sub), 1))
+                continue
+            again = _names(fd) if passes < _PASSES else []
+            if again:
+                frames[-1] = (fd, name, again, passes + 1)
+                continue
+            frames.pop()
+            os.close(fd)
+            below = frames[-1][0] if frames else parent_fd
+            _rmdir(below, name, unlock=bool(frames))  # the top's parent is not ours: never unlocked
+    finally:
+        for frame in frames:
+            os.close(frame[0])
+
+
+def _open_dir(dir_fd: int, name: str, *, inside: bool) -> int | None:
+    """`name` in `dir_fd` open as a folder, unlocked (u+rwx) when the agent locked it; None when it is
+    not a folder (a file, a link: never followed) or cannot be opened. `dir_fd` itself is unlocked
+    only when it is `inside` the tree."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except PermissionError:
+        if not inside:
+            return None
+        _unlock(dir_fd)
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return None
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    try:
+        fd = os.open(name, _DIR, dir_fd=dir_fd)
+    except PermissionError:  # a folder chmodded 000 (not root): unlock it through an O_PATH descriptor
+        try:
+            fd = _reopen_unlocked(dir_fd, name)
+        except OSError:
+            return None
+    except OSError:  # gone, or swapped for a link or a file since the stat
+        return None
+    if stat.S_IMODE(os.fstat(fd).st_mode) & 0o700 != 0o700:
+        _unlock(fd)
+    return fd
+
+
+def _reopen_unlocked(dir_fd: int, name: str) -> int:
+    # An O_PATH descriptor needs no permission on the folder; chmod and reopen through its /proc link,
+    # which names that very folder (what glibc's fchmodat(AT_SYMLINK_NOFOLLOW) does).
+    path_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.chmod(f"/proc/self/fd/{path_fd}", 0o700)
+        return os.open(f"/proc/self/fd/{path_fd}", _DIR)
+    finally:
+        os.close(path_fd)
+
+
+def _unlock(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o700)
+
+
+def _names(fd: int) -> list[str]:
+    try:
+        return os.listdir(fd)
+    except OSError:
+        return []
+
+
+def _unlink(dir_fd: int, name: str) -> None:
+    _retry(lambda: os.unlink(name, dir_fd=dir_fd), dir_fd)
+
+
+def _rmdir(dir_fd: int, name: str, *, unlock: bool) -> None:
+    try:
+        _retry(lambda: os.rmdir(name, dir_fd=dir_fd), dir_fd if unlock else None, quiet=False)
+    except NotADirectoryError:  # swapped for a link or a file since it was emptied: the name goes
+        if unlock:
+            _unlink(dir_fd, name)
+    except OSError:
+        pass
+
+
+def _retry(remove: Callable[[], None], unlock_fd: int | None, *, quiet: bool = True) -> None:
+    """`remove`, again after unlocking `unlock_fd` (a folder inside the tree) when it was refused."""
+    try:
+        try:
+            remove()
+        except PermissionError:
+            if unlock_fd is None:
+                raise
+            _unlock(unlock_fd)
+            remove()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        if not quiet:
+            raise
 
 
 def strays(root: Path, uid: int | None) -> list[int]:

@@ -34,18 +34,18 @@ import random
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from ..bounded_copy import CopyLimits, copy_tree
 from ..paths import exposed_paths
 from ..procs import environ, kill_matching
+from ..sandbox_cleanup import force_remove
 from ..tasks import Limits
 from .jail_command import check_mount_points, command
 from .jail_host import Host, interpreter, reachable
 
-__all__ = ["Jail", "remove_tree", "MARKER_VAR", "RUNNER"]
+__all__ = ["Jail", "MARKER_VAR", "RUNNER"]
 
 MARKER_VAR = "WORKBENCH_VERIFY_RUN"  # set in every test process: found again by the sweep when not root
 RUNNER = Path(__file__).resolve().with_name("runner.py")
@@ -108,7 +108,7 @@ class Jail:
                         if mode == 0o700 and self.uid is not None:
                             os.chown(folder, self.uid, self.uid)
         except BaseException:
-            remove_tree(self.root)
+            force_remove(self.root)
             raise
         return self
 
@@ -116,7 +116,7 @@ class Jail:
         try:
             self.sweep()
         finally:
-            remove_tree(self.root)
+            force_remove(self.root)  # the sandbox's removal: only modes inside, only through descriptors
             if self.uid is not None and self.bwrap is None:
                 for shared in ("/tmp", "/var/tmp", "/dev/shm"):
                     _remove_owned(Path(shared), self.uid)
@@ -197,18 +197,6 @@ class Jail:
         }
 
 
-def remove_tree(path: Path) -> None:
-    def unlock(func: Callable, failed: str, exc_info: object) -> None:
-        # A solution may chmod its directories to 000 (only matters when not root).
-        os.chmod(os.path.dirname(failed), 0o700)
-        if os.path.isdir(failed) and not os.path.islink(failed):
-            os.chmod(failed, 0o700)
-        func(failed)
-
-    if path.exists():
-        shutil.rmtree(path, onerror=unlock)
-
-
 def _remove_owned(directory: Path, uid: int) -> None:
     try:
         entries = list(directory.iterdir())
@@ -219,7 +207,7 @@ def _remove_owned(directory: Path, uid: int) -> None:
             if entry.lstat().st_uid != uid:
                 continue
             if entry.is_dir() and not entry.is_symlink():
-                remove_tree(entry)
+                force_remove(entry, owner=uid)  # checked again on its descriptor
             else:
                 entry.unlink()
         except OSError:
