@@ -632,3 +632,74 @@ def test_a_swept_folder_swapped_for_a_link_chmods_nothing_outside(base, monkeypa
     assert fired
     assert (victim.stat().st_mode & 0o7777) == 0o755 and (victim / "f").read_text() == "keep me"
     assert sorted(p.name for p in base.iterdir()) == ["victim"]
+
+
+def _swap_after_lstat(monkeypatch, name: str, swap) -> list[str]:
+    """A seam for the race against `copy_tree`: right after it lstats an entry called `name`, `swap`
+    replaces that entry (what an agent still running does between the check and the open)."""
+    real_lstat, fired = os.lstat, []
+
+    def lstat(path, *args, **kwargs):
+        st = real_lstat(path, *args, **kwargs)
+        if os.path.basename(os.fspath(path)) == name and not fired:
+            fired.append(os.fspath(path))
+            swap()
+        return st
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    return fired
+
+
+@pytest.mark.parametrize("swap", ["file-for-link", "file-for-fifo", "folder-for-link"])
+def test_the_grading_copy_reads_nothing_swapped_in_after_its_check(base, monkeypatch, swap):
+    """`copy_tree` checked each entry with lstat and then opened it by path: a file swapped for a link
+    to a host file (or a folder for a link to a host folder) was copied, as root, into the graded
+    copy; a FIFO swapped in was read (and, with no writer, blocked the copy forever). Now it opens
+    relative to descriptors of the folders it checked, with O_NOFOLLOW|O_NONBLOCK, and copies only
+    what fstat of that descriptor shows is a regular file."""
+    from workbench.bounded_copy import copy_tree
+
+    host = base / "host"
+    host.mkdir(mode=0o700)
+    (host / "secret").write_text("HOST SECRET")
+    ws = base / "ws"
+    (ws / "sub").mkdir(parents=True)
+    payload = b"FROM A FIFO"
+    (ws / "data").write_bytes(b"x" * len(payload))
+    (ws / "sub" / "secret").write_text("agent's own")
+    fifo_fds: list[int] = []
+
+    def swap_file_for_link():
+        (ws / "data").unlink()
+        (ws / "data").symlink_to(host / "secret")
+
+    def swap_file_for_fifo():
+        (ws / "data").unlink()
+        os.mkfifo(ws / "data")
+        fd = os.open(ws / "data", os.O_RDWR | os.O_NONBLOCK)  # a writer, so the open does not block
+        os.write(fd, payload)
+        fifo_fds.append(fd)
+
+    def swap_folder_for_link():
+        (ws / "sub").rename(ws / "sub.moved")
+        (ws / "sub").symlink_to(host)
+
+    name, action = {
+        "file-for-link": ("data", swap_file_for_link),
+        "file-for-fifo": ("data", swap_file_for_fifo),
+        "folder-for-link": ("sub", swap_folder_for_link),
+    }[swap]
+    fired = _swap_after_lstat(monkeypatch, name, action)
+    try:
+        copy_tree(ws, base / "copy")
+    finally:
+        for fd in fifo_fds:
+            os.close(fd)
+    assert fired
+    copied = b"".join(
+        (Path(top) / f).read_bytes()
+        for top, _, files in os.walk(base / "copy")
+        for f in files
+        if (Path(top) / f).is_file() and not (Path(top) / f).is_symlink()
+    )
+    assert b"HOST SECRET" not in copied and payload not in copied

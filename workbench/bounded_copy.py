@@ -13,6 +13,7 @@ before anything is written).
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -36,49 +37,99 @@ class CopyLimitError(OSError):
     """The source passed a `CopyLimits` bound; what was copied so far stays in the destination."""
 
 
+# The source is walked through descriptors: each folder opened relative to the one it was listed in and
+# never through a link, each file opened without following a link or waiting on a FIFO, and copied only
+# when fstat of that descriptor shows a regular file. An agent still running may swap any entry between
+# the check and the open; as root, a path-based open once copied a host file (a link swapped in) into
+# the graded copy, or blocked forever on a FIFO.
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_SWAPPED = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # gone, or no longer what lstat saw
+
+
 def copy_tree(src: Path, dest: Path, limits: CopyLimits = CopyLimits(), *, skip: tuple[str, ...] = ()) -> None:
     """Copy `src` into the new folder `dest` (which must not exist). Names in `skip` are left out at the
-    top level (``.git``). Files that vanish mid-copy (the agent may still be running) are skipped."""
+    top level (``.git``). Files that vanish mid-copy (the agent may still be running), or that are
+    swapped for something else between their check and their open, are skipped."""
     dest.mkdir()
+    try:
+        top = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the caller's path: followed
+    except FileNotFoundError:
+        return
     total = entries = 0
-    stack: list[tuple[Path, Path, int]] = [(src, dest, 0)]
-    while stack:
-        here, there, depth = stack.pop()
-        try:
-            names = sorted(os.listdir(here))
-        except FileNotFoundError:
-            continue
-        for name in names:
-            if depth == 0 and name in skip:
+    # Depth first, one descriptor per level (at most `max_depth`): folder, names left, its copy, depth.
+    frames: list[tuple[int, list[str], Path, int]] = [(top, _names(top, skip), dest, 0)]
+    try:
+        while frames:
+            here, names, there, depth = frames[-1]
+            if not names:
+                os.close(here)
+                frames.pop()
                 continue
+            name = names.pop()
             entries += 1
             if entries > limits.max_entries:
                 raise CopyLimitError(f"more than {limits.max_entries} files and folders")
-            source, target = here / name, there / name
+            target = there / name
             try:
-                st = os.lstat(source)
+                st = os.lstat(name, dir_fd=here)
             except FileNotFoundError:
                 continue
             if stat.S_ISDIR(st.st_mode):
                 if depth + 1 >= limits.max_depth:
                     raise CopyLimitError(f"folders nested deeper than {limits.max_depth}")
-                target.mkdir()
-                stack.append((source, target, depth + 1))
+                sub = _open(name, _DIR, here)
+                if sub is not None:
+                    frames.append((sub, _names(sub, ()), target, depth + 1))
+                    target.mkdir()
             elif stat.S_ISLNK(st.st_mode):
-                os.symlink(os.readlink(source), target)
-            elif stat.S_ISREG(st.st_mode):
-                total += st.st_size
-                if total > limits.max_bytes:
-                    raise CopyLimitError(f"more than {limits.max_bytes >> 20} MiB of files")
                 try:
-                    with open(source, "rb") as f, open(target, "wb") as g:
-                        # Never more than the file's size when it was measured: a file still growing
-                        # cannot push the copy past the bound.
-                        shutil.copyfileobj(_Capped(f, st.st_size), g)
-                except FileNotFoundError:
-                    continue
-                os.chmod(target, stat.S_IMODE(st.st_mode) & 0o755)
+                    os.symlink(os.readlink(name, dir_fd=here), target)
+                except OSError as e:
+                    if e.errno not in (*_SWAPPED, errno.EINVAL):  # EINVAL: no longer a link
+                        raise
+            elif stat.S_ISREG(st.st_mode):
+                total += _copy_file(here, name, target, total, limits.max_bytes)
             # FIFOs, sockets, devices: skipped (reading a FIFO would block the copy forever)
+    finally:
+        for frame in frames:
+            os.close(frame[0])
+
+
+def _names(fd: int, skip: tuple[str, ...]) -> list[str]:
+    """The folder's names, last first (popped in sorted order)."""
+    return sorted((n for n in os.listdir(fd) if n not in skip), reverse=True)
+
+
+def _open(name: str, flags: int, dir_fd: int) -> int | None:
+    """`name` in `dir_fd` opened with `flags`, None when it is gone or was swapped for a link."""
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in _SWAPPED:
+            return None
+        raise
+
+
+def _copy_file(dir_fd: int, name: str, target: Path, used: int, max_bytes: int) -> int:
+    """Copy the regular file `name` in `dir_fd` to `target` when it is one (fstat of the open descriptor);
+    its size as measured there is what counts against `max_bytes` (`used` so far); the bytes counted."""
+    fd = _open(name, _FILE, dir_fd)
+    if fd is None:
+        return 0
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device swapped in since the lstat: never read
+            return 0
+        if used + st.st_size > max_bytes:
+            raise CopyLimitError(f"more than {max_bytes >> 20} MiB of files")
+        os.set_blocking(fd, True)  # O_NONBLOCK was for the open; reads of a regular file do not wait
+        with open(target, "wb") as g:
+            # Never more than the file's size when it was measured: a file still growing cannot push the
+            # copy past the bound.
+            shutil.copyfileobj(_Capped(f, st.st_size), g)
+    os.chmod(target, stat.S_IMODE(st.st_mode) & 0o755)
+    return st.st_size
 
 
 class _Capped:
