@@ -29,7 +29,7 @@ all seven knobs and overrides the harness), and a call budget ends runaway loops
     calls = client.trace(key)                            # every call, exact ids, purpose tags
     proxy.stop()
 
-`workbench proxy --upstream URL --model NAME [--host H] [--port N] [--admin-key K]` runs it alone.
+`workbench proxy --upstream URL --model NAME [--host H] [--port N] [--admin-key-file FILE]` runs it alone.
 
 This module is the ASGI app and its lifecycle: the front door (`workbench.capture_gate`), bodies read and
 capped, the output cap by purpose, then each model call recorded (`workbench.capture_record`) around

@@ -217,11 +217,14 @@ def _asset_path(name: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="workbench", description=__doc__.split("\n")[0])
+    # allow_abbrev=False everywhere: argparse's prefix matching read `proxy --admin-key K` as
+    # `--admin-key-file K`, and every flag added later could silently change what an old command line means.
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__.split("\n")[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+        # A subcommand parses its own flags: the root's allow_abbrev does not reach it.
+        p = sub.add_parser(name, help=help, description=help, allow_abbrev=False)
         p.set_defaults(handler=handler)
         return p
 

@@ -50,7 +50,7 @@ def add_service_commands(add: AddCommand) -> None:
     p = add("proxy", _cmd_proxy, "run the capture proxy standalone in front of an engine (OpenEnv HTTP contract)")
     p.add_argument("--upstream", required=True, help="the engine's OpenAI-compatible URL (kept from the agent)")
     p.add_argument("--model", required=True, help="served model name to send upstream")
-    p.add_argument("--host", default="127.0.0.1", help="non-loopback binds require --admin-key")
+    p.add_argument("--host", default="127.0.0.1", help="non-loopback binds require --admin-key-file")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument(
         "--admin-key-file",

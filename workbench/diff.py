@@ -379,7 +379,9 @@ def diff_from_args(args: argparse.Namespace) -> int:
 
 def cli_diff(argv: list[str] | None = None) -> int:
     """``workbench diff A B ...`` as a function (argv without the subcommand)."""
-    parser = add_diff_arguments(argparse.ArgumentParser(prog="workbench diff", description=__doc__.split("\n")[0]))
+    parser = add_diff_arguments(
+        argparse.ArgumentParser(prog="workbench diff", description=__doc__.split("\n")[0], allow_abbrev=False)
+    )
     return diff_from_args(parser.parse_args(argv))
 
 

@@ -324,7 +324,9 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 def cli_main(argv: list[str] | None = None) -> int:
     """``workbench eval ...`` as a function (argv without the subcommand)."""
-    parser = add_eval_arguments(argparse.ArgumentParser(prog="workbench eval", description=__doc__.split("\n")[0]))
+    parser = add_eval_arguments(
+        argparse.ArgumentParser(prog="workbench eval", description=__doc__.split("\n")[0], allow_abbrev=False)
+    )
     return run_from_args(parser.parse_args(argv))
 
 

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..harbor import load_spec, load_specs
 
-    parser = argparse.ArgumentParser(prog="workbench harbor", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="workbench harbor", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("action", choices=["check"])
     parser.add_argument("spec", help="a Harbor task folder, a folder of them, or repo-tasks")
     parser.add_argument("--sandbox", choices=["auto", "bwrap"], default="auto")

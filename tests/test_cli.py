@@ -1,0 +1,96 @@
+"""The `workbench` command line takes only the flags it names: no prefix matching (argparse's
+``allow_abbrev``, on by default, read ``workbench proxy --admin-key K`` as ``--admin-key-file K``),
+and every flag a help text or description mentions is a real flag of that subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+
+import pytest
+
+from workbench.cli import build_parser
+
+# Flags that help texts name on purpose although they belong to another program: the program the
+# subcommand runs, named in the same text (`test_every_flag_a_help_text_names_exists` checks that).
+OTHER_PROGRAMS_FLAGS = {
+    ("sandbox-check", "--version"): "harness",  # "run a harness's --version in one real sandbox"
+    ("train", "--title"): "opencode",  # opencode's own `run --title`
+    ("eval", "--title"): "opencode",
+}
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(subs.choices)
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {o for a in parser._actions for o in a.option_strings}
+
+
+def test_every_flag_a_help_text_names_exists():
+    """`workbench proxy --host`'s help once named `--admin-key`, a flag that no longer existed."""
+    root = build_parser()
+    missing, seen = [], set()
+    for name, sub in _subcommands(root).items():
+        have = _options(sub) | _options(root)
+        for text in [sub.description or ""] + [a.help or "" for a in sub._actions]:
+            for flag in FLAG.findall(text):
+                seen.add((name, flag))
+                program = OTHER_PROGRAMS_FLAGS.get((name, flag))
+                if program is not None:
+                    assert program in text, (name, flag, text)  # the text says whose flag it is
+                elif flag not in have:
+                    missing.append((name, flag, text))
+    assert missing == []
+    # the walk read the help texts: rollout's --proxy names --admin-key-file, and so does proxy's --host now
+    assert {("rollout", "--admin-key-file"), ("proxy", "--admin-key-file")} <= seen
+
+
+def test_no_parser_matches_abbreviations():
+    root = build_parser()
+    assert root.allow_abbrev is False
+    assert {n: s.allow_abbrev for n, s in _subcommands(root).items() if s.allow_abbrev is not False} == {}
+
+
+def test_proxy_admin_key_is_not_read_as_admin_key_file(capsys):
+    """The issue's case: a key on the command line (readable by every user on the host) must be an
+    error, not silently taken as the path of a key file."""
+    argv = ["proxy", "--upstream", "http://127.0.0.1:1/v1", "--model", "m"]
+    args = build_parser().parse_args([*argv, "--admin-key-file", "k.txt"])
+    assert args.admin_key_file == "k.txt"
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([*argv, "--admin-key", "K"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --admin-key K" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("module", "function", "runs", "argv", "refused"),
+    [
+        ("workbench.diff", "cli_diff", "diff_from_args", ["a", "b", "--js"], "--js"),  # --json
+        ("workbench.evaluate", "cli_main", "run_from_args", ["--js"], "--js"),  # --json
+        ("workbench.verify.harbor", "main", "oracle_check", ["check", "x", "--sand", "bwrap"], "--sand bwrap"),
+    ],
+)
+def test_the_standalone_parsers_refuse_abbreviations(module, function, runs, argv, refused, capsys, monkeypatch):
+    """`workbench.diff`, `workbench.evaluate` and `workbench.verify.harbor` build their own parsers
+    (``python -m``); an abbreviation is refused before anything runs (what would run is stubbed: an
+    accepted ``--js`` once started a whole evaluation here)."""
+    mod = importlib.import_module(module)
+
+    def ran(*args, **kwargs):
+        pytest.fail(f"{module} accepted {refused!r} and went on to run")
+
+    monkeypatch.setattr(mod, runs, ran)
+    if module == "workbench.verify.harbor":  # it loads the tasks before checking them
+        monkeypatch.setattr("workbench.harbor.load_specs", ran)
+        monkeypatch.setattr("workbench.harbor.load_spec", ran)
+    with pytest.raises(SystemExit) as exc:
+        getattr(mod, function)(argv)
+    assert exc.value.code == 2
+    assert f"unrecognized arguments: {refused}" in capsys.readouterr().err
