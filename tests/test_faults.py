@@ -45,11 +45,11 @@ from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.paths import harness_bin, project_root
 from workbench.rollout import run_rollout, run_rollouts
-from workbench.rollout_types import STATUSES, RolloutConfig
+from workbench.rollout_types import STATUSES, RolloutConfig, refused_for_the_agents_output
 from workbench.sandbox import Sandbox
 from workbench.sandbox_spec import bwrap_available
 from workbench.tasks import Limits, Task, load_task
-from workbench.train import FAILED_STATUSES, RolloutOutcome
+from workbench.train import FAILED_STATUSES, RolloutOutcome, hidden_test_reward
 from workbench.turns import write_turns
 from workbench.turns_trace import TraceError, load_trace, load_turns
 from workbench.verify import verify
@@ -235,28 +235,41 @@ def test_opencode_killed_mid_rollout_is_crashed_and_its_group_proceeds(tmp_path,
 
 
 @pytest.mark.parametrize(
-    "fault, error",
+    "fault, error, status",
     [
-        ("500", "scripted failure"),  # after the proxy's own 3 attempts (2 s + 4 s backoff)
-        ("400", "scripted bad request"),
-        ("cut", "the engine's stream ended before [DONE]"),  # the stream closes mid-response
-        ("garbled", "the engine's reply is not JSON"),  # a non-JSON SSE line mid-stream
+        ("500", "scripted failure", "upstream_error"),  # after the proxy's own 3 attempts (2 s + 4 s backoff)
+        ("400", "scripted bad request", "agent_error"),  # the engine refused what the agent sent
+        ("cut", "the engine's stream ended before [DONE]", "upstream_error"),  # the stream closes mid-response
+        ("garbled", "the engine's reply is not JSON", "upstream_error"),  # a non-JSON SSE line mid-stream
     ],
 )
-def test_engine_fault_ends_the_rollout_within_seconds(tmp_path, tmp_base, upstream, proxy, fault, error):
+def test_engine_fault_ends_the_rollout_within_seconds(tmp_path, tmp_base, upstream, proxy, fault, error, status):
     """The engine answers the agent's (streamed) call with a 500 (every retry), a 400, a stream that
     stops half-way, or a stream with a non-JSON line: that call is recorded `upstream_error` with the
-    engine's message, and the rollout ends `upstream_error` within seconds of it
-    (`stop_on_upstream_error`; opencode alone retries a 500 for minutes, a 400 for ~70 s); nothing
-    is left."""
+    engine's message, and the rollout ends within seconds of it (`stop_on_upstream_error`; opencode
+    alone retries a 500 for minutes, a 400 for ~70 s); nothing is left.
+
+    A 400 refuses what the agent sent (e.g. a tool call the chat template cannot re-render): the
+    rollout ends `agent_error`, is graded and scored 0 by the trainer's reward, so it counts in its
+    group's baseline. A 500, a cut stream or a reply that is not JSON are the engine's failures: the
+    rollout ends `upstream_error`, which the trainer leaves unscored."""
     upstream.untooled = "text"
     upstream.script = [fault] * 12
-    result = run_rollout(load_task("humaneval/0"), proxy.client(), FAST, tmp_path / "r")
+    task = load_task("humaneval/0")
+    result = run_rollout(task, proxy.client(), FAST, tmp_path / "r")
     ended = time.time()
-    assert result.status == "upstream_error", (result.status, result.reason)
-    assert result.reason.startswith("the engine failed a call (see trace.json)")
-    failed = [c for c in _trace(result.out_dir) if c["status"] == "upstream_error"]
+    assert result.status == status, (result.status, result.reason)
+    calls = _trace(result.out_dir)
+    failed = [c for c in calls if c["status"] == "upstream_error"]
     assert failed and failed[0]["purpose"] == "agent" and error in failed[0]["error"]
+    reward = hidden_test_reward(RolloutOutcome(task, result, calls))
+    if status == "agent_error":
+        assert result.reason.startswith("the engine refused the agent's own output (HTTP 400; see trace.json)")
+        assert failed[0]["upstream_status"] == 400
+        assert status not in FAILED_STATUSES and result.reward == 0.0 and reward == 0.0  # graded, in the baseline
+    else:
+        assert result.reason.startswith("the engine failed a call (see trace.json)")
+        assert status in FAILED_STATUSES and reward is None  # left out of the baseline
     failed_at = failed[0]["timestamp"] + failed[0]["latency_s"]
     harness_s = result.summary["timings"]["harness_s"]
     print(
@@ -265,6 +278,51 @@ def test_engine_fault_ends_the_rollout_within_seconds(tmp_path, tmp_base, upstre
     )
     assert ended - failed_at < 20
     _assert_nothing_left(tmp_base)
+
+
+@pytest.mark.parametrize(
+    "fault, stream, engine_status",
+    [("400", False, 400), ("400", True, 400), ("500", False, 500), ("500", True, 500), ("cut", True, None)],
+)
+def test_a_failed_call_records_the_engines_status(upstream, proxy, fault, stream, engine_status):
+    """Whose doing a failed call was depends on the engine's HTTP status, so the call records it
+    (``upstream_status``, streamed or not): a 400 (the harness gets the 400), a 500 (after the proxy's
+    retries; the harness gets a 502); a stream cut short has none."""
+    client = proxy.client()
+    key = client.open_session(harness="opencode", temperature=1.0)
+    upstream.script = [fault] * 3  # a 500 is tried 3 times
+    httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "m", "messages": AGENT, "tools": TOOLS, "stream": stream},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    [call] = client.trace(key)
+    assert call["status"] == "upstream_error" and call["purpose"] == "agent"
+    assert call.get("upstream_status") == engine_status
+    assert refused_for_the_agents_output(call) is (engine_status == 400)
+
+
+@pytest.mark.parametrize(
+    "engine_status, agents",
+    [
+        (400, True),  # the request as the agent made it cannot be served (a tool call the template rejects)
+        (422, True),  # the same, as another server words it
+        (401, False),  # the proxy's engine credentials
+        (403, False),
+        (404, False),  # a model (LoRA) the engine does not serve
+        (408, False),  # load
+        (429, False),
+        (413, False),  # the size limit
+        (500, False),
+        (502, False),
+        (None, False),  # connection lost, stream cut, reply not JSON
+    ],
+)
+def test_only_an_engine_4xx_about_the_request_is_the_agents_doing(engine_status, agents):
+    call = {"purpose": "agent", "status": "upstream_error", "upstream_status": engine_status}
+    assert refused_for_the_agents_output(call) is agents
+    assert refused_for_the_agents_output({**call, "purpose": "title"}) is False  # the harness's bookkeeping
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from openenv.core.harness.capture.dialects import TransformManager
 from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
 from openenv.core.harness.capture.server import UpstreamPool, create_app
 from openenv.core.harness.capture.sessions import Session, SessionRegistry, extract_api_key
-from openenv.core.harness.capture.upstream import InferenceClient, UpstreamTransportError
+from openenv.core.harness.capture.upstream import InferenceClient, UpstreamHTTPError, UpstreamTransportError
 from starlette.requests import Request
 
 from ._compat import OPENENV_CLIENT_POST
@@ -106,13 +106,25 @@ class _StrippingTransforms(TransformManager):
 
 
 class _CheckedClient(InferenceClient):
-    """OpenEnv's engine client, with a 200 whose body is not a JSON object counted as an upstream error.
+    """OpenEnv's engine client, with a 200 whose body is not a JSON object counted as an upstream error,
+    and the engine's status of a refused call kept on the call's record.
 
     Stock, ``response.json()`` raises JSONDecodeError out of the route: the agent got a bare 500
     "Internal Server Error", the call was recorded as a client disconnect and the session's
     ``upstream_errors`` stayed 0, so `stop_on_upstream_error` never fired and opencode retried for
     minutes. As an `UpstreamError` it takes OpenEnv's own path: counted, and a 502 naming the cause.
     """
+
+    async def completion(self, request: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await super().completion(request)
+        except UpstreamHTTPError as exc:
+            # The call's final failure (retries and parameter fixes are behind this), seen before OpenEnv
+            # counts it: its record says whose doing it was (`CallRecord.upstream_status`).
+            call = current_call.get()
+            if call is not None:
+                call.upstream_status = exc.status_code
+            raise
 
     async def checked_post(
         self, path: str, body: dict[str, Any], *, headers: dict[str, str] | None = None

@@ -57,6 +57,10 @@ class CallRecord:
     http_status: int | None = None
     error: str | None = None
     status: str = "pending"  # ok | upstream_error | rejected | budget_stop | client_disconnected
+    # The engine's HTTP status when it refused the call (None: it answered, or failed with none: a lost
+    # connection, a cut stream, a reply that is not JSON). A 4xx about the request is the agent's doing
+    # (`workbench.rollout_types.refused_for_the_agents_output`): the rollout is scored, not left out.
+    upstream_status: int | None = None
     t_end: float | None = None
     clamped_max_tokens: int | None = None  # the output cap its purpose set (capture.BOOKKEEPING_MAX_TOKENS)
     request_body: bytearray = field(default_factory=bytearray, repr=False)  # kept only until classified
@@ -76,6 +80,8 @@ class CallRecord:
         }
         if self.clamped_max_tokens is not None:
             record["clamped_max_tokens"] = self.clamped_max_tokens
+        if self.upstream_status is not None:
+            record["upstream_status"] = self.upstream_status
         if n is None:
             return record
         record.update(

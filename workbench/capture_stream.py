@@ -81,6 +81,7 @@ from starlette.types import Receive, Scope, Send
 
 from ._compat import budget_stop_response  # OpenEnv 0.10.0's private helper
 from .capture_ingest import ingest
+from .capture_record import current_call
 from .capture_relay import Reply, StreamedTurn
 from .capture_sse import SSEDecoder
 from .capture_upstream import UPSTREAM_ERRORS, StreamingUpstream, transport_error
@@ -356,6 +357,10 @@ class StreamingPath:
             async for piece in sse.replay(APIType.OPENAI_CHAT, transformer, stop, prepared.original):
                 await reply.body(piece.encode())
             return await reply.body(b"", more=False)
+        call = current_call.get()
+        if call is not None and isinstance(exc, UpstreamHTTPError):
+            # Before the count below: whoever sees the count rise finds the status on the call already.
+            call.upstream_status = exc.status_code
         session.upstream_errors += 1
         logger.warning("upstream error [%s]: %s", session.session_id, exc)
         await reply.error(exc)

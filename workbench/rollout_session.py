@@ -45,7 +45,7 @@ from .capture_client import ProxyClient, ProxyError
 from .harnesses import HarnessOptions, HarnessRun, get_harness
 from .paths import project_root
 from .procs import exit_signal, signal_name
-from .rollout_types import RolloutConfig, Status, agent_entries, trace_tool_calls
+from .rollout_types import RolloutConfig, Status, agent_entries, refused_for_the_agents_output, trace_tool_calls
 from .sandbox import Sandbox
 from .sandbox_spec import SandboxError
 from .tasks import Task
@@ -200,11 +200,8 @@ class HarnessSession:
                     with contextlib.suppress(ProxyError):
                         errors = self.client.status(self.key).get("upstream_errors", 0)
                         if errors:
-                            self._end(
-                                "upstream_error",
-                                "the engine failed a call (see trace.json); "
-                                "stopped instead of letting the harness retry",
-                            )
+                            status, reason = self._engine_failure(errors)
+                            self._end(status, f"{reason}; stopped instead of letting the harness retry")
                             return -1
                 time.sleep(0.25)
         except KeyboardInterrupt:
@@ -219,13 +216,14 @@ class HarnessSession:
         if self.status == "running":
             # The harness may give up on a failed engine call before the poll above sees the error
             # (opencode exits on a 400 within a poll interval): still the engine's failure, which
-            # the trainer must not score (harness_error would be scored, upstream_error is not).
+            # the trainer must not score (harness_error would be scored, upstream_error is not),
+            # unless the engine refused what the agent sent (agent_error, scored).
             upstream_errors = 0
             with contextlib.suppress(ProxyError):
                 upstream_errors = self.client.status(self.key).get("upstream_errors", 0)
             if upstream_errors and (self.config.stop_on_upstream_error or self.run_info.errors or code != 0):
-                self.status = "upstream_error"
-                self.reason = "the engine failed a call (see trace.json); the harness then exited: " + (
+                self.status, reason = self._engine_failure(upstream_errors)
+                self.reason = f"{reason}; the harness then exited: " + (
                     self.run_info.errors[0][:300] if self.run_info.errors else f"exit code {code}"
                 )
             elif self.run_info.errors:
@@ -239,6 +237,28 @@ class HarnessSession:
             else:
                 self.status = "ok"
         return code
+
+    def _engine_failure(self, upstream_errors: int) -> tuple[Status, str]:
+        """The status and reason of a rollout whose engine calls failed: ``agent_error`` (scored) when every
+        failed call is the engine refusing the agent's own output (`refused_for_the_agents_output`: a 4xx
+        about the request, e.g. a tool call the chat template cannot re-render), ``upstream_error``
+        (unscored) otherwise: a 5xx, a lost connection, a cut stream, or any call it cannot tell."""
+        # The proxy counts a failure a moment before the call's record settles (its status and purpose
+        # come with the reply's last byte): wait until every counted failure is on record.
+        failed: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 5
+        with contextlib.suppress(ProxyError):
+            while True:
+                failed = [c for c in self.client.trace(self.key) if c["status"] == "upstream_error"]
+                if len(failed) >= upstream_errors or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.1)
+        if len(failed) >= upstream_errors and failed and all(refused_for_the_agents_output(c) for c in failed):
+            codes = ", ".join(str(s) for s in sorted({c["upstream_status"] for c in failed}))
+            return "agent_error", (
+                f"the engine refused the agent's own output (HTTP {codes}; see trace.json): {failed[0]['error']}"[:400]
+            )
+        return "upstream_error", "the engine failed a call (see trace.json)"
 
     def _end(self, status: Status, reason: str) -> None:
         self.status, self.reason = status, reason

@@ -26,6 +26,8 @@ __all__ = [
     "Status",
     "STATUSES",
     "FAILED_STATUSES",
+    "NOT_THE_AGENTS_4XX",
+    "refused_for_the_agents_output",
     "RolloutConfig",
     "RolloutResult",
     "RolloutOutcome",
@@ -56,6 +58,7 @@ FinalStatus = Literal[
     "limit_exceeded",
     "crashed",
     "harness_error",
+    "agent_error",
     "upstream_error",
     "interrupted",
     "setup_failed",
@@ -64,8 +67,28 @@ FinalStatus = Literal[
 Status = Literal["running", FinalStatus]
 STATUSES: tuple[FinalStatus, ...] = get_args(FinalStatus)
 # The rollouts the infrastructure failed, not the agent: unscored (left out of a group's baseline and of an
-# evaluation's mean). Everything the agent caused (crashed, timeout, limit_exceeded) is scored, 0 where nothing passed.
+# evaluation's mean). Everything the agent caused (crashed, timeout, limit_exceeded, agent_error) is scored, 0 where
+# nothing passed.
 FAILED_STATUSES: tuple[FinalStatus, ...] = ("setup_failed", "upstream_error", "interrupted", "verify_error")
+
+# Engine refusals that say nothing about the agent's output: credentials (401, 403), a model or route the
+# engine does not serve (404: e.g. a LoRA that never loaded), load (408, 429) and the request size limit
+# (413). Any other 4xx on an agent call refuses what the agent wrote (a tool call the chat template cannot
+# re-render, arguments that are not JSON): `agent_error`, scored like a crash. 5xx and failures without
+# a status (connection, cut stream, a reply that is not JSON) stay `upstream_error`.
+NOT_THE_AGENTS_4XX = frozenset({401, 403, 404, 408, 413, 429})
+
+
+def refused_for_the_agents_output(call: dict[str, Any]) -> bool:
+    """Whether a failed call of trace.json is the engine refusing the agent's own output: an agent call
+    the engine answered with a 4xx other than `NOT_THE_AGENTS_4XX` (its ``upstream_status``)."""
+    status = call.get("upstream_status")
+    return (
+        call.get("purpose") == "agent"
+        and isinstance(status, int)
+        and 400 <= status < 500
+        and status not in NOT_THE_AGENTS_4XX
+    )
 
 
 @dataclass
