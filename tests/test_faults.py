@@ -956,8 +956,10 @@ def test_timed_out_rollout_still_counts_its_tool_calls(tmp_path, tmp_base, upstr
     """A rollout ended at the wall-clock limit still reads what the harness reported and counts the
     tool calls the engine answered (from the trace)."""
     upstream.untooled = "text"
-    upstream.script = ["bash:echo hi", "hang:60"]
-    config = replace(FAST, timeout_s=15)
+    # The second call hangs past the limit. The limit leaves opencode time to start, call, run bash and
+    # report its step on a loaded machine (~30 s to a first tool call at load average 10; 15 s failed there).
+    upstream.script = ["bash:echo hi", "hang:120"]
+    config = replace(FAST, timeout_s=60)
     result = run_rollout(load_task("humaneval/0"), proxy.client(), config, tmp_path / "r0")
     summary = _summary(tmp_path / "r0")
     assert result.status == "timeout" and summary["tool_calls"] == {"bash": 1}, summary
