@@ -13,8 +13,8 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    predicts exactly one next token: the first completion token of every row is predicted from its own copy
    of the last prefix position. A segment attends to the shared tokens and causally to itself (a "tree"
    mask), computed blockwise: causal SDPA over the shared block, masked SDPA of the segments against all
-   keys (one SDPA with the dense 4D mask costs 2x: attention forward+backward of a 3.9k-token SmolLM2 pack,
-   30 layers, 2 threads, 17 s blockwise vs 32 s dense). The gradient is exact: a shared position's logprob is one tensor element gathered into every
+   keys (rather than one SDPA with a dense 4D mask over the whole pack; no shipped script
+   measures the difference, so no figure is given here). The gradient is exact: a shared position's logprob is one tensor element gathered into every
    row that scores it, so autograd sums every row's advantage-weighted gradient into the shared activations.
    Works with TRL's fused LM head (`shift_labels`) and with activation checkpointing (the layout travels as
    a forward kwarg, so the checkpoint replay sees it). The layout and the attention: `workbench.group_pack`.
@@ -44,8 +44,9 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
     step = install(trainer)                   # after setting trainer.rollout_func; step.remove() undoes it
     trainer.train()                           # step.last: rows, packs, row vs forwarded tokens of the last pass
 
-Exactness (fp32, tests/test_group_step.py): per-row logprobs, entropies, the loss and every LoRA gradient equal
-TRL's own path to <= 1e-5 on the shipped real rows. Requires sdpa attention and TRL's compact fused LM head on
+Exactness (tests/test_group_step.py): on the tiny model in fp32, per-row logprobs, entropies, the loss and every
+LoRA gradient equal TRL's own path to <= 1e-5; on SmolLM2 and the shipped real rows, float64 to <= 5e-6, and in
+float32 the loss to <= 1e-5 and the gradients no further from the float64 step than 2x TRL's own fp32 error. Requires sdpa attention and TRL's compact fused LM head on
 CPU (workbench.train applies it; `install` checks).
 """
 
