@@ -41,6 +41,7 @@ from .capture_client import ProxyClient
 from .engine import Engine
 from .paths import project_root
 from .stack import local_stack
+from .views_figures import save_figure
 from .runs import RunDir
 
 __all__ = [
@@ -53,7 +54,6 @@ __all__ = [
     "run_notebooks",
     "execute_notebook",
     "check_parameters",
-    "save_figure",
     "open_command",
 ]
 
@@ -204,37 +204,6 @@ class Notebook:
     def close(self) -> None:
         self._owned.close()  # the client, then the proxy and the engine behind it (when started here)
         self._engine = self._client = None
-
-
-def save_figure(view: Any, out: Path) -> Path:
-    """Write an HTML string, or a plotly figure as a full page that loads ``plotly.min.js`` from its own
-    folder (written there once): a CDN script tag leaves the page blank without internet."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(view, str):
-        out.write_text(view)
-        return out
-    _ensure_plotlyjs(out.parent)
-    view.write_html(out, include_plotlyjs="directory", full_html=True)
-    return out
-
-
-def _ensure_plotlyjs(folder: Path) -> Path:
-    """``folder/plotly.min.js`` = this plotly's bundle. plotly's write_html keeps any file of that name,
-    so a truncated copy (a run killed mid-write) or another version's (a run folder reused after an
-    upgrade) would stay; this one is checked and replaced atomically."""
-    from plotly.offline import get_plotlyjs
-
-    bundle = folder / "plotly.min.js"
-    js = get_plotlyjs()
-    try:
-        if bundle.read_text(encoding="utf-8") == js:
-            return bundle
-    except (FileNotFoundError, UnicodeDecodeError):
-        pass
-    tmp = bundle.with_name(f".plotly.min.js.{os.getpid()}.tmp")
-    tmp.write_text(js, encoding="utf-8")
-    os.replace(tmp, bundle)
-    return bundle
 
 
 def _shown(path: Path) -> str:

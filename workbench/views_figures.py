@@ -3,6 +3,7 @@
     summary_figure(reports)                       # per rollout: turns trained / not, excluded calls; fork causes
     learning_curve_figure(metrics)                # per step: group-mean reward, 95% interval, moving average
     step_interval(rewards)                        # (mean, low, high): one step's bootstrap interval
+    save_figure(fig, run / "figures" / "curve.html")  # a page that draws offline (plotly.min.js beside it)
 
 `reports` are `workbench.turns.rollout_report`s by rollout name; `metrics` a run's metrics.jsonl records.
 plotly is imported only when a figure is drawn.
@@ -11,9 +12,11 @@ plotly is imported only when a figure is drawn.
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["step_interval", "learning_curve_figure", "summary_figure"]
+__all__ = ["step_interval", "learning_curve_figure", "summary_figure", "save_figure"]
 
 
 def step_interval(
@@ -92,3 +95,34 @@ def summary_figure(reports: dict[str, dict[str, Any]]):
     fig.add_bar(x=list(causes) or ["(no forks)"], y=list(causes.values()) or [0], name="forks", row=1, col=2)
     fig.update_layout(barmode="stack", height=360, margin=dict(t=40, b=40))
     return fig
+
+
+def save_figure(view: Any, out: Path) -> Path:
+    """Write an HTML string, or a plotly figure as a full page that loads ``plotly.min.js`` from its own
+    folder (written there once): a CDN script tag leaves the page blank without internet."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(view, str):
+        out.write_text(view)
+        return out
+    _ensure_plotlyjs(out.parent)
+    view.write_html(out, include_plotlyjs="directory", full_html=True)
+    return out
+
+
+def _ensure_plotlyjs(folder: Path) -> Path:
+    """``folder/plotly.min.js`` = this plotly's bundle. plotly's write_html keeps any file of that name,
+    so a truncated copy (a run killed mid-write) or another version's (a run folder reused after an
+    upgrade) would stay; this one is checked and replaced atomically."""
+    from plotly.offline import get_plotlyjs
+
+    bundle = folder / "plotly.min.js"
+    js = get_plotlyjs()
+    try:
+        if bundle.read_text(encoding="utf-8") == js:
+            return bundle
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    tmp = bundle.with_name(f".plotly.min.js.{os.getpid()}.tmp")
+    tmp.write_text(js, encoding="utf-8")
+    os.replace(tmp, bundle)
+    return bundle
