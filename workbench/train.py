@@ -81,7 +81,7 @@ def write_credit_reward(credit: float) -> Callable[[RolloutOutcome], float | Non
     """The hidden-test reward with ``credit`` for having written solution.py at all: ``credit + (1 - credit) x
     fraction passed`` when the rollout wrote it, the plain reward (0, or None when unscorable) when not.
 
-    Why: SmolLM2-135M rarely writes solution.py (2 of 41 base held-out rollouts), so most GRPO groups score
+    Why: SmolLM2-135M rarely writes solution.py (base probes: 2/33 on easy-eval, 5/32 on easy-train), so most groups score
     all-zero and carry no gradient; the credit gives every group with one writer a signal. It is training-only:
     `workbench eval` always reports the plain reward (metrics keep it as ``test_rewards``)."""
     if not 0.0 <= credit < 1.0:
