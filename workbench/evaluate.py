@@ -86,6 +86,8 @@ class EvalConfig:
             (`RolloutConfig.skip_title_call`); evaluate as the policy was trained.
         engine_cores: the cores the engine an evaluation starts binds its OpenMP threads to: ``all`` or ``half``
             (`TrainConfig.engine_cores`).
+        tool_parser: how the engine reads tool calls (`EngineConfig.tool_parser`): ``asset`` (the model's own
+            choice: ``json`` for qwen-coder, ``hermes`` otherwise), ``hermes`` or ``json``.
     """
 
     model: str = "tiny"
@@ -108,6 +110,7 @@ class EvalConfig:
     serving: Literal["lora", "merged"] = "lora"
     skip_title_call: bool = False
     engine_cores: Literal["all", "half"] = "all"
+    tool_parser: Literal["asset", "hermes", "json"] = "asset"
 
     def __post_init__(self) -> None:
         if self.serving not in ("lora", "merged"):
@@ -183,7 +186,11 @@ def run_eval(
     if engine is None or client is None:
         stack = local_stack(
             engine_config=EngineConfig(
-                model=config.model, lora=not merged, dev_routes=merged, threads=engine_threads(config.engine_cores)
+                model=config.model,
+                lora=not merged,
+                dev_routes=merged,
+                threads=engine_threads(config.engine_cores),
+                tool_parser=config.tool_parser,
             ),
             max_output_tokens=config.max_output_tokens,
         )

