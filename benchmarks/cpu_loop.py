@@ -25,8 +25,10 @@ opencode, few-shot, short agent prompt, one ``easy`` task, a group of 8 rollouts
    call), with the same agent-call budget: ``--configs merged,rollout-levers``. ``bf16`` / ``bf16-engine``: those
    defaults with the trainer under bf16 autocast, and the engine in bf16 too (for hosts with AMX/AVX512-BF16).
 
-Each configuration runs in a fresh subprocess (its own engine and peak RSS). Writes
-benchmarks/results/cpu_loop.json and prints the tables; benchmarks/README.md has the analysis.
+Each configuration runs in a fresh subprocess (its own engine and peak RSS). Each run writes its own file,
+``benchmarks/results/cpu_loop/<date>_<host>.json`` (`run_file.new_run_file`: never an earlier run's, which an
+earlier version merged into and overwrote), with the host it ran on, and prints the tables; benchmarks/README.md has
+the analysis and names the file and host behind each figure.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -46,8 +47,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
+from run_file import host, new_run_file
 
-RESULTS = ROOT / "benchmarks" / "results" / "cpu_loop.json"
 COMMON = dict(
     model="smollm2",
     tasks="easy/1",
@@ -274,11 +276,12 @@ def main() -> None:
     ap.add_argument(
         "--configs",
         default=",".join(FULL),
-        help="full-step configurations to run, comma-separated "
-        f"(of {', '.join(FULL)}); their earlier results stay in the JSON",
+        help=f"full-step configurations to run, comma-separated (of {', '.join(FULL)})",
     )
     ap.add_argument("--steps", type=int, default=0, help="steps per full configuration (0: each one's default)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON (earlier results in it are kept)")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="results JSON, refused if it exists (default: a new file per run)"
+    )
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -286,18 +289,26 @@ def main() -> None:
         result = child_rollouts(name, Path(tmp)) if kind == "rollouts" else child_full(name, Path(tmp), int(steps))
         print(json.dumps(result))
         return
+    names = [n for n in args.configs.split(",") if n]
+    unknown = sorted(set(names) - set(FULL))
+    if unknown:
+        ap.error(f"unknown --configs {unknown}: choose from {list(FULL)}")
     started = time.monotonic()
     load = [os.getloadavg()[0]]
-    out: Path = args.out
-    result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
-    result.update(
-        {
-            "benchmark": "cpu_loop",
-            "date": dt.datetime.now().isoformat(timespec="seconds"),
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-            "settings": COMMON,
-        }
-    )
+    try:
+        out = new_run_file("cpu_loop", args.out)
+    except FileExistsError:
+        ap.error(f"--out {args.out} exists: each run writes its own file")
+    print(f"results: {out}", flush=True)
+    machine = host()
+    result: dict[str, Any] = {
+        "benchmark": "cpu_loop",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "host": machine["host"],
+        "machine": machine,
+        "command": " ".join([os.path.relpath(sys.executable, ROOT), *sys.argv]),
+        "settings": COMMON,
+    }
     if args.only in (None, "rollouts"):
         result["rollouts"] = [run_child("rollouts", name) for name in ROLLOUT_LEVERS]
         base = result["rollouts"][0].get("rollouts_per_min")
@@ -306,13 +317,10 @@ def main() -> None:
                 r["ratio_vs_baseline"] = round(r["rollouts_per_min"] / base, 2)
         out.write_text(json.dumps(result, indent=1))
     if args.only in (None, "full"):
-        names = [n for n in args.configs.split(",") if n]
-        unknown = sorted(set(names) - set(FULL))
-        if unknown:
-            ap.error(f"unknown --configs {unknown}: choose from {list(FULL)}")
-        done = {r["config"]: r for r in result.get("full", []) if r.get("config") not in names}
-        result["full"] = list(done.values()) + [run_child("full", name, args.steps) for name in names]
-        out.write_text(json.dumps(result, indent=1))
+        result["full"] = []
+        for name in names:  # written after each configuration: a killed run keeps what it measured
+            result["full"].append(run_child("full", name, args.steps))
+            out.write_text(json.dumps(result, indent=1))
     load.append(os.getloadavg()[0])
     result["loadavg_before_after"] = load
     result["wall_s"] = round(time.monotonic() - started, 1)

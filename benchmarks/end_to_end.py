@@ -17,7 +17,8 @@ streaming fast path on) serve both parts:
 
 The engine start is timed on its own. Every stage is also given as a share of its part's wall time: on a shared
 2-core machine those shares are steadier than the seconds. Run folders live in a temp dir that is removed;
-prints a table and writes benchmarks/results/end_to_end.json.
+prints a table and writes
+a new benchmarks/results/end_to_end/<date>_<host>.json per run (benchmarks/run_file.py: never an earlier run's file).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-RESULTS = ROOT / "benchmarks" / "results" / "end_to_end.json"
+sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
+from run_file import host, new_run_file
 
 
 def rollout_part(client: Any, out: Path) -> dict[str, Any]:
@@ -160,13 +161,14 @@ def main() -> None:
             "platform": platform.platform(),
             "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
         },
+        "host": host(),
         "engine_start_s": engine_start,
         "rollout": rollout,
         "grpo_step": grpo,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    print(f"wrote {RESULTS}")
+    path = new_run_file("end_to_end")
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ one token. Each setting also reports where the CPU went while the group ran (`cp
 this process (driver + proxy), the engine, the sandboxes and opencode processes, the rest of the host.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/group_start.py \
-        --settings "lead,lead title-1,lead passive,lead bind-1" --out benchmarks/results/group_start_cpu.json  # ~10 min
+        --settings "lead,lead title-1,lead passive,lead bind-1"  # ~10 min: results/group_start_cpu.json
 
-Writes benchmarks/results/group_start.json (or --out).
+Writes a new benchmarks/results/group_start/<date>_<host>.json per run (benchmarks/run_file.py: never an earlier run's file), or --out
+(refused if it exists).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # cpu_account
+sys.path.insert(0, str(ROOT / "benchmarks"))  # cpu_account, run_file
 
 SETTINGS = {  # name: (EngineConfig fields, environment, EvalConfig fields, title output cap)
     "all-at-once": ({"threads": 2}, {}, {"lead_s": 0.0}, 32),
@@ -49,6 +50,7 @@ SETTINGS = {  # name: (EngineConfig fields, environment, EvalConfig fields, titl
 
 def main() -> None:
     from cpu_account import CpuAccount
+    from run_file import host, new_run_file
 
     from workbench.engine import EngineConfig
     from workbench.evaluate import EvalConfig, run_eval
@@ -58,11 +60,16 @@ def main() -> None:
     ap.add_argument("--settings", default="lead,all-at-once")
     ap.add_argument("--tasks", default="easy-eval[:1]")
     ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "group_start.json"))
+    ap.add_argument("--out", type=Path, default=None, help="results JSON, refused if it exists (default: a new file)")
     ap.add_argument("--repeat", type=int, default=1, help="run the settings list this many times, interleaved")
     args = ap.parse_args()
+    try:
+        out = new_run_file("group_start", args.out)
+    except FileExistsError:
+        ap.error(f"--out {args.out} exists: each run writes its own file")
     results = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "host": host(),
         "cpus": os.cpu_count(),
         "tasks": args.tasks,
         "n": args.n,
@@ -131,7 +138,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         results["settings"].append(row)
         shutil.rmtree(folder, ignore_errors=True)  # the rollouts were read above
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

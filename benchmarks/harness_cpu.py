@@ -10,7 +10,8 @@ makes one. CPU seconds are those of every process this one started (bwrap, openc
 from /proc every 0.2 s (`benchmarks/cpu_account.py`), per rollout; wall is the rollout's start to its harness's exit. Settings: `shipped` (today's launch),
 `titled` (`RolloutConfig.skip_title_call`: opencode's own ``run --title``), and `titled+flags`, which adds
 opencode's own switches for services a headless one-shot run does not use (file watcher, fast file finder,
-embedded web UI, external plugins; each read from its 1.18.33 binary). Writes results/harness_cpu.json.
+embedded web UI, external plugins; each read from its 1.18.33 binary). Writes
+a new benchmarks/results/harness_cpu/<date>_<host>.json per run (benchmarks/run_file.py: never an earlier run's file), or --out.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ SETTINGS = {"shipped": (False, {}), "titled": (True, {}), "titled+flags": (True,
 
 def main() -> None:
     from cpu_account import CpuAccount
+    from run_file import host, new_run_file
     from scripted_upstream import ScriptedUpstream
 
     from workbench.capture import CaptureProxy
@@ -50,10 +52,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--n", type=int, default=4)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "harness_cpu.json"))
+    ap.add_argument("--out", type=Path, default=None, help="results JSON, refused if it exists (default: a new file)")
     args = ap.parse_args()
+    try:
+        out = new_run_file("harness_cpu", args.out)
+    except FileExistsError:
+        ap.error(f"--out {args.out} exists: each run writes its own file")
     launch = OpenCode.launch
-    results: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "n": args.n, "settings": []}
+    results: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": host(), "n": args.n, "settings": []}
     for name in args.settings.split(","):
         titled, env = SETTINGS[name]
 
@@ -98,7 +104,7 @@ def main() -> None:
         }
         print(json.dumps(row), flush=True)
         results["settings"].append(row)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

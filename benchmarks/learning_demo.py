@@ -5,9 +5,10 @@
         --eval-tasks 'easy-eval[:2]' --train-tasks 'easy-train[:2]' --no-ship            # a smoke run
 
 The experiment is `workbench.learn` (its docstring says what it runs); this script exposes every
-`LearnConfig` field as a flag, writes benchmarks/results/learning_demo.json, and with `--ship` (default)
-copies the evidence into workbench/data/learning_demo/ (metrics.jsonl, adapter/, eval.json) so anyone
-re-evaluates the adapter without training:
+`LearnConfig` field as a flag, writes a new benchmarks/results/learning_demo/<date>_<host>.json per run
+(benchmarks/run_file.py; the shipped run's is benchmarks/results/learning_demo.json, written before that), and with
+`--ship` (default) copies the evidence into workbench/data/learning_demo/ (metrics.jsonl, adapter/, eval.json) so
+anyone re-evaluates the adapter without training:
 
     workbench eval --model smollm2 --adapter workbench/data/learning_demo/adapter --tasks easy-eval --n 4 --json
 """
@@ -21,11 +22,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
 
+from run_file import host, new_run_file
 from workbench.config_cli import add_config_arguments, given_fields
 from workbench.learn import LearnConfig, run_learning, ship
-
-RESULTS = ROOT / "benchmarks" / "results" / "learning_demo.json"
 
 
 def main() -> None:
@@ -41,7 +42,9 @@ def main() -> None:
     args = ap.parse_args()
     config = LearnConfig(**given_fields(args, LearnConfig))
     evidence = run_learning(config, run_dir=Path(args.out) if args.out else None)
-    RESULTS.write_text(json.dumps(evidence, indent=1))
+    path = new_run_file("learning_demo")
+    path.write_text(json.dumps({**evidence, "host": host()}, indent=1))
+    print(f"wrote {path}")
     if args.ship:
         ship(evidence, Path(evidence["run_dir"]))
     b, t, d, s = evidence["base"], evidence["trained"], evidence["delta"], evidence["solve_delta"]

@@ -22,7 +22,8 @@ Blocks of the three paths are interleaved (rotating order), so a noisy machine s
 fresh proxies per concurrency. Per call: end-to-end latency (request to the end of the stream) and time
 to first chunk (to the first ``data:`` line). Per path: calls/s over its blocks, and the proxy's CPU per
 call (all its threads, from /proc/PID/task/*/schedstat). Prints a table and writes
-benchmarks/results/proxy_overhead.json (every block's raw numbers included).
+a new benchmarks/results/proxy_overhead/<date>_<host>.json per run (benchmarks/run_file.py: never an earlier run's file) (every block's raw
+numbers included).
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "proxy_overhead.json"
+sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
+from run_file import host, new_run_file
+
 FIXTURE = ROOT / "workbench" / "data" / "rollouts" / "tiny-humaneval" / "trace.json"
 PATHS = ("direct", "openenv", "streamed")
 SESSION_CALLS = 10  # calls per session key: one rollout's worth
@@ -399,6 +402,7 @@ def main() -> None:
         "date": started.isoformat(timespec="seconds"),
         "command": " ".join(["python", "benchmarks/proxy_overhead.py", *sys.argv[1:]]),
         "machine": machine,
+        "host": host(),
         "config": {
             "tokens": args.tokens,
             "ttft_ms": args.ttft_ms,
@@ -409,8 +413,8 @@ def main() -> None:
         },
         **result,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(record, indent=1) + "\n")
+    path = new_run_file("proxy_overhead")
+    path.write_text(json.dumps(record, indent=1) + "\n")
 
     print(
         f"\n{'c':>3} {'path':<9} {'calls':>5} {'p50 ms':>8} {'p99 ms':>8} {'+p50':>7} {'+p99':>7} "
@@ -428,7 +432,7 @@ def main() -> None:
             )
     print(
         f"(CPU ms/call: the engine's for direct, the proxy's otherwise.) load average {machine['load_avg_1m']} "
-        f"on {machine['cpus']} CPUs; wrote {RESULTS}"
+        f"on {machine['cpus']} CPUs; wrote {path}"
     )
 
 

@@ -25,7 +25,7 @@ positions only), and GRPO's clipped surrogate (ε = 0.2, no KL) is taken as a to
 conversation's sampled tokens (`grpo_loss`, the per-turn rows' sums divided by the conversation's total),
 with one advantage per conversation (+1.0) and logp_old = the model's own logprobs plus N(0, 0.2) noise
 (seeded), so both sides of the clip are exercised. Agreement: |loss_chained - loss_per_turn| ≤ 1e-5.
-Prints a table and writes benchmarks/results/rows_vs_turns.json.
+Prints a table and writes a new benchmarks/results/rows_vs_turns/<date>_<host>.json per run (benchmarks/run_file.py: never an earlier run's file).
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
+from run_file import host, new_run_file
 from workbench.turns_rows import Row, build_rows
 from workbench.turns_trace import Turn, derive_turns, load_trace
 
-RESULTS = ROOT / "benchmarks" / "results" / "rows_vs_turns.json"
 FIXTURES = ROOT / "workbench" / "data" / "rollouts"
 TOLERANCE = 1e-5
 
@@ -274,12 +275,13 @@ def main() -> None:
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
+        "host": host(),
         "tolerance": TOLERANCE,
         "conversations": records,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+    path = new_run_file("rows_vs_turns")
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {path}")
     if model is not None and not all(r["agree"] for r in records):
         sys.exit(1)
 

@@ -12,7 +12,8 @@ and close. The two modes alternate session by session, so a noisy machine slows 
 
 After the last session: processes left (every /proc entry whose environment carries ``WORKBENCH_SANDBOX=`` with
 one of this run's sandbox ids, zombies excluded) and folders left (``wb-sbx-*`` in the run's own temp dir).
-Both must be 0. Prints a table and writes benchmarks/results/sandbox_lifecycle.json.
+Both must be 0. Prints a table and writes a new benchmarks/results/sandbox_lifecycle/<date>_<host>.json per run (benchmarks/run_file.py: never an earlier run's file), or --out
+(refused if it exists).
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
+from run_file import host, new_run_file
 from workbench.sandbox import Sandbox
 from workbench.sandbox_spec import MARKER_ENV, bwrap_available
 
-RESULTS = ROOT / "benchmarks" / "results" / "sandbox_lifecycle.json"
 COMMAND = ["sh", "-c", "sleep 60 & echo ready"]
 
 
@@ -97,8 +99,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=100, help="sessions per isolation mode")
     parser.add_argument("--isolation", nargs="+", default=["none", "bwrap"], choices=["none", "bwrap"])
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON record")
+    parser.add_argument("--out", type=Path, default=None, help="the JSON record, refused if it exists (default: new)")
     args = parser.parse_args()
+    try:
+        out = new_run_file("sandbox_lifecycle", args.out)
+    except FileExistsError:
+        parser.error(f"--out {args.out} exists: each run writes its own file")
     modes = [m for m in args.isolation if m != "bwrap" or bwrap_available()]
     started = dt.datetime.now(dt.timezone.utc)
     base = Path(tempfile.mkdtemp(prefix="wb-bench-sandbox-"))
@@ -163,15 +169,15 @@ def main() -> None:
             "load_avg_1m": os.getloadavg()[0],
             "bwrap": shutil.which("bwrap") is not None,
         },
+        "host": host(),
         "sessions": args.sessions,
         "command_in_sandbox": COMMAND,
         "summary": summary,
         "left": left,
         "timings": timings,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out}")
     sys.exit(0 if all(summary[m]["processes_left"] == 0 == summary[m]["folders_left"] for m in modes) else 1)
 
 

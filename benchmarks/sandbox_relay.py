@@ -9,7 +9,8 @@ host's TCP port. In plain mode they go straight to the port. A host HTTP server 
 `--size` bytes (about one streamed chunk, or one whole non-streamed answer); a client inside the
 sandbox makes `--calls` sequential requests on one keep-alive connection and times each. The two
 modes alternate in rounds, so a noisy machine slows both alike. Prints a table and writes
-benchmarks/results/sandbox_relay.json (p50/p99 per mode, and bwrap minus none).
+a new benchmarks/results/sandbox_relay/<date>_<host>.json per run (benchmarks/run_file.py; p50/p99 per mode, and
+bwrap minus none).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
+from run_file import host, new_run_file
 from workbench.sandbox import Sandbox
 from workbench.sandbox_spec import bwrap_available
 
-RESULTS = ROOT / "benchmarks" / "results" / "sandbox_relay.json"
 CLIENT = """
 import http.client, json, sys, time
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -110,6 +112,7 @@ def main() -> None:
         "benchmark": "sandbox_relay",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before_after": load},
+        "host": host(),
         "settings": vars(args),
         "modes": rows,
         "relay_adds_ms": {
@@ -117,13 +120,14 @@ def main() -> None:
             "p99": round(rows["bwrap"]["p99_ms"] - rows["none"]["p99_ms"], 3),
         },
     }
-    RESULTS.write_text(json.dumps(result, indent=1))
+    path = new_run_file("sandbox_relay")
+    path.write_text(json.dumps(result, indent=1))
     print(f"{'mode':<6} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8}")
     for m, r in rows.items():
         print(f"{m:<6} {r['calls']:>6} {r['p50_ms']:>8} {r['p99_ms']:>8}")
     print(
         f"relay adds {result['relay_adds_ms']['p50']} ms p50, {result['relay_adds_ms']['p99']} ms p99 per call "
-        f"(load {load[0]:.1f} -> {load[1]:.1f}); {RESULTS}"
+        f"(load {load[0]:.1f} -> {load[1]:.1f}); {path}"
     )
 
 

@@ -1,6 +1,6 @@
 """TRL's GRPO optimizer step on the 2-core CPU: stock vs each lever of workbench.group_step alone vs all of them.
 
-    .venv/bin/python benchmarks/trainer_step.py                  # ~35 min on 2 cores; writes results/trainer_step.json
+    .venv/bin/python benchmarks/trainer_step.py                  # ~35 min on 2 cores; results/trainer_step/<date>_<host>.json
     .venv/bin/python benchmarks/trainer_step.py --variants all-fp32 --no-precision --out /tmp/t.json   # a subset
     .venv/bin/python benchmarks/trainer_step.py --prefix-tokens 200 --no-precision --out /tmp/t.json  # smoke, ~2 min
 
@@ -62,6 +62,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
+from run_file import host, new_run_file
 from workbench import group_step
 from workbench.assets import load
 from workbench.train import GRPORun, TrainConfig
@@ -69,7 +71,6 @@ from workbench.turns import analyse
 from workbench.turns_rows import Row
 from workbench.turns_trace import load_trace
 
-RESULTS = ROOT / "benchmarks" / "results" / "trainer_step.json"
 FIXTURES = ROOT / "workbench" / "data" / "rollouts"
 T = 0.5  # the shipped SmolLM2 traces were sampled at 0.5: their engine logprobs are at 0.5
 THREADS = 2
@@ -389,16 +390,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"of {', '.join(VARIANTS)}")
     parser.add_argument("--no-precision", action="store_true")
-    parser.add_argument("--only-precision", action="store_true", help="add the precision study to an existing --out")
+    parser.add_argument("--only-precision", action="store_true", help="the precision study alone, in its own file")
     parser.add_argument("--repeat", type=int, default=1, help="run the variant list this many times, interleaved")
     parser.add_argument("--prefix-tokens", type=int, help="keep only the shared prompt's last N tokens (smoke runs)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results JSON, refused if it exists (default: a new file per run)"
+    )
     parser.add_argument("--resume-dir", help="reuse the variants a killed run measured in this folder")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
         return child(args)
+    try:  # each run its own file: an earlier version merged --only-precision into an existing one
+        out = new_run_file("trainer_step", args.out)
+    except FileExistsError:
+        parser.error(f"--out {args.out} exists: each run writes its own file")
     # --resume-dir: a killed run's folder; the first occurrence of a variant already measured there is reused
     tmp = Path(args.resume_dir) if args.resume_dir else Path(tempfile.mkdtemp(prefix="trainer-step-"))
     reusable = {n for n in VARIANTS if (tmp / f"result-{n}.json").exists()}
@@ -421,10 +428,13 @@ def main() -> None:
         print(f"  {variant}: {time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
 
     if args.only_precision:
-        report = json.loads(args.out.read_text())
         spawn("precision")
-        report["precision"] = json.loads((tmp / "result-precision.json").read_text())
-        args.out.write_text(json.dumps(report, indent=1))
+        report = {
+            "date": dt.datetime.now().isoformat(timespec="seconds"),
+            "host": host(),
+            "precision": json.loads((tmp / "result-precision.json").read_text()),
+        }
+        out.write_text(json.dumps(report, indent=1))
         return print(json.dumps(report["precision"], indent=1))
     spawn("prepare")
     names = [n for n in args.variants.split(",") if n]
@@ -453,6 +463,7 @@ def main() -> None:
     report = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": platform.machine(),
+        "host": host(),
         "cpus": os.cpu_count(),
         "torch_threads": THREADS,
         "torch": torch.__version__,
@@ -464,13 +475,12 @@ def main() -> None:
         "variants": variants,
         "precision": None,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    out.write_text(json.dumps(report, indent=1))
     if not args.no_precision:
         spawn("precision")
         report["precision"] = json.loads((tmp / "result-precision.json").read_text())
         report["load_average_after"] = os.getloadavg()
-        args.out.write_text(json.dumps(report, indent=1))
+        out.write_text(json.dumps(report, indent=1))
     print(
         f"\n{'variant':14} {'step s':>8} {'row tok/s':>10} {'x stock':>8} {'x cpu-s':>8} {'fwd tokens':>11} "
         f"{'peak RSS':>9} {'|dloss|':>9} {'grad err':>9}"
@@ -482,7 +492,7 @@ def main() -> None:
             f"{v['tokens_forwarded']:11d} {v['peak_rss_mb']:8d}M {v['loss_abs_diff_vs_stock']:9.2e} "
             f"{v['grad_max_rel_err_vs_stock']:9.2e}"
         )
-    print(f"load average before {load_before}, after {os.getloadavg()}; wrote {args.out}")
+    print(f"load average before {load_before}, after {os.getloadavg()}; wrote {out}")
 
 
 if __name__ == "__main__":

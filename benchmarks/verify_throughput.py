@@ -4,13 +4,15 @@
     python benchmarks/verify_throughput.py --tasks 40 --workers 1 4     # a quicker look
 
 Prints a table (tests/s = held-out tests graded per second; a HumanEval task has one, its check())
-and writes it, with the machine's description, to benchmarks/results/verify_throughput.json.
+and writes it, with the machine's description, to a new benchmarks/results/verify_throughput/<date>_<host>.json
+per run (benchmarks/run_file.py: never an earlier run's file).
 Every solution must score 1.0: a run that does not is reported as failed, not timed.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import gzip
 import json
 import os
@@ -22,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_file
+from run_file import host, new_run_file
 from workbench.tasks import humaneval_path, load_tasks
 from workbench.verify import verify_many
-
-RESULTS = Path(__file__).resolve().parent / "results" / "verify_throughput.json"
 
 
 def main() -> None:
@@ -90,10 +92,11 @@ def main() -> None:
         "platform": platform.platform(),
         "load_avg_1m": os.getloadavg()[0],
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": "verify_throughput", "machine": machine, "runs": runs}
-    RESULTS.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"load average (1 min) at the end: {machine['load_avg_1m']:.1f} on {machine['cpus']} CPUs; wrote {RESULTS}")
+    date = dt.datetime.now().isoformat(timespec="seconds")
+    record = {"benchmark": "verify_throughput", "date": date, "machine": machine, "host": host(), "runs": runs}
+    path = new_run_file("verify_throughput")
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"load average (1 min) at the end: {machine['load_avg_1m']:.1f} on {machine['cpus']} CPUs; wrote {path}")
     sys.exit(0 if all(r["all_passed"] for r in runs) else 1)
 
 
