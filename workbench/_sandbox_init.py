@@ -9,15 +9,109 @@ exits with its status (a signal death is re-raised, so bwrap reports 128 + N as 
 
     python -I -S _sandbox_init.py PORT SOCKET -- ARGV...     (bwrap runs this; standard library only)
 
+Only the harness's own process reaches the endpoint. The agent's shell inherits the harness's
+environment (opencode's config, with the rollout's key, is in it), and a call it made itself would be
+recorded and trained as the harness's. So:
+
+- the first process to connect is pinned (its pid and start time): the harness, since nothing the
+  agent runs exists before the harness's first model call has been answered. A later connection is
+  forwarded only when its socket is among that process's open files: the client's end is found in
+  ``/proc/net/tcp`` by its address, and its ``socket:[INODE]`` looked for in ``/proc/PID/fd``. Any
+  other connection is closed unforwarded, and reported to the relay;
+- the relay, in turn, relays only this process's connections (its first, the control connection
+  opened before the command starts, pins it: `sandbox_net`), so connecting to the socket directly
+  gets the agent nothing either;
+- this process makes itself non-dumpable first, so the agent (same uid, no capability) can neither
+  ptrace it nor open its ``/proc/PID/fd`` to borrow its connections.
+
 It runs as the sandbox's uid, like the agent: an agent that kills it only cuts itself off.
 """
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+
+_PR_SET_DUMPABLE = 4
+ACK = b"K"  # the relay's answer on the control connection: this process is the sandbox's forwarder
+REFUSED = b"R"  # one byte per refused connection, on the control connection
+
+
+def _undumpable() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def _hex(ip: str, port: int) -> str:
+    """An IPv4 address and port as /proc/net/tcp writes them (the address as a host-order word)."""
+    return f"{int.from_bytes(socket.inet_aton(ip), sys.byteorder):08X}:{port:04X}"
+
+
+def _client_inode(client: tuple[str, int], server: tuple[str, int]) -> int:
+    """The inode of the client's end of the TCP connection client -> server, 0 when not found (an
+    IPv6 socket, a closed one): such a connection is refused."""
+    local, remote = _hex(*client), _hex(*server)
+    try:
+        with open("/proc/net/tcp") as table:
+            for line in table:
+                fields = line.split()
+                if fields[1:3] == [local, remote]:
+                    return int(fields[9])
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+def _holds(pid: int, link: str) -> bool:
+    try:
+        with os.scandir(f"/proc/{pid}/fd") as fds:
+            for fd in fds:
+                try:
+                    if os.readlink(fd.path) == link:
+                        return True
+                except OSError:  # closed meanwhile
+                    pass
+    except OSError:  # gone, or not ours to read
+        pass
+    return False
+
+
+def _start_time(pid: int) -> str:
+    """Field 22 of /proc/PID/stat (clock ticks after boot): with the pid, it names one process for good."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+class _Guard:
+    """Which connections come from the harness: see the module docstring."""
+
+    def __init__(self, server: tuple[str, int]) -> None:
+        self.server = server
+        self.pinned: tuple[int, str] | None = None
+
+    def allows(self, client: tuple[str, int]) -> bool:
+        inode = _client_inode(client, self.server)
+        if not inode:
+            return False
+        link = f"socket:[{inode}]"
+        if self.pinned is None:
+            holders = [int(p) for p in os.listdir("/proc") if p.isdigit() and _holds(int(p), link)]
+            if len(holders) != 1:
+                return False
+            start = _start_time(holders[0])
+            if start:
+                self.pinned = (holders[0], start)
+            return bool(start)
+        pid, start = self.pinned
+        # the start time after the look: a pid reused meanwhile is another process
+        return _holds(pid, link) and _start_time(pid) == start
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -34,9 +128,25 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
                 pass
 
 
-def _serve(listener: socket.socket, path: str) -> None:
+def _serve(listener: socket.socket, path: str, control: socket.socket) -> None:
+    guard = _Guard(listener.getsockname())
+    told = False
     while True:
-        client, _ = listener.accept()
+        client, peer = listener.accept()
+        if not guard.allows(peer):
+            client.close()
+            try:
+                control.sendall(REFUSED)
+            except OSError:
+                pass
+            if not told:  # once: a harness calling from another process would fail here, visibly
+                told = True
+                print(
+                    "workbench sandbox: refused a connection to the endpoint from a process other than the harness's",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            continue
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # relay each piece at once (no 40 ms Nagle stall)
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -49,14 +159,35 @@ def _serve(listener: socket.socket, path: str) -> None:
             threading.Thread(target=_pump, args=(a, b), daemon=True).start()
 
 
+def _control(path: str) -> socket.socket:
+    """The control connection, opened before the command starts: the relay pins this process by it."""
+    control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        control.settimeout(10)
+        control.connect(path)
+        ack = control.recv(1)
+        control.settimeout(None)
+    except OSError:
+        ack = b""
+    if ack != ACK:
+        print(
+            "workbench sandbox: the endpoint's relay did not take this process as the sandbox's forwarder (only the first command a sandbox starts reaches its endpoint)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return control
+
+
 def main() -> None:
+    _undumpable()
     port, path = int(sys.argv[1]), sys.argv[2]
     argv = sys.argv[4:] if sys.argv[3] == "--" else sys.argv[3:]
+    control = _control(path)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(64)
-    threading.Thread(target=_serve, args=(listener, path), daemon=True).start()
+    threading.Thread(target=_serve, args=(listener, path, control), daemon=True).start()
     child = subprocess.Popen(argv)
     code = child.wait()
     if code < 0:

@@ -358,6 +358,9 @@ class HarnessSession:
             "temperature": self.config.temperature,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "isolation": self.sandbox.isolation,
+            # Model calls attempted by any process but the harness's (the agent's shell holds the key):
+            # refused, never recorded. None in plain mode, where nothing can tell them apart.
+            "refused_model_connections": self.sandbox.refused_connections,
         }
 
     @property

@@ -193,6 +193,12 @@ class Sandbox:
         sock_dir.chmod(0o711)
         self._relay = open_relay(sock_dir / "p", host, port, max_connections=self.limits.max_connections)
 
+    @property
+    def refused_connections(self) -> int | None:
+        """Connections to the endpoint refused as not from the process that first used it (the harness's;
+        `_sandbox_init`, `sandbox_net`); None where nothing checks: plain mode, or no endpoint."""
+        return self._relay.refused_model_connections if self._relay is not None else None
+
     def write_home(self, rel: str, text: str) -> Path:
         """Write a file under the sandbox's HOME (a harness's config), owned by the sandbox's uid."""
         return write_home(self.home, rel, text, self.uid)

@@ -8,7 +8,14 @@ carries each connection on to the endpoint's host and port. So from inside a san
 - the engine, the proxy's control traffic (the admin key) and every other port of the host are not
   reachable, and the loopback it can sniff carries only its own traffic;
 - at most `max_connections` connections at a time: a sandbox holding slow connections open starves
-  only itself, never the other rollouts (a 1-byte-per-10-s client used to hold the proxy's sockets).
+  only itself, never the other rollouts (a 1-byte-per-10-s client used to hold the proxy's sockets);
+- only the sandbox's forwarder (`_sandbox_init`, which relays the harness's connections and no
+  other process's) is relayed. The first process to connect is pinned by its pid (``SO_PEERCRED``,
+  as the host sees it) and start time: the forwarder, whose control connection comes before the
+  command it runs starts (answered with `ACK`). A connection from any other process, e.g. the agent
+  connecting to the socket itself, is closed unforwarded and counted (`Relay.foreign`), as are the
+  connections the forwarder refused inside (one `REFUSED` byte each on its control connection:
+  `Relay.reported`). So one command per sandbox reaches the endpoint: the first one started.
 
 One asyncio loop in a daemon thread serves every relay of the process.
 
@@ -23,11 +30,15 @@ import asyncio
 import contextlib
 import os
 import socket
+import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Relay", "open_relay"]
+__all__ = ["Relay", "open_relay", "ACK", "REFUSED"]
+
+ACK = b"K"  # to the forwarder, on its control connection: pinned (`_sandbox_init` spells both alike)
+REFUSED = b"R"  # from the forwarder: one connection refused inside, not the harness's
 
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
@@ -74,11 +85,29 @@ class Relay:
     max_connections: int
     refused: int = 0  # connections refused over the cap
     served: int = 0
+    foreign: int = 0  # connections from a process other than the forwarder, refused
+    reported: int = 0  # connections the forwarder refused inside (not from the harness's process)
+    _forwarder: tuple[int, str] | None = None  # (host pid, start time) of the first process to connect
     _server: asyncio.AbstractServer | None = None
     _tasks: set[asyncio.Task] = field(default_factory=set)
+    _control: asyncio.Task | None = None
+
+    @property
+    def refused_model_connections(self) -> int:
+        """Connections to the endpoint from a process other than the harness's, refused (both counts)."""
+        return self.foreign + self.reported
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()  # the server runs each handler as a task
+        peer = _peer(writer)
+        if self._forwarder is None and peer is not None and task is not None:
+            self._forwarder, self._control = peer, task
+            await self._serve_control(reader, writer)
+            return
+        if peer is None or peer != self._forwarder:
+            self.foreign += 1
+            writer.close()
+            return
         if task is None or len(self._tasks) >= self.max_connections:
             self.refused += 1
             writer.close()
@@ -101,6 +130,17 @@ class Relay:
             for w in (writer, up_writer):
                 w.close()
 
+    async def _serve_control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            writer.write(ACK)
+            await writer.drain()
+            while data := await reader.read(4096):
+                self.reported += data.count(REFUSED)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
     def close(self) -> None:
         """Stop listening, cut the open connections, remove the socket. Safe to call twice."""
         server, self._server = self._server, None
@@ -109,13 +149,27 @@ class Relay:
 
             async def shut() -> None:
                 server.close()
-                for t in list(self._tasks):
+                for t in [*self._tasks, *([self._control] if self._control is not None else [])]:
                     t.cancel()
 
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(shut(), loop).result(5)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+def _peer(writer: asyncio.StreamWriter) -> tuple[int, str] | None:
+    """The connecting process as (pid, start time): ``SO_PEERCRED`` gives its pid in our pid namespace,
+    /proc/PID/stat's field 22 tells it from a later process given the same pid. None when it is gone."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        with open(f"/proc/{pid}/stat") as f:
+            return pid, f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError, struct.error):
+        return None
 
 
 def open_relay(path: Path, host: str, port: int, *, max_connections: int = 16) -> Relay:
