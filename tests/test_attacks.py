@@ -703,3 +703,67 @@ def test_the_grading_copy_reads_nothing_swapped_in_after_its_check(base, monkeyp
         if (Path(top) / f).is_file() and not (Path(top) / f).is_symlink()
     )
     assert b"HOST SECRET" not in copied and payload not in copied
+
+
+# ------------------------------------------------------------------- the grading copy's total writes
+
+
+def _allocated(root: Path) -> int:
+    """Bytes allocated under `root` (st_blocks: what the host's disk lost), files vanishing meanwhile skipped."""
+    total = 0
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            try:
+                total += os.lstat(os.path.join(top, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grading_writes_are_bounded_in_total(base, mode):
+    """A solution that passes its first test, then writes 2 GiB in 16 MiB files (each under
+    RLIMIT_FSIZE) into its grading copy: once, the host's disk lost all 2 GiB while the test ran and
+    the rollout scored 0.5. Now the copy is measured while the test runs: the writer is killed near
+    the budget, the verification scores 0 with the reason, and the copy is gone."""
+    budget_mb = 64
+    task = Task(
+        id="t/add",
+        instruction="",
+        files={},
+        visible_tests="",
+        test_kind="function_call",
+        entry_point="add",
+        held_out_tests=[{"input": [1, 2], "output": [3]}, {"input": [2, 2], "output": [4]}],
+        limits=Limits(time_s=20.0, deadline_s=60.0, file_mb=16, workspace_mb=16, disk_mb=budget_mb),
+    )
+    flood = (
+        "import os\ndef add(a, b):\n    if a == 2:\n        chunk = bytes(1 << 20)\n"
+        "        for i in range(128):\n            with open(f'fill_{i}', 'wb') as f:\n"
+        "                for _ in range(16):\n                    f.write(chunk)\n    return a + b\n"
+    )
+    ws = _workspace(base, {"solution.py": flood})
+    before, peak, done = _allocated(base), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _allocated(base))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    t0 = time.monotonic()
+    try:
+        result = verify(task, ws, sandbox=mode)
+    finally:
+        done.set()
+        sampler.join()
+    grew_mib = (peak[0] - before) / 2**20
+    # A writer at ~1.2 GiB/s on this 2-core host got up to ~55 MiB past the budget before the poll killed
+    # it (benchmarks/grading_budget.py; more when the host is loaded); the old grader let all 2 GiB through.
+    assert grew_mib < budget_mb + 128, f"the host folder grew by {grew_mib:.0f} MiB"
+    assert result.reward == 0.0 and result.passed == 0, result.table()
+    assert [t.outcome for t in result.tests] == ["crash", "crash"], result.table()
+    assert all(f"the grading copy exceeded {budget_mb} MiB during test 1" in t.reason for t in result.tests)
+    assert result.error is None and time.monotonic() - t0 < 30
+    assert list(base.glob("wb-verify-*")) == [] and _allocated(base) <= before

@@ -9,6 +9,7 @@ followed), a HOME file written later is its uid's too, and the total written sta
     materialise(root, files, workspace=..., home=..., bin_dir=..., tmp=..., logs=..., python=..., uid=...)
     write_home(home, ".config/x.json", text, uid)             # a harness config, owned by the sandbox uid
     over_quota([workspace, home, tmp], limits)                # why it wrote too much, or None
+    exceeds([ws, tmp], max_bytes=256 << 20, max_entries=20000)  # "bytes", "entries" or None (the grading jail's)
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import os
 import stat
 import subprocess
 from pathlib import Path
+from typing import Literal
 
 from .sandbox_spec import SandboxError, SandboxLimits
 
-__all__ = ["check_task_files", "materialise", "write_home", "over_quota"]
+__all__ = ["check_task_files", "materialise", "write_home", "over_quota", "exceeds"]
 
 
 def check_task_files(files: dict[str, str]) -> None:
@@ -92,9 +94,20 @@ def write_home(home: Path, rel: str, text: str, uid: int | None) -> Path:
 
 
 def over_quota(folders: list[Path], limits: SandboxLimits) -> str | None:
-    """Why `folders` together are over `SandboxLimits.disk_mb` / ``max_entries``, or None. Allocated
-    blocks are counted (a sparse file costs what it uses); the walk stops at the limit."""
-    limit, entries, used = limits.disk_mb << 20, 0, 0
+    """Why `folders` together are over `SandboxLimits.disk_mb` / ``max_entries``, or None (`exceeds`)."""
+    over = exceeds(folders, max_bytes=limits.disk_mb << 20, max_entries=limits.max_entries)
+    if over == "bytes":
+        return f"the sandbox wrote more than {limits.disk_mb} MiB"
+    if over == "entries":
+        return f"the sandbox made more than {limits.max_entries} files and folders"
+    return None
+
+
+def exceeds(folders: list[Path], *, max_bytes: int, max_entries: int) -> Literal["bytes", "entries"] | None:
+    """Which bound `folders` together pass: allocated bytes (a sparse file costs what it uses) or files
+    and folders; None within both. The walk stops at the first bound passed, so it costs at most
+    ``max_entries`` stats however much was written (the agent's sandbox and the grading jail poll it)."""
+    entries, used = 0, 0
     stack = list(folders)
     while stack:
         try:
@@ -108,10 +121,10 @@ def over_quota(folders: list[Path], limits: SandboxLimits) -> str | None:
                     used += st.st_blocks * 512
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(Path(entry.path))
-                    if used > limit:
-                        return f"the sandbox wrote more than {limits.disk_mb} MiB"
-                    if entries > limits.max_entries:
-                        return f"the sandbox made more than {limits.max_entries} files and folders"
+                    if used > max_bytes:
+                        return "bytes"
+                    if entries > max_entries:
+                        return "entries"
         except OSError:
             continue
     return None

@@ -40,6 +40,12 @@ class Limits:
     deadline_s: float = 120.0  # whole verification, copy included; tests past it are not run
     workspace_mb: int = 64  # the workspace copy graded: apparent size of its files in all
     workspace_entries: int = 5000  # ... and its files and folders (a deeper tree than 64 is refused too)
+    # What the copy (with its TMPDIR and writable folders) may hold while the tests run, allocated; past it
+    # the tests are killed and the verification scores 0. 4x workspace_mb: the copy itself (<= 64 MiB, plus
+    # ~20 MiB of block rounding for 5000 tiny files) and room for a test's output files (a few of file_mb),
+    # while a loop writing 64 MiB files stops at its 4th, not at the host's free space.
+    disk_mb: int = 256
+    disk_entries: int = 20000  # ... and its files and folders: the copy's 5000, the rest for caches tests make
 
     def __post_init__(self) -> None:
         for name in (
@@ -51,9 +57,13 @@ class Limits:
             "deadline_s",
             "workspace_mb",
             "workspace_entries",
+            "disk_mb",
+            "disk_entries",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)!r}")
+        if self.disk_mb < self.workspace_mb or self.disk_entries < self.workspace_entries:
+            raise ValueError("Limits.disk_mb / disk_entries must hold at least the copy (workspace_mb / _entries)")
 
 
 @dataclass(frozen=True)

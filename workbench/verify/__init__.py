@@ -38,7 +38,8 @@ How a verification runs:
    values and HumanEval's ``check()`` (run in the grader, calling the solution through the runner) never
    enter the solution's process or its file system, so it cannot read them. (check() and the prompt's
    helpers are the task's own code, trusted like the grader.)
-3. At the end of each test everything it started is killed, and at the end the copy is deleted.
+3. At the end of each test everything it started is killed and the copy measured against its budget
+   (``Limits.disk_mb``; also while the test runs), and at the end the copy is deleted.
 
 Outcomes per test: passed, wrong, timeout, crash (exception, killed, a limit hit, a value that cannot be
 compared), missing_file (no solution.py) or error (a test that scores itself gave no usable reward),
@@ -55,6 +56,13 @@ What holds (Linux; ``sandbox="auto"`` uses bubblewrap when ``bwrap`` can create 
 - file size (``file_mb``): always, RLIMIT_FSIZE per file. bwrap: /tmp is a private tmpfs of 4x that;
   without bwrap, as root, files the sandbox uid left at the top of /tmp, /var/tmp and /dev/shm are
   deleted; not as root, files written outside the copy stay (disk quotas are never enforced).
+- total written (``disk_mb``, ``disk_entries``): always; the copy, its TMPDIR and the writable folders
+  are measured (allocated blocks, entries) every 10 ms while a test runs and after each test; past the
+  budget the tests are killed and every test fails ("the grading copy exceeded 256 MiB during test 2"):
+  reward 0, scored, and the copy removed. Polling: a writer at ~1.2 GiB/s got up to ~55 MiB past a
+  64 MiB budget before the kill (`benchmarks/grading_budget.py`). Not counted: a file deleted while a
+  test still holds it open (gone when the test is killed), and without bwrap the shared /tmp, /var/tmp
+  and /dev/shm (see file size).
 - processes (``max_processes``): as root, tests run as a fresh random uid with RLIMIT_NPROC (exact:
   counts that uid's processes and threads only), with or without bwrap. Not root: RLIMIT_NPROC is
   per user, so it is set to the user's current count + max_processes (best effort).
@@ -230,6 +238,9 @@ def verify(task: Task, workspace: Path | str, *, sandbox: str = "auto", verifier
                     i, graded.outcome, graded.reason, round(time.monotonic() - t0, 4), graded.score, graded.metrics
                 )
             )
+            if not unreadable and box.over_budget():  # its processes are gone: all it wrote is counted
+                outcomes = _over_budget(outcomes, len(tests), f"{box.exceeded} during test {i}")
+                break
     passed = sum(o.outcome == "passed" for o in outcomes)
     reward = sum(float(o.outcome == "passed") if o.score is None else o.score for o in outcomes) / len(outcomes)
     return VerifyResult(
@@ -241,6 +252,14 @@ def verify(task: Task, workspace: Path | str, *, sandbox: str = "auto", verifier
         duration_s=round(time.monotonic() - start, 4),
         guards=guards(host, bwrap),
     )
+
+
+def _over_budget(ran: list[TestOutcome], total: int, why: str) -> list[TestOutcome]:
+    """Every test failed: the grading copy passed its budget (what it wrote stops counting as output)."""
+    return [
+        TestOutcome(i, "crash", f"{why}: the verification fails", ran[i].duration_s if i < len(ran) else 0.0)
+        for i in range(total)
+    ]
 
 
 def sandbox_guards(sandbox: str = "auto") -> list[str]:

@@ -1,9 +1,9 @@
 """A test process under the grader's watch: its output drained and capped, its time bounded.
 
 `Child` runs one command in the jail and pumps its pipes with a selector until it ends, passes the
-output cap or the deadline (`Failed` says which). `Runner` is the function-call protocol on top: it
-starts `runner.py` (which loads solution.py from its text), then sends one request line per call and
-reads one tagged-JSON answer line back (`runner.encode`/`decode`).
+output cap or the deadline, or writes past the jail's budget (`Failed` says which). `Runner` is the
+function-call protocol on top: it starts `runner.py` (which loads solution.py from its text), then
+sends one request line per call and reads one tagged-JSON answer line back (`runner.encode`/`decode`).
 
     child = Child(jail, [sys.executable, *PYTHON_FLAGS, "solution.py"], stdin=f)
     child.finish(deadline)                      # Failed("timeout" | "crash", reason)
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import IO, Any, Literal, cast
 
 from ..procs import exit_signal, signal_name
-from .jail import Jail
+from .jail import BUDGET_POLL_S, Jail
 from .runner import decode, encode
 
 __all__ = ["Child", "Runner", "Failed", "PYTHON_FLAGS", "clip"]
@@ -61,7 +61,8 @@ class Child:
     def pump(self, deadline: float, until: Callable[[], bool] = lambda: False) -> str:
         """Move bytes until ``until()`` holds ("until"), both outputs close ("eof"; also shortly after the
         process exits, even if something it left behind holds them), one passes the cap ("output") or
-        the deadline passes ("timeout")."""
+        the deadline passes ("timeout"). What the tests wrote past the jail's budget (`Jail.over_budget`,
+        measured every `BUDGET_POLL_S`) kills the process and raises `Failed` ("crash")."""
         while True:
             if until():
                 return "until"
@@ -69,13 +70,17 @@ class Child:
                 return "output"
             if not any(k.fileobj is not self.proc.stdin for k in self.sel.get_map().values()):
                 return "eof"
+            over = self.box.over_budget(now=False)
+            if over:  # it wrote too much: killed now, before it writes more; the verification scores 0
+                self.stop()
+                raise Failed("crash", over)
             if not self.stopped and self.proc.poll() is not None:
                 self.stop()  # it exited: what it left behind (holding the pipes) dies too
                 deadline = min(deadline, time.monotonic() + EXIT_GRACE_S)
             left = deadline - time.monotonic()
             if left <= 0:
                 return "eof" if self.stopped else "timeout"
-            for key, _ in self.sel.select(min(left, 0.1)):
+            for key, _ in self.sel.select(min(left, BUDGET_POLL_S)):
                 if key.fileobj is self.proc.stdin:
                     self._write()
                 else:  # one of the output pipes registered in __init__ (selectors types it as a bare fileno holder)

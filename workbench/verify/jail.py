@@ -13,6 +13,7 @@ guard holds where.
         jail.copy_in(workspace)                      # bounded copy (CopyLimitError)
         proc = jail.spawn([python, "solution.py"], stdin)
         jail.sweep()                                 # every process of the jail's uid
+        jail.over_budget()                           # "the grading copy exceeded 256 MiB", or None
 
 Harbor tasks and verifier hooks need more of the file system (bwrap only; plain mode cannot remap):
 
@@ -22,6 +23,12 @@ Harbor tasks and verifier hooks need more of the file system (bwrap only; plain 
 A relative source is a folder inside the jail's own directory, made on entry (read-only ones 0755
 and ours, to fill before the first spawn; writable ones the test uid's). Any of the answers' folders
 (`paths.private_paths`) lying under a read-only source is masked with an empty tmpfs.
+
+What the tests write is bounded in total: per file by RLIMIT_FSIZE, in all by `over_budget`, which
+`child.Child` polls while a test process runs (every `BUDGET_POLL_S`) and `verify` once after each
+test: the copy, its TMPDIR and the writable folders against ``Limits.disk_mb`` / ``disk_entries``
+(the agent's sandbox's measure, `sandbox_files.exceeds`). Past it the tests are killed and the
+verification scores 0; the answer stays, so every later test fails without running.
 
 This module is the jail's folder and processes (make, fill, spawn, sweep, remove); `jail_host` probes
 the machine (prlimit, setpriv, bwrap, unshare) and `jail_command` builds each test process's argv.
@@ -34,6 +41,7 @@ import random
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import IO
 
@@ -41,14 +49,22 @@ from ..bounded_copy import CopyLimits, copy_tree
 from ..paths import exposed_paths
 from ..procs import environ, kill_matching
 from ..sandbox_cleanup import force_remove
+from ..sandbox_files import exceeds
 from ..tasks import Limits
 from .jail_command import check_mount_points, command
 from .jail_host import Host, interpreter, reachable
 
-__all__ = ["Jail", "MARKER_VAR", "RUNNER"]
+__all__ = ["Jail", "MARKER_VAR", "RUNNER", "BUDGET_POLL_S"]
 
 MARKER_VAR = "WORKBENCH_VERIFY_RUN"  # set in every test process: found again by the sweep when not root
 RUNNER = Path(__file__).resolve().with_name("runner.py")
+# How often a running test's writes are measured: a walk of a small copy costs ~10 us. A writer fills
+# the page cache at ~1.2 GiB/s here (16 MiB files in a loop, 2-core host): it got up to ~55 MiB past a
+# 64 MiB budget before the kill (benchmarks/grading_budget.py; on a loaded host the scheduler's delays
+# dominate). A copy of 5000 entries takes ~20 ms to walk: the next walk then waits 5 times the last
+# one's (<= 1/6 of a core).
+BUDGET_POLL_S = 0.01
+_WALKS_PER_POLL = 5
 
 
 class Jail:
@@ -81,6 +97,8 @@ class Jail:
         self.uid = random.SystemRandom().randrange(1_000_000, 2_000_000_000) if host.root else None
         self.marker = os.urandom(8).hex()
         self.python = interpreter(host, bool(self.bwrap))
+        self.exceeded: str | None = None  # why the copy passed its budget; once set, it stays
+        self._next_measure = 0.0
 
     def __enter__(self) -> Jail:
         if not self.bwrap and self.uid is not None:
@@ -141,6 +159,22 @@ class Jail:
                 os.lchown(top, self.uid, self.uid)
                 for name in dirs + files:
                     os.lchown(os.path.join(top, name), self.uid, self.uid)
+
+    def over_budget(self, *, now: bool = True) -> str | None:
+        """Why what the tests wrote passed ``Limits.disk_mb`` / ``disk_entries``, or None. ``now=False``
+        (the poll while a test runs) measures only when `BUDGET_POLL_S` has passed since the last walk."""
+        if self.exceeded or (not now and time.monotonic() < self._next_measure):
+            return self.exceeded
+        start = time.monotonic()
+        folders = [self.ws, self.tmp, *(Path(p) for p in self.extra_rw.values())]
+        over = exceeds(folders, max_bytes=self.limits.disk_mb << 20, max_entries=self.limits.disk_entries)
+        done = time.monotonic()
+        self._next_measure = done + max(BUDGET_POLL_S - (done - start), _WALKS_PER_POLL * (done - start))
+        if over == "bytes":
+            self.exceeded = f"the grading copy exceeded {self.limits.disk_mb} MiB"
+        elif over == "entries":
+            self.exceeded = f"the grading copy exceeded {self.limits.disk_entries} files and folders"
+        return self.exceeded
 
     @property
     def inside_ws(self) -> str:
