@@ -724,7 +724,7 @@ def _allocated(root: Path) -> int:
 def test_grading_writes_are_bounded_in_total(base, mode):
     """A solution that passes its first test, then writes 2 GiB in 16 MiB files (each under
     RLIMIT_FSIZE) into its grading copy: once, the host's disk lost all 2 GiB while the test ran and
-    the rollout scored 0.5. Now the copy is measured while the test runs: the writer is killed near
+    the rollout scored 1.0. Now the copy is measured while the test runs: the writer is killed near
     the budget, the verification scores 0 with the reason, and the copy is gone."""
     budget_mb = 64
     task = Task(
@@ -759,8 +759,8 @@ def test_grading_writes_are_bounded_in_total(base, mode):
         done.set()
         sampler.join()
     grew_mib = (peak[0] - before) / 2**20
-    # A writer at ~1.2 GiB/s on this 2-core host got up to ~55 MiB past the budget before the poll killed
-    # it (benchmarks/grading_budget.py; more when the host is loaded); the old grader let all 2 GiB through.
+    # A writer at ~1.2 GiB/s on this 2-core host got 1-19 MiB past the budget before the poll killed it
+    # (benchmarks/grading_budget.py; the slack is for a busier host); the old grader let all 2 GiB through.
     assert grew_mib < budget_mb + 128, f"the host folder grew by {grew_mib:.0f} MiB"
     assert result.reward == 0.0 and result.passed == 0, result.table()
     assert [t.outcome for t in result.tests] == ["crash", "crash"], result.table()

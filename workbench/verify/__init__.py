@@ -59,8 +59,8 @@ What holds (Linux; ``sandbox="auto"`` uses bubblewrap when ``bwrap`` can create 
 - total written (``disk_mb``, ``disk_entries``): always; the copy, its TMPDIR and the writable folders
   are measured (allocated blocks, entries) every 10 ms while a test runs and after each test; past the
   budget the tests are killed and every test fails ("the grading copy exceeded 256 MiB during test 2"):
-  reward 0, scored, and the copy removed. Polling: a writer at ~1.2 GiB/s got up to ~55 MiB past a
-  64 MiB budget before the kill (`benchmarks/grading_budget.py`). Not counted: a file deleted while a
+  reward 0, scored, and the copy removed. Polling: a writer at ~1.2 GiB/s got 1-19 MiB past a 64 MiB
+  budget before the kill (`benchmarks/grading_budget.py`). Not counted: a file deleted while a
   test still holds it open (gone when the test is killed), and without bwrap the shared /tmp, /var/tmp
   and /dev/shm (see file size).
 - processes (``max_processes``): as root, tests run as a fresh random uid with RLIMIT_NPROC (exact:
