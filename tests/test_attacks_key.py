@@ -164,8 +164,12 @@ def test_only_the_first_process_to_connect_reaches_the_endpoint(base):
         port = sb.reach(url).rsplit(":", 1)[1]
         code, out = sb.run(["python", "probe.py", port, SOCKET_INSIDE], timeout_s=60)
         refused = sb.refused_connections
+        # a second command in the same sandbox: its forwarder is not the relay's, and says so
+        _, again = sb.run(["python", "probe.py", port, SOCKET_INSIDE], timeout_s=60)
     assert code == 0 and out.split()[-4:] == ["ok", "closed", "closed", "ok"], out
     assert endpoint.hits == 2 and refused == 2
+    assert "did not take this process as the sandbox's forwarder" in again and again.split()[-4:] == ["closed"] * 4
+    assert endpoint.hits == 2
     endpoint.sock.close()
 
 

@@ -15,8 +15,8 @@ recorded and trained as the harness's. So:
 
 - the first process to connect is pinned (its pid and start time): the harness, since nothing the
   agent runs exists before the harness's first model call has been answered. A later connection is
-  forwarded only when its socket is among that process's open files: the client's end is found in
-  ``/proc/net/tcp`` by its address, and its ``socket:[INODE]`` looked for in ``/proc/PID/fd``. Any
+  forwarded only when its socket is among that process's open files: the kernel names the client's
+  end by its address (sock_diag), and its ``socket:[INODE]`` is looked for in ``/proc/PID/fd``. Any
   other connection is closed unforwarded, and reported to the relay;
 - the relay, in turn, relays only this process's connections (its first, the control connection
   opened before the command starts, pins it: `sandbox_net`), so connecting to the socket directly
@@ -31,11 +31,13 @@ import ctypes
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 
 _PR_SET_DUMPABLE = 4
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST = 4, 20, 1
 ACK = b"K"  # the relay's answer on the control connection: this process is the sandbox's forwarder
 REFUSED = b"R"  # one byte per refused connection, on the control connection
 
@@ -46,24 +48,24 @@ def _undumpable() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
-def _hex(ip: str, port: int) -> str:
-    """An IPv4 address and port as /proc/net/tcp writes them (the address as a host-order word)."""
-    return f"{int.from_bytes(socket.inet_aton(ip), sys.byteorder):08X}:{port:04X}"
-
-
 def _client_inode(client: tuple[str, int], server: tuple[str, int]) -> int:
-    """The inode of the client's end of the TCP connection client -> server, 0 when not found (an
-    IPv6 socket, a closed one): such a connection is refused."""
-    local, remote = _hex(*client), _hex(*server)
+    """The inode of the client's end of the TCP connection client -> server, 0 when none is found (an IPv6
+    socket, one closed meanwhile): such a connection is refused. The kernel's sock_diag is asked for exactly
+    that connection: one request, whatever the number of sockets in the namespace (reading /proc/net/tcp
+    with 1,000 sockets took 23 ms on the loaded 2-core host, and the agent can open that many)."""
+    ids = struct.pack("!HH4s12x4s12x", client[1], server[1], socket.inet_aton(client[0]), socket.inet_aton(server[0]))
+    req = struct.pack("=BBBxI", socket.AF_INET, socket.IPPROTO_TCP, 0, 0xFFFFFFFF) + ids
+    req += struct.pack("=III", 0, 0xFFFFFFFF, 0xFFFFFFFF)  # any interface, no cookie
+    head = struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0)
     try:
-        with open("/proc/net/tcp") as table:
-            for line in table:
-                fields = line.split()
-                if fields[1:3] == [local, remote]:
-                    return int(fields[9])
-    except (OSError, IndexError, ValueError):
-        pass
-    return 0
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+            nl.send(head + req)
+            answer = nl.recv(8192)
+        if struct.unpack_from("=H", answer, 4)[0] != _SOCK_DIAG_BY_FAMILY:  # NLMSG_ERROR: no such socket
+            return 0
+        return struct.unpack_from("=I", answer, 84)[0]  # inet_diag_msg's idiag_inode, after its header
+    except (OSError, struct.error):
+        return 0
 
 
 def _holds(pid: int, link: str) -> bool:
