@@ -10,7 +10,8 @@ grader: no measure, a 0.1 s select). Cost: HumanEval's first N canonical solutio
 budget on and off alternating, the median of the rounds: wall seconds, and the grader's own CPU seconds
 (where the polling runs; the test processes' time is the same either way, and on a shared machine the
 CPU time is the steadier figure). The ratios on/off are the per-grading cost.
-Writes benchmarks/results/grading_budget.json.
+Writes a new benchmarks/results/grading_budget/<date>_<host>.json per run (benchmarks/run_file.py: never an earlier
+run's file; the first run's is benchmarks/results/grading_budget.json).
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_file
+from run_file import host, new_run_file
 from workbench.tasks import Limits, Task, humaneval_path, load_tasks
 from workbench.verify import child, jail, verify
 
-RESULTS = Path(__file__).resolve().parent / "results" / "grading_budget.json"
 BUDGET_MB, FILE_MB = 64, 16
 FLOOD = Task(
     id="t/add",
@@ -142,8 +145,10 @@ def main() -> None:
         budget(True)
         shutil.rmtree(base, ignore_errors=True)
     record["load_avg_1m"] = os.getloadavg()[0]
-    RESULTS.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {RESULTS} (load average {record['load_avg_1m']:.1f} on {len(os.sched_getaffinity(0))} CPUs)")
+    record["host"] = host()
+    path = new_run_file("grading_budget")
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path} (load average {record['load_avg_1m']:.1f} on {len(os.sched_getaffinity(0))} CPUs)")
 
 
 ORIGINAL = jail.Jail.over_budget
