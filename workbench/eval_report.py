@@ -2,7 +2,11 @@
 by task (`compare`).
 
 Pure functions of plain dicts, no engine or sandbox: `workbench.evaluate.run_eval` makes one record per rollout
-and calls `aggregate`; `compare` takes two eval.json dicts (just returned, or read back from run folders).
+and calls `aggregate`; `compare` takes two eval.json dicts (just returned, or read back from run folders) and
+keeps every rollout record of both in its ``rollouts`` list (policy, task, sample index, status, reason, reward,
+tool calls, solution written: ~180 bytes each as `workbench.learn.ship` writes them, 23 KB for 64 + 64), so each
+rate and interval it and `aggregate` report can be recomputed from the file alone (``intervals`` names the method
+of each; tests/test_evaluate.py recomputes them).
 Which number is which is in `workbench.evaluate`'s docstring; the interval arithmetic is `workbench.eval_stats`'s.
 `workbench.evaluate` re-exports `compare`, so ``from workbench.evaluate import compare`` stays the usual import.
 
@@ -16,9 +20,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from .eval_stats import RESAMPLES, bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
+from .eval_stats import RESAMPLES, bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
 
-__all__ = ["aggregate", "compare"]
+__all__ = ["aggregate", "compare", "RATES", "ROLLOUT_FIELDS", "INTERVALS"]
+
+# eval.json's rates: name -> the per-rollout flag it counts among scored rollouts
+RATES = {"solve_rate": "solved", "tool_call_rate": "used_tools", "solution_written_rate": "solution_written"}
+# what a comparison keeps of each rollout (with "policy": base or trained)
+ROLLOUT_FIELDS = ("task_id", "sample", "status", "reason", "reward", "tool_calls", "solution_written")
+# which interval each key holds (written into eval.json and the comparison as ``intervals``)
+INTERVALS = {
+    "ci95": "mean reward over tasks: two-stage percentile bootstrap (tasks, then each drawn task's rollouts)",
+    "<rate>_ci95": "Wilson over the scored rollouts taken as independent: anti-conservative (a task's rollouts are "
+    "clustered); kept for comparison",
+    "<rate>_ci95_clustered": "one-stage cluster bootstrap of the pooled rate (tasks drawn with all their rollouts)",
+    "base.ci95, trained.ci95": "each side's mean of per-task means: one-stage bootstrap over tasks (the delta's draws)",
+    "delta.ci95": "mean of per-task differences: one-stage paired bootstrap over tasks",
+    "delta.p": "two-sided paired sign-flip permutation test (exact for <= 16 tasks)",
+}
 
 
 def aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> dict[str, Any]:
@@ -43,13 +62,11 @@ def aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> 
             "by_status": count([r for r in records if not r["scored"]], "status"),
         },
     }
-    for name, key in (
-        ("solve_rate", "solved"),
-        ("tool_call_rate", "used_tools"),
-        ("solution_written_rate", "solution_written"),
-    ):
+    for name, key in RATES.items():
         hits = sum(r[key] for r in scored)
         out[name], out[f"{name}_ci95"] = hits / len(scored) if scored else None, list(wilson(hits, len(scored)))
+        flags = [[float(r[key]) for r in scored if r["task_id"] == tid] for tid in task_ids]
+        out[f"{name}_ci95_clustered"] = list(cluster_bootstrap_ci(flags, seed=seed)) if scored else None
     per_task = []
     for tid in task_ids:
         ok = [r for r in scored if r["task_id"] == tid]
@@ -73,6 +90,7 @@ def aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> 
         rollout_mean=sum(r["reward"] for r in scored) / len(scored) if scored else None,
         per_task=per_task,
         bootstrap={"method": "two-stage percentile (tasks, then rollouts)", "resamples": RESAMPLES, "seed": seed},
+        intervals={k: v for k, v in INTERVALS.items() if not k.startswith(("base", "delta"))},
     )
     return out
 
@@ -87,7 +105,8 @@ def compare(
 ) -> dict[str, Any]:
     """Paired by task: delta = mean over tasks of (trained task mean - base task mean), with a paired
     bootstrap interval over tasks and a sign-flip permutation p-value. Tasks scored in only one of the
-    two evaluations are left out (and listed)."""
+    two evaluations are left out (and listed). Each side also carries its rates with their clustered intervals,
+    and ``rollouts`` every rollout record of both (when both evaluations have their ``records``)."""
     if base["model"] != trained["model"]:
         raise ValueError(f"cannot compare evaluations of different models: {base['model']!r} vs {trained['model']!r}")
     a = {t["task_id"]: t["mean"] for t in base["per_task"] if t["mean"] is not None}
@@ -103,7 +122,11 @@ def compare(
     def ci(x: Any) -> dict[str, Any]:  # one seed, so the same task resamples on every side: paired
         return {"mean": float(x.mean()), "ci95": list(paired_bootstrap_ci(x, resamples=resamples, seed=seed))}
 
-    return {
+    def side(e: dict[str, Any], x: Any) -> dict[str, Any]:
+        rates = {k: e[k] for r in RATES for k in (r, f"{r}_ci95_clustered") if k in e}
+        return {**ci(x), **rates, "adapter": e.get("adapter"), "policy": e.get("policy")}
+
+    out = {
         "model": base["model"],
         "tasks": base["tasks"] if base["tasks"] == trained["tasks"] else f"{base['tasks']} | {trained['tasks']}",
         "n": min(base["n"], trained["n"]),
@@ -111,8 +134,8 @@ def compare(
         "n_trained": trained["n"],
         "task_ids": common,
         "tasks_left_out": sorted((set(a) | set(b)) - set(common)),
-        "base": {**ci(xa), "adapter": base.get("adapter"), "policy": base.get("policy")},
-        "trained": {**ci(xb), "adapter": trained.get("adapter"), "policy": trained.get("policy")},
+        "base": side(base, xa),
+        "trained": side(trained, xb),
         "delta": {
             **ci(d),
             "p": sign_flip_p(d, permutations=permutations, seed=seed),
@@ -120,4 +143,13 @@ def compare(
             "tasks_worse": int((d < 0).sum()),
         },
         "per_task": [{"task_id": t, "base": a[t], "trained": b[t], "delta": b[t] - a[t]} for t in common],
+        "bootstrap": {"resamples": resamples, "seed": seed, "permutations": permutations},
+        "intervals": INTERVALS,
     }
+    if "records" in base and "records" in trained:
+        out["rollouts"] = [
+            {"policy": policy, **{k: r.get(k) for k in ROLLOUT_FIELDS}}
+            for policy, e in (("base", base), ("trained", trained))
+            for r in e["records"]
+        ]
+    return out

@@ -1,11 +1,22 @@
-"""The statistics of an evaluation (pure, numpy only): Wilson intervals of rates, a two-stage bootstrap
-of the mean over tasks, and the paired comparison's bootstrap interval and sign-flip permutation p-value.
+"""The statistics of an evaluation (pure, numpy only), each a 95% interval unless asked otherwise:
+
+- `wilson`: the Wilson score interval of a proportion, its trials taken as independent. Over an evaluation's
+  rollouts that is **anti-conservative**: the N rollouts of one task share its difficulty (clustered), so the
+  interval is too narrow. eval.json keeps it (``*_rate_ci95``) beside the clustered one.
+- `cluster_bootstrap_ci`: one-stage cluster bootstrap of a pooled rate: tasks drawn with replacement, each with
+  all its rollouts (``*_rate_ci95_clustered``: the one to quote for a rate).
+- `bootstrap_ci`: two-stage bootstrap of the mean over tasks of each task's mean: tasks, then each drawn task's
+  rollouts, with replacement (eval.json's ``ci95`` of the mean reward).
+- `paired_bootstrap_ci`: one-stage bootstrap of the mean of paired per-task differences, tasks drawn with
+  replacement (a comparison's ``delta``; also each side's per-task means alone, on the same draws).
+- `sign_flip_p`: two-sided paired sign-flip permutation p-value of mean difference 0 (exact up to 16 tasks).
 
 `workbench.evaluate` reports with these (its docstring says which number is which); they take plain
 lists, so they also serve any other table of rewards:
 
-    from workbench.eval_stats import bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
+    from workbench.eval_stats import bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
     wilson(16, 20)                                  # (lo, hi) of a proportion, 95%
+    cluster_bootstrap_ci([[1, 0, 0, 0], [1, 1, 1, 0]])   # a rate over rollouts clustered by task
     bootstrap_ci([[1.0, 0.0], [0.5, 0.5, 1.0]])     # tasks, then each task's rollouts, with replacement
     paired_bootstrap_ci([0.25, -0.1, 0.5]), sign_flip_p([0.25, -0.1, 0.5])   # one difference per task
 """
@@ -15,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["Z95", "RESAMPLES", "wilson", "bootstrap_ci", "paired_bootstrap_ci", "sign_flip_p"]
+__all__ = ["Z95", "RESAMPLES", "wilson", "cluster_bootstrap_ci", "bootstrap_ci", "paired_bootstrap_ci", "sign_flip_p"]
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 RESAMPLES = 10_000
@@ -31,6 +42,26 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def cluster_bootstrap_ci(
+    groups: Sequence[Sequence[float]], *, resamples: int = RESAMPLES, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile interval of a pooled mean (all values over all groups) by a one-stage cluster bootstrap: groups
+    (tasks) drawn with replacement, each with all its values (0/1 per rollout for a rate). Empty groups are dropped.
+
+    Why not `wilson`: rollouts of one task are correlated, and only the task draw carries that."""
+    import numpy as np
+
+    groups = [list(g) for g in groups if len(g)]
+    if not groups:
+        raise ValueError("no values to bootstrap")
+    sums = np.array([sum(g) for g in groups], dtype=float)
+    lens = np.array([len(g) for g in groups], dtype=float)
+    pick = np.random.default_rng(seed).integers(0, len(groups), (resamples, len(groups)))
+    stat = sums[pick].sum(-1) / lens[pick].sum(-1)
+    lo, hi = np.quantile(stat, [(1 - level) / 2, (1 + level) / 2])
+    return (float(lo), float(hi))
 
 
 def bootstrap_ci(

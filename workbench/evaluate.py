@@ -9,14 +9,19 @@ adapter, with intervals; and a paired comparison of two evaluations by task.
     workbench eval --model smollm2 --adapter PATH --tasks easy-eval --n 8 --json   # once wired into cli.py
 
 Each evaluation is a run folder ``runs/<stamp>__eval/``: config.json, rollouts/<task>__<i>/ (the seed
-artefact per rollout) and eval.json (what `run_eval` returns). The statistics:
+artefact per rollout) and eval.json (what `run_eval` returns), whose ``records`` hold one line per rollout (task,
+sample index, status, reason, reward, tool calls, solution written): every number below is recomputable from
+them (tests/test_evaluate.py does). The statistics (`workbench.eval_stats`; eval.json's ``intervals`` says the same):
 
 - ``mean``: the mean over tasks of each task's mean reward (every task weighs the same, whatever number
   of its rollouts were unscored); ``ci95`` a two-stage percentile bootstrap (tasks drawn with
   replacement, then each drawn task's rollouts), so it covers both which tasks and which samples.
 - ``solve_rate`` (reward == 1), ``tool_call_rate`` (at least one tool call in the trace),
-  ``solution_written_rate``: fractions of the scored rollouts, each with a Wilson interval (rollouts
-  taken as independent: the bootstrap above is the one that respects tasks).
+  ``solution_written_rate``: fractions of the scored rollouts, each with ``*_ci95_clustered``, a one-stage
+  cluster bootstrap (tasks drawn with all their rollouts: the interval to quote), and ``*_ci95``, a Wilson
+  interval that takes the rollouts as independent: too narrow, since a task's rollouts share its difficulty.
+- `compare`: per-task differences, a one-stage paired bootstrap over tasks and an exact sign-flip p (up to 16
+  tasks); it keeps both evaluations' rollout records (``rollouts``) so a shipped comparison recomputes too.
 - Rollouts whose status is in `workbench.rollout.FAILED_STATUSES` (the infrastructure failed, not the
   agent) or that have no reward are unscored: excluded from every statistic and counted by status.
 
@@ -53,6 +58,8 @@ if TYPE_CHECKING:
 # compare is defined in workbench.eval_report (with aggregate, eval.json's numbers) and re-exported here: an
 # evaluation and its comparison are imported together (``from workbench.evaluate import compare, run_eval``).
 __all__ = ["EvalConfig", "run_eval", "compare", "add_eval_arguments", "run_from_args", "cli_main"]
+
+REASON_CHARS = 160  # of a rollout's reason kept in eval.json's records
 
 
 @dataclass
@@ -235,7 +242,10 @@ def run_eval(
             {
                 "task_id": r.task_id,
                 "rollout": r.rollout_id,
+                "sample": int(r.out_dir.name.rsplit("__", 1)[1]),  # i of the job's <task>__<i> folder
                 "status": r.status,
+                # why it ended (a timeout's limit, a crash's error), clipped: eval.json stays a few KB per 64 rollouts
+                "reason": r.reason[:REASON_CHARS] if r.reason else None,
                 "reward": r.reward,
                 "tool_calls": sum((s.get("tool_calls") or {}).values()),
                 "solution_written": bool(s.get("solution_written")),
@@ -313,7 +323,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         )
     }
     if args.baseline:
-        head["compare"] = compare(json.loads(Path(args.baseline).read_text()), result)
+        both = compare(json.loads(Path(args.baseline).read_text()), result)
+        head["compare"] = {k: v for k, v in both.items() if k != "rollouts"}  # the records are in eval.json
     if args.json:
         print(json.dumps(head))
         return 0
