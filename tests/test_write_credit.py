@@ -84,3 +84,17 @@ def test_the_eval_table_shows_every_paired_delta_of_the_shipped_run():
     html = render_eval(evidence)
     for key in ("delta", "solve_delta", "tool_call_delta", "solution_written_delta"):
         assert f"{evidence[key]['mean']:.3f}" in html
+
+
+def test_the_eval_table_quotes_the_clustered_rate_interval_and_flags_a_wilson_one():
+    from workbench.views import render_eval
+
+    def side(clustered: bool) -> dict:
+        e = {"rollouts": 8, "solve_rate": 0.5, "solve_rate_ci95": [0.2, 0.8]}
+        return e | ({"solve_rate_ci95_clustered": [0.111, 0.889]} if clustered else {})
+
+    paired = {"mean": 0.0, "ci95": [0.0, 0.0], "p": 1.0}
+    new = render_eval({"base": paired, "trained": paired, "base_eval": side(True), "trained_eval": side(True)})
+    assert "[0.111, 0.889]" in new and "Wilson" not in new
+    old = render_eval({"base": paired, "trained": paired, "base_eval": side(False), "trained_eval": side(False)})
+    assert "[0.200, 0.800] (Wilson, too narrow)" in old

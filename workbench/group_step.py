@@ -44,8 +44,9 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
     step = install(trainer)                   # after setting trainer.rollout_func; step.remove() undoes it
     trainer.train()                           # step.last: rows, packs, row vs forwarded tokens of the last pass
 
-Exactness (tests/test_group_step.py): on the tiny model in fp32, per-row logprobs, entropies, the loss and every
-LoRA gradient equal TRL's own path to <= 1e-5; on SmolLM2 and the shipped real rows, float64 to <= 5e-6, and in
+Exactness (tests/test_group_step.py): on the tiny model in fp32, per-row logprobs and entropies equal TRL's own
+path to <= 1e-5 absolute, the loss to <= 1e-5 relative (|Δ| / max(1, |loss|)), and each LoRA gradient tensor to
+<= 1e-5 of its own largest entry (max |Δ| / max |g|); on SmolLM2 and the shipped real rows, float64 to <= 5e-6, and in
 float32 the loss to <= 1e-5 and the gradients no further from the float64 step than 2x TRL's own fp32 error. Requires sdpa attention and TRL's compact fused LM head on
 CPU (workbench.train applies it; `install` checks).
 """

@@ -71,8 +71,13 @@ def render_eval(evidence: dict[str, Any]) -> str:
         return "–" if not d else f"{d['mean']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]"
 
     def rate(e: dict[str, Any], key: str) -> str:
-        lo, hi = e.get(f"{key}_ci95") or (math.nan, math.nan)
-        return f"{e.get(key, math.nan):.3f} [{lo:.3f}, {hi:.3f}]"
+        # the clustered interval (rollouts of one task share its difficulty); an eval.json older than it has only
+        # the Wilson one over rollouts, which is too narrow: say so
+        if key not in e:
+            return "–"
+        clustered = e.get(f"{key}_ci95_clustered")
+        lo, hi = clustered or e.get(f"{key}_ci95") or (math.nan, math.nan)
+        return f"{e.get(key, math.nan):.3f} [{lo:.3f}, {hi:.3f}]" + ("" if clustered else " (Wilson, too narrow)")
 
     rows = []
     for name in ("base", "trained"):
