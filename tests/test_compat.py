@@ -115,3 +115,19 @@ def test_quiet_known_noise_drops_exactly_trls_none_reward_line_and_the_checkpoin
         )
         logger.warning("All reward functions returned None, and something else")
     assert [r.getMessage() for r in caplog.records] == ["All reward functions returned None, and something else"]
+
+
+def test_uvicorns_protocol_has_the_hooks_the_capture_guard_extends():
+    """workbench.capture_guard subclasses uvicorn's httptools protocol: each method it extends exists with the
+    parameters it overrides, the answer's end reaches `on_response_complete` through `self` (so the override is
+    the one called), and another uvicorn is refused by name."""
+    from uvicorn.protocols.http import httptools_impl
+
+    protocol = httptools_impl.HttpToolsProtocol
+    for name, params in _compat.UVICORN_PROTOCOL_HOOKS.items():
+        assert tuple(inspect.signature(getattr(protocol, name)).parameters) == params, name
+    assert "on_response=self.on_response_complete," in inspect.getsource(protocol.on_headers_complete)
+    assert "self.on_response()" in inspect.getsource(httptools_impl.RequestResponseCycle.send)
+    _compat.check_uvicorn()
+    with pytest.raises(RuntimeError, match=r"uvicorn 0\.54\.0's HttpToolsProtocol .* 0\.55\.0 is installed"):
+        _compat.check_uvicorn(lambda dist: "0.55.0")

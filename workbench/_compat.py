@@ -1,4 +1,4 @@
-"""Every private name of TRL and OpenEnv that workbench relies on, in one place, for the pinned versions.
+"""Every private name of TRL, OpenEnv and uvicorn that workbench relies on, in one place, for the pinned versions.
 
 TRL's GRPOTrainer and OpenEnv's capture server have no public seam for what we do (score a group's shared
 prefix once, take the IS ratio from the loss pass, stream the capture proxy's relay), so we use a few of
@@ -44,6 +44,9 @@ __all__ = [
     "OPENENV_CLIENT_POST",
     "ClientPolicy",
     "client_policy",
+    "UVICORN_VERSION",
+    "UVICORN_PROTOCOL_HOOKS",
+    "check_uvicorn",
 ]
 
 TRL_VERSION = "1.16.0"
@@ -78,6 +81,31 @@ _CLIENT_POLICY = {
     "connect_timeout_s": "_CONNECT_TIMEOUT_S",
     "liveness_timeout_s": "_LIVENESS_TIMEOUT_S",
 }
+
+
+# uvicorn 0.54.0 (requirements/main.lock) has no deadline for a request still arriving: workbench.capture_guard
+# subclasses uvicorn.protocols.http.httptools_impl.HttpToolsProtocol and extends these methods, each calling
+# uvicorn's first: asyncio's connection callbacks, httptools' parser callbacks, and uvicorn's own
+# `on_response_complete` (what each request's RequestResponseCycle calls once its answer is sent).
+UVICORN_VERSION = "0.54.0"
+UVICORN_PROTOCOL_HOOKS: dict[str, tuple[str, ...]] = {  # method -> its parameters
+    "connection_made": ("self", "transport"),
+    "connection_lost": ("self", "exc"),
+    "on_message_begin": ("self",),
+    "on_headers_complete": ("self",),
+    "on_message_complete": ("self",),
+    "on_response_complete": ("self",),
+}
+
+
+def check_uvicorn(installed: Callable[[str], str] = importlib.metadata.version) -> None:
+    """RuntimeError unless the installed uvicorn is the pinned one (workbench.capture_guard extends its protocol)."""
+    have = installed("uvicorn")
+    if have != UVICORN_VERSION:
+        raise RuntimeError(
+            f"workbench.capture_guard extends uvicorn {UVICORN_VERSION}'s HttpToolsProtocol (workbench/_compat.py); "
+            f"{have} is installed: pip install uvicorn=={UVICORN_VERSION}"
+        )
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,10 @@ all seven knobs and overrides the harness), and a call budget ends runaway loops
 - **an admin key, always**: the sandboxed agent shares the host's loopback, so loopback is not a
   trust boundary. Without the key nobody can mint sessions or read traces. A random key is made
   when none is given; a non-loopback bind requires an explicit one;
-- a loopback bind by default (the stock ``CaptureServer.start()`` binds 0.0.0.0).
+- a loopback bind by default (the stock ``CaptureServer.start()`` binds 0.0.0.0);
+- **slow clients closed** (`workbench.capture_guard`): a request's head must arrive within 10 s and its body
+  within 60 s, and one client address keeps at most 256 connections waiting; nothing is timed while an answer
+  streams (``connection_limits=``, a `workbench.capture_guard.ConnectionLimits`).
 - **streamed calls forwarded streamed**: OpenEnv asks the engine for the whole answer and replays it
   as one chunk (time to first chunk = the whole generation); `workbench.capture_stream` relays a
   streamed chat completion chunk by chunk and records the same turn (``stream_upstream=False``: off).
@@ -53,11 +56,12 @@ from starlette.types import Message, Receive, Scope, Send
 from .capture_classify import Classifier
 from .capture_client import ProxyClient, ProxyError
 from .capture_gate import DUPLICATE, body_problem, offered_key, route
+from .capture_guard import ConnectionGuard, ConnectionLimits
 from .capture_openenv import Upstream, build_app
 from .capture_record import CallLog, CallRecord, CallRecorder
 from .capture_stream import StreamingPath
 
-__all__ = ["CaptureProxy", "ProxyClient", "ProxyError", "CallRecord", "BOOKKEEPING_MAX_TOKENS"]
+__all__ = ["CaptureProxy", "ProxyClient", "ProxyError", "CallRecord", "ConnectionLimits", "BOOKKEEPING_MAX_TOKENS"]
 
 logger = logging.getLogger("workbench.capture")
 
@@ -117,6 +121,8 @@ class CaptureProxy:
     to the whole output budget beside the agent's call); the trace records ``clamped_max_tokens``.
     `classify` tags each call with its purpose (default: `workbench.harnesses.classify_call`, the
     session's harness decides). `log` holds every session's calls (`workbench.capture_record.CallLog`).
+    `connection_limits` (default `ConnectionLimits()`) closes connections whose request arrives too slowly and
+    caps the waiting connections of one client address; `connection_guard` counts what it closed.
     """
 
     def __init__(
@@ -134,6 +140,7 @@ class CaptureProxy:
         stream_upstream: bool = True,
         bookkeeping_max_tokens: dict[str, int] | None = None,
         classify: Classifier | None = None,
+        connection_limits: ConnectionLimits | None = None,
     ) -> None:
         if host not in ("127.0.0.1", "localhost", "::1") and not admin_key:
             raise ProxyError(f"--admin-key is required to listen on {host}: the control routes would be open")
@@ -157,6 +164,7 @@ class CaptureProxy:
             max_model_calls=max_model_calls,
         )
         self._streaming = StreamingPath(self.inner.state) if stream_upstream else None
+        self.connection_guard = ConnectionGuard(connection_limits or ConnectionLimits())
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -304,7 +312,14 @@ class CaptureProxy:
         if self.port == 0:
             self.port = free_port(self.host)
         config = uvicorn.Config(
-            self, host=self.host, port=self.port, log_level="warning", timeout_keep_alive=75, lifespan="off"
+            self,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            timeout_keep_alive=75,
+            lifespan="off",
+            http=self.connection_guard.protocol(),  # slow clients closed (workbench.capture_guard)
+            ws="none",  # no websocket route; an upgrade would hand the socket to a protocol the guard does not see
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="capture-proxy")
