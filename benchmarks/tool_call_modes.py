@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/tool_call_modes.py --tasks 'easy-train[:4]' --n 4     # 16 rollouts a mode
 
-Modes (each a switch, the rest as shipped; T=1.0, the training temperature):
+Modes (each a switch, the rest as shipped; T=1.0, the training temperature; opencode titled by the task id, so
+no title call, as training runs it):
 - ``shipped``: opencode's own agent prompt, vLLM's ``hermes`` parser (``<tool_call>`` tags only);
 - ``short+few-shot``: the short agent prompt and two worked tool-call turns (`RolloutConfig.few_shot`), hermes;
 - ``json``: the shipped prompt, the engine's ``workbench_json`` parser (bare or fenced JSON calls too:
@@ -97,6 +98,7 @@ def main() -> None:
     ap.add_argument("--tasks", default="easy-train[:4]")
     ap.add_argument("--n", type=int, default=16, help="rollouts per mode (task i mod len)")
     ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="per rollout: 8 in flight on 2 cores are slow")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     modes = args.modes.split(",")
@@ -106,14 +108,20 @@ def main() -> None:
     out = new_run_file("tool_call_modes", args.out)
     result: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": host(), "args": vars(args) | {"out": str(out)}}
     result["modes"] = []
-    for parser in ("hermes", "json"):
+    for parser in ("json", "hermes"):
         wanted = [m for m in modes if MODES[m][1] == parser]
         if not wanted:
             continue
         with Engine(EngineConfig(model="qwen-coder", tool_parser=parser, lora=False)) as engine:
             for mode in wanted:
                 short = MODES[mode][0]
-                rollout = RolloutConfig(temperature=1.0, few_shot=short, **agent_prompt("short" if short else "default"))
+                rollout = RolloutConfig(
+                    temperature=1.0,
+                    few_shot=short,
+                    timeout_s=args.timeout_s,
+                    skip_title_call=True,
+                    **agent_prompt("short" if short else "default"),
+                )
                 config = MatrixConfig(
                     harnesses=("opencode",), models=("qwen-coder",), tasks=args.tasks, n=args.n, parallel=args.parallel
                 )
