@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/grading_budget.py              # 8 floods and 3 timing rounds per sandbox
     python benchmarks/grading_budget.py --floods 3 --rounds 1 --tasks 40   # a quicker look
+    python benchmarks/grading_budget.py --hogs 2 --rounds 0                # floods only, 2 busy loops beside
 
 Flood: a function_call solution passes its first test, then writes 2 GiB in 16 MiB files (RLIMIT_FSIZE
 16 MiB, ``Limits.disk_mb`` 64) into its grading copy; a thread samples the allocated size of the temp dir
@@ -9,7 +10,8 @@ every 5 ms. Reported: the peak growth with the budget polled, and once with it s
 grader: no measure, a 0.1 s select). Cost: HumanEval's first N canonical solutions verified serially,
 budget on and off alternating, the median of the rounds: wall seconds, and the grader's own CPU seconds
 (where the polling runs; the test processes' time is the same either way, and on a shared machine the
-CPU time is the steadier figure). The ratios on/off are the per-grading cost.
+CPU time is the steadier figure). The ratios on/off are the per-grading cost. ``--hogs N`` keeps N busy
+loops (at this process's niceness) running meanwhile: the grader and the writer wait for the CPU.
 Writes a new benchmarks/results/grading_budget/<date>_<host>.json per run (benchmarks/run_file.py: never an earlier
 run's file; the first run's is benchmarks/results/grading_budget.json).
 """
@@ -22,6 +24,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -95,13 +98,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=164, help="first N HumanEval tasks")
     parser.add_argument("--sandbox", nargs="+", default=["none", "bwrap"], choices=["none", "bwrap"])
+    parser.add_argument("--hogs", type=int, default=0, help="busy loops beside the grader")
     args = parser.parse_args()
+    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(args.hogs)]
     base = Path(tempfile.mkdtemp(prefix="wb-bench-"))
     base.chmod(0o755)  # the test uid passes through to the jail folders
     tempfile.tempdir = str(base)
     with gzip.open(humaneval_path(), "rt") as f:
         rows = [json.loads(line) for line in f][: args.tasks]
-    record: dict = {"benchmark": "grading_budget", "poll_s": jail.BUDGET_POLL_S, "budget_mb": BUDGET_MB, "runs": []}
+    record: dict = {
+        "benchmark": "grading_budget",
+        "poll_s": jail.BUDGET_POLL_S,
+        "budget_mb": BUDGET_MB,
+        "hogs": args.hogs,
+        "runs": [],
+    }
     try:
         items = []
         for task, row in zip(load_tasks(f"humaneval[:{args.tasks}]"), rows, strict=True):
@@ -124,24 +135,30 @@ def main() -> None:
                     seconds[mode].append(time.perf_counter() - start)
                     cpu[mode].append(time.process_time() - cpu0)
                     assert all(r == 1.0 for r in rewards), f"{sandbox} {mode}: a canonical solution failed"
-            on, off_s = statistics.median(seconds["on"]), statistics.median(seconds["off"])
-            run = {
+            run: dict = {
                 "sandbox": sandbox,
                 "flood_off": off,
                 "flood_grew_mib": sorted(f["grew_mib"] for f in floods),
                 "flood_rewards": sorted({f["reward"] for f in floods}),
                 "flood_reason": floods[0]["reason"],
-                "tasks": len(items),
-                "seconds_on": [round(s, 2) for s in seconds["on"]],
-                "seconds_off": [round(s, 2) for s in seconds["off"]],
-                "ratio_on_off": round(on / off_s, 3),
-                "grader_cpu_on": [round(s, 2) for s in cpu["on"]],
-                "grader_cpu_off": [round(s, 2) for s in cpu["off"]],
-                "cpu_ratio_on_off": round(statistics.median(cpu["on"]) / statistics.median(cpu["off"]), 3),
             }
+            if args.rounds:
+                on, off_s = statistics.median(seconds["on"]), statistics.median(seconds["off"])
+                run |= {
+                    "tasks": len(items),
+                    "seconds_on": [round(s, 2) for s in seconds["on"]],
+                    "seconds_off": [round(s, 2) for s in seconds["off"]],
+                    "ratio_on_off": round(on / off_s, 3),
+                    "grader_cpu_on": [round(s, 2) for s in cpu["on"]],
+                    "grader_cpu_off": [round(s, 2) for s in cpu["off"]],
+                    "cpu_ratio_on_off": round(statistics.median(cpu["on"]) / statistics.median(cpu["off"]), 3),
+                }
             record["runs"].append(run)
             print(json.dumps(run))
     finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
         budget(True)
         shutil.rmtree(base, ignore_errors=True)
     record["load_avg_1m"] = os.getloadavg()[0]

@@ -759,11 +759,33 @@ def test_grading_writes_are_bounded_in_total(base, mode):
         done.set()
         sampler.join()
     grew_mib = (peak[0] - before) / 2**20
-    # A writer at ~1.2 GiB/s on this 2-core host got 1-19 MiB past the budget before the poll killed it
-    # (benchmarks/grading_budget.py; the slack is for a busier host); the old grader let all 2 GiB through.
-    assert grew_mib < budget_mb + 128, f"the host folder grew by {grew_mib:.0f} MiB"
+    # A writer at ~1.2 GiB/s on this 2-core host got 1-19 MiB past the budget before the poll killed it,
+    # up to 49 MiB with two busy loops beside (benchmarks/grading_budget.py [--hogs 2]); the slack is for a
+    # busier host (the grader waits for the CPU while the writer writes). The old grader let all 2 GiB through.
+    assert grew_mib < budget_mb + 192, f"the host folder grew by {grew_mib:.0f} MiB"
     assert result.reward == 0.0 and result.passed == 0, result.table()
     assert [t.outcome for t in result.tests] == ["crash", "crash"], result.table()
     assert all(f"the grading copy exceeded {budget_mb} MiB during test 1" in t.reason for t in result.tests)
-    assert result.error is None and time.monotonic() - t0 < 30
-    assert list(base.glob("wb-verify-*")) == [] and _allocated(base) <= before
+    assert result.error is None and time.monotonic() - t0 < 30, f"{time.monotonic() - t0:.1f} s"
+    assert list(base.glob("wb-verify-*")) == [] and _allocated(base) <= before, list(base.rglob("*"))[:5]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grading_entries_are_bounded_in_total(base, mode):
+    """Empty files cost inodes, not bytes: 3,000 of them (one test of stdin_stdout) pass a 500-entry
+    budget; the rest of the verification is not run, and it scores 0."""
+    task = Task(
+        id="t/echo",
+        instruction="",
+        files={},
+        visible_tests="",
+        test_kind="stdin_stdout",
+        entry_point=None,
+        held_out_tests=[{"input": "1\n", "output": "1\n"}, {"input": "2\n", "output": "2\n"}],
+        limits=Limits(time_s=20.0, deadline_s=60.0, workspace_entries=100, disk_entries=500),
+    )
+    many = "import os\nfor i in range(3000):\n    open(f'e_{i}', 'w').close()\nprint(input())\n"
+    result = verify(task, _workspace(base, {"solution.py": many}), sandbox=mode)
+    assert result.reward == 0.0 and [t.outcome for t in result.tests] == ["crash", "crash"], result.table()
+    assert all("the grading copy exceeded 500 files and folders during test 0" in t.reason for t in result.tests)
+    assert list(base.glob("wb-verify-*")) == []
