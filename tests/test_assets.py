@@ -124,3 +124,12 @@ def test_qwen_coder_is_an_asset_served_with_the_json_parser():
     asset = _asset("qwen-coder")
     assert (asset.served_name, asset.dtype, asset.tool_parser) == ("qwen-coder", "float32", "json")
     assert _asset("smollm2").tool_parser == "hermes"
+
+
+def test_each_model_brings_its_prompting_and_explicit_settings_win():
+    from workbench.assets import prompting
+
+    assert prompting("qwen-coder", None, None) == (True, "short")
+    assert prompting("smollm2", None, None) == (False, "default")
+    assert prompting("qwen-coder", False, "default") == (False, "default")
+    assert prompting("tiny", True, None) == (True, "default")

@@ -44,7 +44,16 @@ from .assets_gguf import (
 )
 from .paths import assets_dir
 
-__all__ = ["ModelAsset", "ASSET_NAMES", "build", "load", "build_tokenizer", "check_tokenizer", "TokenizerCheck"]
+__all__ = [
+    "ModelAsset",
+    "ASSET_NAMES",
+    "build",
+    "load",
+    "prompting",
+    "build_tokenizer",
+    "check_tokenizer",
+    "TokenizerCheck",
+]
 
 ASSET_NAMES = ("tiny", "smollm2", "qwen-coder")
 
@@ -90,6 +99,10 @@ class ModelAsset:
     dtype: str  # what vLLM and the trainer both use, so their logprobs agree (~1e-6 in float32)
     max_model_len: int  # opencode's default prompt alone is ~7.2k tokens
     tool_parser: Literal["hermes", "json"] = "hermes"  # `EngineConfig.tool_parser`: how its calls are read
+    # the prompting its tool calls need (`RolloutConfig.few_shot`, `rollout_types.agent_prompt`): what
+    # `eval`, `train` and `rollout` use for this model unless told otherwise (docs/models.md)
+    few_shot: bool = False
+    agent_prompt: Literal["default", "short"] = "default"
 
 
 _sha256 = sha256_file
@@ -264,13 +277,21 @@ class _Spec(NamedTuple):
     max_model_len: int
     builder: Callable[[Path], None]
     tool_parser: Literal["hermes", "json"] = "hermes"
+    few_shot: bool = False
+    agent_prompt: Literal["default", "short"] = "default"
 
 
 _SPECS = {
     "tiny": _Spec(served_name="tiny", dtype="float32", max_model_len=16384, builder=_build_tiny),
     "smollm2": _Spec(served_name="smollm2", dtype="float32", max_model_len=16384, builder=_build_smollm2),
     "qwen-coder": _Spec(
-        served_name="qwen-coder", dtype="float32", max_model_len=16384, builder=_build_qwen_coder, tool_parser="json"
+        served_name="qwen-coder",
+        dtype="float32",
+        max_model_len=16384,
+        builder=_build_qwen_coder,
+        tool_parser="json",  # benchmarks/tool_call_modes.py: its calls come untagged
+        few_shot=True,
+        agent_prompt="short",
     ),
 }
 
@@ -302,6 +323,17 @@ def _asset(name: str) -> ModelAsset:
         dtype=spec.dtype,
         max_model_len=spec.max_model_len,
         tool_parser=spec.tool_parser,
+        few_shot=spec.few_shot,
+        agent_prompt=spec.agent_prompt,
+    )
+
+
+def prompting(name: str, few_shot: bool | None, agent_prompt: str | None) -> tuple[bool, str]:
+    """(few_shot, agent_prompt) for model `name`: each given value as given, each None the model's own."""
+    spec = _SPECS.get(name)
+    return (
+        (spec.few_shot if spec else False) if few_shot is None else few_shot,
+        (spec.agent_prompt if spec else "default") if agent_prompt is None else agent_prompt,
     )
 
 

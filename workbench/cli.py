@@ -46,6 +46,7 @@ def _cmd_harbor(args: argparse.Namespace) -> int:
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from .assets import prompting
     from .capture_client import ProxyClient
     from .rollout import run_rollouts
     from .rollout_types import RolloutConfig, agent_prompt
@@ -53,6 +54,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from .tasks import load_task
 
     task = load_task(args.task)
+    # unset: the model's own prompting (assets.prompting); with --upstream/--proxy, as shipped unless told
+    few_shot, prompt_name = prompting(args.model, args.few_shot, args.agent_prompt)
     if args.verifier:
         task = replace(task, verifier=args.verifier)
     config = RolloutConfig(
@@ -62,8 +65,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         max_model_calls=args.max_calls,
         timeout_s=args.timeout,
         isolation=args.isolation,
-        few_shot=args.few_shot,
-        **agent_prompt(args.agent_prompt),
+        few_shot=few_shot,
+        **agent_prompt(prompt_name),
     )
     out = Path(args.out)
     jobs = [(task, out / f"r{i:03d}" if args.n > 1 else out) for i in range(args.n)]
@@ -242,8 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-calls", type=int, default=12, help="model-call budget per rollout")
     p.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per rollout, s")
     p.add_argument("--isolation", choices=["auto", "bwrap", "none"], default="auto")
-    p.add_argument("--few-shot", action="store_true", help="prefix two worked tool-call turns (small models)")
-    p.add_argument("--agent-prompt", choices=["default", "short"], default="default")
+    p.add_argument(
+        "--few-shot",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="prefix two worked tool-call turns (small models); unset: the model's own (on for qwen-coder)",
+    )
+    p.add_argument(
+        "--agent-prompt",
+        choices=["default", "short"],
+        default=None,
+        help="the harness's agent prompt; unset: the model's own (short for qwen-coder, else default)",
+    )
     p.add_argument("--upstream", default=None, help="use this running engine instead of starting one")
     p.add_argument("--served-name", default=None, help="its served model name (default: --model)")
     p.add_argument("--verifier", default=None, help="grade with a verifier hook: module:function or PATH.py:function")

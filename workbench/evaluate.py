@@ -72,8 +72,10 @@ class EvalConfig:
         tasks: task spec (easy-eval, easy-train, easy[:4], humaneval[:8], jsonl:PATH).
         n: rollouts per task.
         temperature: sampling temperature, pinned by the proxy for every call.
-        few_shot: prefix two worked tool-call turns (what makes SmolLM2-135M call tools).
-        agent_prompt: the harness's agent prompt: default (as shipped) or short.
+        few_shot: prefix two worked tool-call turns (what makes SmolLM2-135M call tools); unset: the model's own
+            (`assets.prompting`: on for qwen-coder, off for the others).
+        agent_prompt: the harness's agent prompt: default (as shipped) or short; unset: the model's own (short for
+            qwen-coder, default for the others).
         max_output_tokens: per-call output cap.
         max_model_calls: model calls per rollout before the proxy ends the agent's loop.
         timeout_s: wall-clock limit per rollout, in seconds.
@@ -102,8 +104,8 @@ class EvalConfig:
     tasks: str = "easy-eval"
     n: int = 4
     temperature: float = 1.0
-    few_shot: bool = False
-    agent_prompt: str = "default"
+    few_shot: bool | None = None
+    agent_prompt: Literal["default", "short"] | None = None
     max_output_tokens: int = 256
     max_model_calls: int = 8
     timeout_s: float = 300.0
@@ -145,7 +147,7 @@ def run_eval(
 
     The engine and proxy are started here (`local_stack`) unless both are given. Everything that can be
     refused (adapter, isolation, tasks, agent prompt) is checked before any of them starts."""
-    from .assets import load
+    from .assets import load, prompting
     from .engine import EngineConfig, engine_threads
     from .rollout import run_rollouts
     from .rollout_types import RolloutConfig, agent_prompt
@@ -157,7 +159,8 @@ def run_eval(
     if engine is not None and engine.asset is not None and engine.asset.name != config.model:
         raise ValueError(f"the engine serves {engine.asset.name!r}, the config asks for {config.model!r}")
     mode = check_isolation(config.isolation, config.unsafe_no_sandbox)
-    prompt = agent_prompt(config.agent_prompt)
+    few_shot, prompt_name = prompting(config.model, config.few_shot, config.agent_prompt)
+    prompt = agent_prompt(prompt_name)
     max_rank = engine.config.max_lora_rank if engine is not None else EngineConfig().max_lora_rank
     adapter = check_adapter(config.adapter, config.model, max_rank=max_rank) if config.adapter else None
     tasks = load_tasks(config.tasks)
@@ -172,14 +175,20 @@ def run_eval(
         max_model_calls=config.max_model_calls,
         timeout_s=config.timeout_s,
         isolation=config.isolation,
-        few_shot=config.few_shot,
+        few_shot=few_shot,
         lead_s=config.lead_s,
         skip_title_call=config.skip_title_call,
         **prompt,
     )
     run = RunDir.create("eval", path=run_dir)
     run.write_config(
-        {"eval": asdict(config), "asset": str(load(config.model).path), "isolation": mode, "adapter": adapter}
+        {
+            "eval": asdict(config),
+            "asset": str(load(config.model).path),
+            "isolation": mode,
+            "adapter": adapter,
+            "prompting": {"few_shot": few_shot, "agent_prompt": prompt_name},  # as resolved for this model
+        }
     )
     jobs = [
         (t, run.path / "rollouts" / f"{t.id.replace('/', '-').replace(':', '-').replace('#', '-')}__{i:02d}")
