@@ -43,7 +43,7 @@ class Limits:
     # What the copy (with its TMPDIR and writable folders) may hold while the tests run, allocated; past it
     # the tests are killed and the verification scores 0. 4x workspace_mb: the copy itself (<= 64 MiB, plus
     # ~20 MiB of block rounding for 5000 tiny files) and room for a test's output files (a few of file_mb),
-    # while a loop writing 64 MiB files stops at its 4th, not at the host's free space.
+    # while a loop writing 64 MiB files stops near its 4th, not at the host's free space.
     disk_mb: int = 256
     disk_entries: int = 20000  # ... and its files and folders: the copy's 5000, the rest for caches tests make
 
