@@ -10,9 +10,11 @@ the sandbox opens `--calls` connections one after another (connect, one request,
 call that does not reuse its connection) and times each, holding `--fds` open files as the harness would (the
 check reads every one of them; opencode held 31 in a rollout). The host answers each with 2 bytes. Rounds of
 the two trees alternate (`--before REV` is extracted with ``git archive`` into a temp folder and imported from
-there), so a noisy machine slows both alike. Prints a table; writes ``results/sandbox_guard/<date>_<host>.json``
-(`run_file`): p50/p99/mean per tree, the first connection of each round (the harness is found and pinned) apart,
-and after / before.
+there), so a noisy machine slows both alike. Wall-clock latency on a loaded machine is mostly waiting to be
+scheduled, so the CPU time spent per connection is measured too: the forwarder's (the client's parent, from its
+/proc/PID/stat) and the host process's (the relay's loop; `time.process_time`). Prints a table; writes
+``results/sandbox_guard/<date>_<host>.json`` (`run_file`): per tree p50/p99/mean latency and CPU per connection,
+the first connection of each round (the harness is found and pinned) apart, and after / before.
 """
 
 from __future__ import annotations
@@ -34,10 +36,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of `pid` in clock ticks (/proc/PID/stat fields 14 and 15; readable for a non-dumpable one)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def client(port: int, calls: int, fds: int) -> None:
-    """Inside the sandbox (standard library only): `calls` fresh connections, each timed, as JSON on stdout."""
+    """Inside the sandbox (standard library only): `calls` fresh connections, each timed, and the CPU time the
+    forwarder (our parent) spent meanwhile, as JSON on stdout."""
     held = [open(os.devnull) for _ in range(max(0, fds - len(os.listdir("/proc/self/fd"))))]
     out = []
+    cpu = _cpu_ticks(os.getppid())
     for _ in range(calls):
         t = time.perf_counter()
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -45,7 +56,8 @@ def client(port: int, calls: int, fds: int) -> None:
             if s.recv(16) != b"ok":
                 raise SystemExit("refused")
         out.append((time.perf_counter() - t) * 1e6)
-    print(json.dumps(out))
+    ticks = _cpu_ticks(os.getppid()) - cpu
+    print(json.dumps({"us": out, "forwarder_cpu_us": ticks * 1e6 / os.sysconf("SC_CLK_TCK")}))
     for f in held:
         f.close()
 
@@ -68,8 +80,9 @@ def serve() -> socket.socket:
     return server
 
 
-def one_round(tree: Path, port: int, calls: int, fds: int) -> list[float]:
-    """One sandbox, in a subprocess importing workbench from `tree`."""
+def one_round(tree: Path, port: int, calls: int, fds: int) -> dict:
+    """One sandbox, in a subprocess importing workbench from `tree`: the client's timings, the forwarder's and the
+    host process's (the relay's) CPU time."""
     cmd = [
         sys.executable,
         __file__,
@@ -100,15 +113,17 @@ def round_in(tree: Path, port: int, calls: int, fds: int) -> None:
         files = {"client.py": Path(__file__).read_text()}
         with Sandbox.create(files, isolation="bwrap", base_dir=base, endpoint=url, git_init=False) as sb:
             inside = int(sb.reach(url).rsplit(":", 1)[1])
+            cpu = time.process_time()  # this process: the relay's loop, and the wait polling alike in both trees
             code, text = sb.run(
                 ["python", "client.py", "--client", str(inside), "--calls", str(calls), "--fds", str(fds)],
                 timeout_s=240,
             )
+            cpu = time.process_time() - cpu
     finally:
         shutil.rmtree(base, ignore_errors=True)
     if code != 0:
         raise SystemExit(text[-1000:])
-    print(text.strip().splitlines()[-1])
+    print(json.dumps({**json.loads(text.strip().splitlines()[-1]), "host_cpu_us": cpu * 1e6}))
 
 
 def stats(xs: list[float]) -> dict[str, float]:
@@ -149,21 +164,28 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     samples: dict[str, list[float]] = {"before": [], "after": []}
     first: dict[str, list[float]] = {"before": [], "after": []}
+    cpu: dict[str, dict[str, float]] = {n: {"forwarder_cpu_us": 0.0, "host_cpu_us": 0.0} for n in samples}
     try:
         archive = subprocess.run(["git", "archive", rev.stdout.strip(), "workbench"], cwd=ROOT, capture_output=True)
         subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
         old.chmod(0o755)
         for _ in range(args.rounds):
             for name, tree in (("before", old), ("after", ROOT)):
-                times = one_round(tree, port, args.calls, args.fds)
-                first[name].append(round(times[0], 1))
-                samples[name] += times[1:]
+                got = one_round(tree, port, args.calls, args.fds)
+                first[name].append(round(got["us"][0], 1))
+                samples[name] += got["us"][1:]
+                for k in cpu[name]:
+                    cpu[name][k] += got[k]
     finally:
         server.close()
         shutil.rmtree(old, ignore_errors=True)
     load.append(os.getloadavg()[0])
     rows = {name: stats(xs) for name, xs in samples.items()}
-    ratio = {k: round(rows["after"][k] / rows["before"][k], 3) for k in ("p50_us", "p99_us", "mean_us")}
+    for name, r in rows.items():  # CPU per connection, over every connection of every round
+        n = args.rounds * args.calls
+        r.update({k.replace("_us", "_us_per_conn"): round(v / n, 1) for k, v in cpu[name].items()})
+    keys = ("p50_us", "p99_us", "mean_us", "forwarder_cpu_us_per_conn", "host_cpu_us_per_conn")
+    ratio = {k: round(rows["after"][k] / rows["before"][k], 3) for k in keys}
     path = new_run_file("sandbox_guard", args.out)
     result = {
         "benchmark": "sandbox_guard",
@@ -175,12 +197,17 @@ def main() -> None:
         "per_connection": rows,
         "first_connection_us": first,
         "after_over_before": ratio,
-        "added_us": {k: round(rows["after"][k] - rows["before"][k], 1) for k in ("p50_us", "p99_us", "mean_us")},
+        "added_us": {k: round(rows["after"][k] - rows["before"][k], 1) for k in keys},
     }
     path.write_text(json.dumps(result, indent=1))
-    print(f"{'tree':<7} {'conns':>6} {'p50 us':>8} {'p99 us':>8} {'mean us':>8} first (us)")
+    print(
+        f"{'tree':<7} {'conns':>6} {'p50 us':>8} {'p99 us':>8} {'mean us':>8} {'fwd cpu':>8} {'host cpu':>8} first (us)"
+    )
     for name, r in rows.items():
-        print(f"{name:<7} {r['n']:>6} {r['p50_us']:>8} {r['p99_us']:>8} {r['mean_us']:>8} {first[name]}")
+        print(
+            f"{name:<7} {r['n']:>6} {r['p50_us']:>8} {r['p99_us']:>8} {r['mean_us']:>8} "
+            f"{r['forwarder_cpu_us_per_conn']:>8} {r['host_cpu_us_per_conn']:>8} {first[name]}"
+        )
     print(f"after/before: {ratio} (load {load[0]:.1f} -> {load[1]:.1f}); {path}")
 
 

@@ -13,7 +13,7 @@ Only the harness's own process reaches the endpoint. The agent's shell inherits 
 environment (opencode's config, with the rollout's key, is in it), and a call it made itself would be
 recorded and trained as the harness's. So:
 
-- the first process to connect is pinned (its pid and start time): the harness, since nothing the
+- the first process to connect is pinned (its /proc/PID, held open): the harness, since nothing the
   agent runs exists before the harness's first model call has been answered. A later connection is
   forwarded only when its socket is among that process's open files: the kernel names the client's
   end by its address (sock_diag), and its ``socket:[INODE]`` is looked for in ``/proc/PID/fd``. Any
@@ -48,19 +48,18 @@ def _undumpable() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
-def _client_inode(client: tuple[str, int], server: tuple[str, int]) -> int:
+def _client_inode(nl: socket.socket, client: tuple[str, int], server: tuple[str, int]) -> int:
     """The inode of the client's end of the TCP connection client -> server, 0 when none is found (an IPv6
-    socket, one closed meanwhile): such a connection is refused. The kernel's sock_diag is asked for exactly
-    that connection: one request, whatever the number of sockets in the namespace (reading /proc/net/tcp
-    with 1,000 sockets took 23 ms on the loaded 2-core host, and the agent can open that many)."""
+    socket, one closed meanwhile): such a connection is refused. The kernel's sock_diag (`nl`) is asked for
+    exactly that connection: one request, whatever the number of sockets in the namespace (reading
+    /proc/net/tcp with 1,000 sockets took 23 ms on the loaded 2-core host, and the agent can open that many)."""
     ids = struct.pack("!HH4s12x4s12x", client[1], server[1], socket.inet_aton(client[0]), socket.inet_aton(server[0]))
     req = struct.pack("=BBBxI", socket.AF_INET, socket.IPPROTO_TCP, 0, 0xFFFFFFFF) + ids
     req += struct.pack("=III", 0, 0xFFFFFFFF, 0xFFFFFFFF)  # any interface, no cookie
     head = struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0)
     try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
-            nl.send(head + req)
-            answer = nl.recv(8192)
+        nl.send(head + req)
+        answer = nl.recv(8192)
         if struct.unpack_from("=H", answer, 4)[0] != _SOCK_DIAG_BY_FAMILY:  # NLMSG_ERROR: no such socket
             return 0
         return struct.unpack_from("=I", answer, 84)[0]  # inet_diag_msg's idiag_inode, after its header
@@ -68,27 +67,23 @@ def _client_inode(client: tuple[str, int], server: tuple[str, int]) -> int:
         return 0
 
 
-def _holds(pid: int, link: str) -> bool:
+def _holds(proc: int, link: str) -> bool:
+    """Whether the process whose /proc/PID directory is open as `proc` has `link` among its open files. Once
+    that process is gone, nothing can be looked up in its directory, whatever process gets its pid next."""
     try:
-        with os.scandir(f"/proc/{pid}/fd") as fds:
-            for fd in fds:
-                try:
-                    if os.readlink(fd.path) == link:
-                        return True
-                except OSError:  # closed meanwhile
-                    pass
+        fds = os.open("fd", os.O_RDONLY | os.O_DIRECTORY, dir_fd=proc)
     except OSError:  # gone, or not ours to read
-        pass
-    return False
-
-
-def _start_time(pid: int) -> str:
-    """Field 22 of /proc/PID/stat (clock ticks after boot): with the pid, it names one process for good."""
+        return False
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+        for name in os.listdir(fds):
+            try:
+                if os.readlink(name, dir_fd=fds) == link:
+                    return True
+            except OSError:  # closed meanwhile
+                pass
+    finally:
+        os.close(fds)
+    return False
 
 
 class _Guard:
@@ -96,24 +91,32 @@ class _Guard:
 
     def __init__(self, server: tuple[str, int]) -> None:
         self.server = server
-        self.pinned: tuple[int, str] | None = None
+        self.nl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
+        self.pinned: int | None = None  # the harness's /proc/PID, open (it names that process, not its pid)
 
     def allows(self, client: tuple[str, int]) -> bool:
-        inode = _client_inode(client, self.server)
+        inode = _client_inode(self.nl, client, self.server)
         if not inode:
             return False
         link = f"socket:[{inode}]"
-        if self.pinned is None:
-            holders = [int(p) for p in os.listdir("/proc") if p.isdigit() and _holds(int(p), link)]
-            if len(holders) != 1:
-                return False
-            start = _start_time(holders[0])
-            if start:
-                self.pinned = (holders[0], start)
-            return bool(start)
-        pid, start = self.pinned
-        # the start time after the look: a pid reused meanwhile is another process
-        return _holds(pid, link) and _start_time(pid) == start
+        if self.pinned is not None:
+            return _holds(self.pinned, link)
+        holders = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                continue
+            if _holds(proc, link):
+                holders.append(proc)
+            else:
+                os.close(proc)
+        if len(holders) == 1:
+            self.pinned = holders[0]
+            return True
+        for proc in holders:
+            os.close(proc)
+        return False
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
