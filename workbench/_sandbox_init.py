@@ -138,7 +138,11 @@ def _serve(listener: socket.socket, path: str, control: socket.socket) -> None:
     told = False
     while True:
         client, peer = listener.accept()
-        if not guard.allows(peer):
+        try:
+            allowed = guard.allows(peer)
+        except Exception:  # this loop must outlive any surprise, and a connection it cannot check is refused
+            allowed = False
+        if not allowed:
             client.close()
             try:
                 control.sendall(REFUSED)
