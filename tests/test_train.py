@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from workbench.assets import build
 from workbench.capture import CaptureProxy
+from workbench.runs import RunDir
 from workbench.train import GRPORun, TrainConfig, rows_for_trl
 from workbench.train_config import resolve_importance_sampling
 from workbench.turns_trace import has_tool_call, load_trace
@@ -231,3 +234,87 @@ def test_rollout_phase_levers_reach_the_engine_and_the_harness(monkeypatch):
     learn = LearnConfig(skip_title_call=True, engine_cores="half")
     assert learn.train_config().skip_title_call and learn.train_config().engine_cores == "half"
     assert learn.eval_config().skip_title_call and learn.eval_config().engine_cores == "half"
+
+
+def _two_rollout_recording(root):
+    """One recorded group of two different SmolLM2 rollouts (their ids fit the tiny model's vocabulary) with
+    rewards 1 and 0: a step from it carries a gradient, so the optimizer's moments are not 0."""
+    import shutil
+
+    shipped = Path(__file__).resolve().parents[1] / "workbench" / "data" / "rollouts"
+    for name in ("smollm2-fork-bpe", "smollm2-fork-invalid"):
+        shutil.copytree(shipped / name, root / name)
+    summary = root / "smollm2-fork-invalid" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "task_id": "easy/4", "reward": 0.0}))
+    return root
+
+
+def test_a_resumed_run_continues_the_step_count_the_optimizer_and_the_metrics(tmp_path, monkeypatch):
+    """One step with a checkpoint, then `train(resume=True)` to step 2: the trainer starts at step 1 with the
+    checkpoint's adapter and optimizer state (Adam's moments and step counter), trains one more step, appends to
+    metrics.jsonl, and leaves config.json byte for byte (the longer run is recorded in resumes.jsonl). Another
+    config, a folder with no run, or a run with no checkpoint are refused before anything starts."""
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    rec, out = _two_rollout_recording(tmp_path / "rec"), tmp_path / "run"
+
+    def config(**changes):
+        # token_truncate: SmolLM2's logprobs are ~12 nats above the tiny model's, and sequence_mask would mask
+        # every row (no gradient, Adam's moments 0); clipped per token, the rows still carry one.
+        base = dict(model="tiny", from_rollouts=str(rec), temperature=0.5, group_size=2, device="cpu")
+        return TrainConfig(
+            **{**base, "steps": 1, "learning_rate": 1e-2, "importance_sampling": "token_truncate", **changes}
+        )
+
+    with pytest.raises(ValueError, match="no config.json"):
+        GRPORun(config(), run_dir=out).train(resume=True)
+    first = GRPORun(config(), run_dir=out).train()
+    assert first["steps"] == 1 and first["resumed_from"] is None
+    saved = (out / "config.json").read_bytes()
+    with pytest.raises(ValueError, match=r"train\.learning_rate: 0\.01 in config\.json, 0\.02 now.*train\.seed"):
+        GRPORun(config(steps=2, learning_rate=2e-2, seed=1), run_dir=out).train(resume=True)
+
+    seen: dict = {}
+
+    class _AtStart(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, optimizer=None, **kw):
+            seen["step"] = state.global_step
+            seen["optimizer"] = copy.deepcopy(optimizer.state_dict())
+            seen["lora"] = {k: v.detach().clone() for k, v in model.named_parameters() if "lora_" in k}
+
+    build_trainer = GRPORun._build_trainer
+
+    def with_probe(self, asset_path, **kw):
+        trainer = build_trainer(self, asset_path, **kw)
+        trainer.add_callback(_AtStart())
+        return trainer
+
+    monkeypatch.setattr(GRPORun, "_build_trainer", with_probe)
+    second = GRPORun(config(steps=2), run_dir=out).train(resume=True)
+
+    ckpt = out / "checkpoints" / "checkpoint-1"
+    saved_opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    assert seen["step"] == 1  # the step count continues
+    assert seen["optimizer"]["state"].keys() == saved_opt["state"].keys() and saved_opt["state"]
+    for i, state in saved_opt["state"].items():
+        for k, v in state.items():  # exp_avg, exp_avg_sq, step: the checkpoint's, loaded
+            assert torch.equal(seen["optimizer"]["state"][i][k], v), (i, k)
+    assert any(s["exp_avg"].abs().sum() > 0 for s in saved_opt["state"].values())  # not a trivially equal zero
+    adapter = load_file(ckpt / "adapter_model.safetensors")
+    lora = {k.replace(".default", ""): v for k, v in seen["lora"].items()}
+    assert adapter and all(torch.equal(lora[k], v) for k, v in adapter.items())
+    assert [m["step"] for m in RunDir.open(out).read_metrics()] == [1, 2]
+    state = json.loads((out / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and second["resumed_from"] == "checkpoint-1" and second["steps"] == 2
+    final_opt = torch.load(out / "checkpoints" / "checkpoint-2" / "optimizer.pt", weights_only=True)
+    assert {int(s["step"]) for s in final_opt["state"].values()} == {2}  # Adam's counter: 1 + 1, not a fresh 1
+    assert (out / "config.json").read_bytes() == saved
+    [resumed] = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
+    assert resumed["checkpoint"] == "checkpoint-1" and resumed["changed"] == {"train.steps": [1, 2]}
+
+    empty = tmp_path / "no-checkpoint"
+    empty.mkdir()
+    (empty / "config.json").write_bytes(saved)
+    with pytest.raises(ValueError, match="holds no checkpoint"):
+        GRPORun(config(), run_dir=empty).train(resume=True)

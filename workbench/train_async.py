@@ -39,6 +39,7 @@ from trl.experimental.async_grpo.vllm_client import VLLMClient as AsyncVLLMClien
 
 from .openenv_session import HarnessSessionFactory, ProxyAddress
 from .policy_sync import SharedFolder
+from .train_config import record_config
 from .train_types import AsyncRun, AsyncTrainConfig
 
 if TYPE_CHECKING:
@@ -161,15 +162,15 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
             "pass --upstream URL and --upstream-key-file"
         )
     asset = load(cfg.model)
-    run.dir.write_config(
-        {
-            "train": asdict(cfg),
-            "asset": str(asset.path),
-            "isolation": run.isolation,
-            "device": run.device,
-            "max_staleness": MAX_STALENESS,
-        }
-    )
+    checkpoint = run._last_checkpoint() if resume else None
+    record = {
+        "train": asdict(cfg),
+        "asset": str(asset.path),
+        "isolation": run.isolation,
+        "device": run.device,
+        "max_staleness": MAX_STALENESS,
+    }
+    record_config(run.dir, record, resume=resume, checkpoint=checkpoint)  # config.json kept as is on resume
     tokenizer = AutoTokenizer.from_pretrained(asset.path)
     lora = cfg.weight_sync in ("auto", "lora")  # auto is lora for the async trainer (TrainConfig.weight_sync)
     n = cfg.tasks_per_step * cfg.group_size
@@ -264,7 +265,6 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
 
     trainer.add_callback(_Metrics())
     run.trainer = trainer
-    checkpoint = run._last_checkpoint() if resume else None
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     final = run.dir.path / "adapters" / "final"
     # TRL types .model as whatever it accepts (PreTrainedModel | nn.Module | None); after __init__ it is the
@@ -278,6 +278,7 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
         "device": run.device,
         "isolation": run.isolation,
         "final_adapter": str(final),
+        "resumed_from": checkpoint.name if checkpoint else None,
         "loss": [m.get("loss") for m in metrics if "loss" in m],
         "reward": [m.get("reward") for m in metrics if "reward" in m],
     }
