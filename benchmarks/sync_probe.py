@@ -9,7 +9,8 @@ asset in float32 with a LoRA adapter on every linear layer (rank 8, as `TrainCon
 matrices start at 0 (the merged weights are the base model's) and are then set to seeded random values of
 growing scale; after each, the merged weights are written and reloaded (`MergedSync`'s path) and the probe is
 read on both sides. Last, the adapter moves once more without a reload: `SyncProbe.check` must refuse it.
-Writes benchmarks/results/sync_probe.json (every reading) and prints a table.
+Writes a new benchmarks/results/sync_probe/<date>_<host>.json per run (benchmarks/run_file.py; every reading) and
+prints a table.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from workbench.sync_probe import (  # noqa: E402
     model_logprobs,
 )
 
-RESULTS = ROOT / "benchmarks" / "results" / "sync_probe.json"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SCALES = [1e-5, 1e-4, 1e-3, 1e-2, 5e-2]  # std of the B entries (a fresh adapter's are 0)
 
@@ -118,7 +118,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--assets", default="tiny,smollm2")
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results JSON, refused if it exists (default: a new file)"
+    )
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from run_file import host, new_run_file
+
+    try:
+        out = new_run_file("sync_probe", args.out)
+    except FileExistsError:
+        parser.error(f"--out {args.out} exists: each run writes its own file")
     runs = []
     with tempfile.TemporaryDirectory(prefix="wb-sync-probe-") as tmp:
         for asset_name in args.assets.split(","):
@@ -133,19 +143,20 @@ def main() -> None:
                         f"{row.get('engine_moved', float('nan')):>9.2e} {row.get('trainer_moved', float('nan')):>9.2e}"
                         f"  {row['check'][:90]}"
                     )
-    RESULTS.write_text(
+    out.write_text(
         json.dumps(
             {
                 "benchmark": "sync_probe",
                 "date": dt.datetime.now().isoformat(timespec="seconds"),
                 "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                "settings": vars(args),
+                "host": host(),
+                "settings": {**vars(args), "out": str(out)},
                 "runs": runs,
             },
             indent=1,
         )
     )
-    print(f"\nwrote {RESULTS}")
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":
