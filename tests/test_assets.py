@@ -133,3 +133,15 @@ def test_each_model_brings_its_prompting_and_explicit_settings_win():
     assert prompting("smollm2", None, None) == (False, "default")
     assert prompting("qwen-coder", False, "default") == (False, "default")
     assert prompting("tiny", True, None) == (True, "default")
+
+
+def test_train_and_eval_configs_resolve_the_models_prompting():
+    from workbench.rollout_types import SHORT_AGENT_PROMPT
+    from workbench.train_config import TrainConfig
+
+    qwen = TrainConfig(model="qwen-coder").rollout_config()
+    assert qwen.few_shot and qwen.system_prompt == SHORT_AGENT_PROMPT
+    smol = TrainConfig(model="smollm2").rollout_config()
+    assert not smol.few_shot and smol.system_prompt is None
+    told = TrainConfig(model="qwen-coder", few_shot=False, agent_prompt="default").rollout_config()
+    assert not told.few_shot and told.system_prompt is None

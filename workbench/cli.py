@@ -202,6 +202,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         args.params,
         only=args.only,
         run_dir=Path(args.out) if args.out else None,
+        model=args.model,
         echo=lambda line: print(line, flush=True),  # flushed: a pipe (make, tee, CI) shows it as it happens
         # tqdm's redrawn bar is noise in a log file or a CI console: only where someone watches it
         progress_bar=sys.stderr.isatty(),
@@ -340,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("notebooks", _cmd_notebooks, "execute the walk-through notebooks headless (papermill) into a run folder")
     p.add_argument("action", choices=["run"])
     p.add_argument("--params", default="default", help="parameter set: small (CI) or default (the main job)")
+    p.add_argument(
+        "--model", default=None, help="serve this model asset instead of the parameter set's (e.g. qwen-coder)"
+    )
     p.add_argument("--only", action="append", help="run only this notebook (repeatable), e.g. 03_turns")
     p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__notebooks)")
 

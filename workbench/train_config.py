@@ -67,7 +67,8 @@ class TrainConfig:
         epsilon: PPO clip range.
         token_budget: rows longer than this are dropped (and counted).
         max_output_tokens / max_model_calls / rollout_timeout_s: per-rollout limits.
-        few_shot / agent_prompt: prompting for small models (see `workbench.rollout`).
+        few_shot / agent_prompt: prompting for small models (see `workbench.rollout`); unset: the model's own
+            (`assets.prompting`: short + few-shot for qwen-coder, as shipped for the others).
         train_turns: ``tool_calls`` (the seed's `has_tool_call`) or ``all``.
         parallel_rollouts: rollouts run concurrently (2 cores: 2).
         lead_s: a group's first rollout starts alone; the rest wait until its first agent call is at the engine (at
@@ -160,8 +161,8 @@ class TrainConfig:
     max_output_tokens: int = 256
     max_model_calls: int = 8
     rollout_timeout_s: float = 300.0
-    few_shot: bool = False
-    agent_prompt: Literal["default", "short"] = "default"
+    few_shot: bool | None = None
+    agent_prompt: Literal["default", "short"] | None = None
     train_turns: Literal["tool_calls", "all"] = "tool_calls"
     parallel_rollouts: int = 2
     lead_s: float = 60.0
@@ -227,7 +228,8 @@ class TrainConfig:
                 "top_p must be 1.0: processed logprobs under top_p < 1 are renormalised and the "
                 "trainer's ratios would be biased"
             )
-        agent_prompt(self.agent_prompt)  # ValueError for an unknown name
+        if self.agent_prompt is not None:
+            agent_prompt(self.agent_prompt)  # ValueError for an unknown name
         if self.train_turns not in ("tool_calls", "all"):
             raise ValueError(f"train_turns must be 'tool_calls' or 'all', got {self.train_turns!r}")
         if not 0.0 <= self.write_credit < 1.0:
@@ -270,16 +272,19 @@ class TrainConfig:
             raise ValueError("from_rollouts replays recorded groups through GRPOTrainer: use trainer 'grpo'")
 
     def rollout_config(self) -> RolloutConfig:
+        from .assets import prompting
+
+        few_shot, prompt_name = prompting(self.model, self.few_shot, self.agent_prompt)
         return RolloutConfig(
             temperature=self.temperature,
             max_output_tokens=self.max_output_tokens,
             max_model_calls=self.max_model_calls,
             timeout_s=self.rollout_timeout_s,
             isolation=self.isolation,
-            few_shot=self.few_shot,
+            few_shot=few_shot,
             lead_s=self.lead_s,
             skip_title_call=self.skip_title_call,
-            **agent_prompt(self.agent_prompt),
+            **agent_prompt(prompt_name),
         )
 
     def engine_config(self, weight_sync: str) -> EngineConfig:
