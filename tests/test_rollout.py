@@ -101,7 +101,9 @@ def test_harness_hang_ends_at_the_wall_clock_limit(tmp_path):
     up.script = ["hang:60"] * 4
     try:
         with CaptureProxy(up.url, "scripted") as proxy:
-            config = RolloutConfig(timeout_s=15, max_output_tokens=16)  # opencode starts in 3-8 s
+            # opencode reaches its first call in 3-8 s here, past 15 s at load 15 (a busy CI host): the call must be
+            # in flight when the limit strikes, so the limit leaves room
+            config = RolloutConfig(timeout_s=40, max_output_tokens=16)
             factory = HarnessSessionFactory(proxy.client(), config)
             session = factory.create(load_task("humaneval/0"))
             pgid = session.proc.pgid
