@@ -12,7 +12,8 @@ with its own model, and `SyncProbe.check` raises `WeightSyncError` when:
   answers bit for bit the same; given weights that moved the answer by that much, never: measured).
 
 The probe costs one 20-token request and one 20-token forward per sync: 0.2-2.9 s and 0.03-0.7 s (tiny asset and
-SmolLM2, 2 cores at load 6-15; `benchmarks/sync_probe.py`, `benchmarks/results/sync_probe.json`).
+SmolLM2, 2 cores at load 6-15; `benchmarks/sync_probe.py`,
+`benchmarks/results/sync_probe/2026-12-02T092920_fc-v1045-amd-epyc.json`, host fc-v1045, AMD EPYC).
 
     probe = SyncProbe.for_run(tokenizer, engine, model)
     reading = probe.check(engine_prompt_logprobs(engine, probe.ids), model_logprobs(model, probe.ids))
@@ -56,8 +57,8 @@ class Tolerance:
     moved: float
 
 
-# Measured by benchmarks/sync_probe.py (benchmarks/results/sync_probe.json), the same weights on both sides, max over
-# the probe: float32 engine and trainer 9.5e-7 (tiny asset), 1.8e-5-2.5e-5 (SmolLM2): 1e-3 leaves 40x room. The
+# Measured by benchmarks/sync_probe.py (results/sync_probe/2026-12-02T092920_fc-v1045-amd-epyc.json, AMD EPYC host),
+# the same weights on both sides, max over the probe: float32 engine and trainer 9.5e-7 (tiny asset), 1.8e-5-2.5e-5 (SmolLM2): 1e-3 leaves 40x room. The
 # engine's answer moved whenever the weights did (trainer moves from 9e-5): 1e-4 is far from a false alarm.
 FP32 = Tolerance(gap=1e-3, moved=1e-4)
 # A bfloat16 engine (or trainer): 1.9e-3-3.9e-3 (tiny), 0.10-0.17 (SmolLM2): 1.0 leaves 6x. Its answer moved by
