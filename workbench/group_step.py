@@ -18,6 +18,9 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    row that scores it, so autograd sums every row's advantage-weighted gradient into the shared activations.
    Works with TRL's fused LM head (`shift_labels`) and with activation checkpointing (the layout travels as
    a forward kwarg, so the checkpoint replay sees it). The layout and the attention: `workbench.group_pack`.
+   Without checkpointing, each gated MLP of the packed forward keeps only gate(x) and up(x) for the backward,
+   which recomputes act(gate) and the product bit for bit (`recompute_mlp`, `workbench._mlp_recompute`): on
+   qwen-coder the saved activations went 8,442 → 5,536 MiB (benchmarks/README.md, section 12).
 2. **bf16 autocast** (`bf16`): the step under `torch.autocast("cpu", bfloat16)`; fp32 is the exact mode. Only for
    hosts with AVX512-BF16/AMX: on an AVX2-only CPU (the 2-core AMD EPYC here) torch takes its reference bf16
    GEMM, 29x slower than fp32 (benchmarks/README.md, section 7).
@@ -70,6 +73,7 @@ from ._compat import GRPO_GENERATE as _GENERATE
 from ._compat import GRPO_GET_LOGPS as _GET_LOGPS
 from ._compat import GRPO_METRICS as _METRICS
 from ._compat import trl_use_triton
+from ._mlp_recompute import recompute_mlp_products, recomputing
 from .group_pack import ATTENTION, plan  # importing it registers ATTENTION with transformers
 from .turns_rows import Row
 
@@ -114,7 +118,9 @@ class GroupStep:
     reuse_logps: bool = True
     bf16: bool = False
     attention: str = "blockwise"  # or "dense": stock SDPA with the 4D tree mask (2x the attention FLOPs here)
+    recompute_mlp: bool = True
     last: dict[str, int] = field(default_factory=dict)
+    _undo_mlp: Callable[[], None] | None = None
     _loss_inputs: dict[str, Any] | None = None
     _owners: list[int] | None = None
     _rollout_func: RolloutFunc | None = None
@@ -189,7 +195,8 @@ class GroupStep:
         p = plan(input_ids, attention_mask, logits_to_keep)
         logps, entropies = [], []
         dev = input_ids.device
-        with self.trainer.accelerator.autocast():
+        mlp = recomputing(model) if self._undo_mlp is not None else contextlib.nullcontext()
+        with self.trainer.accelerator.autocast(), mlp:
             for pack in p.packs:
                 extra = {"wb_shared": pack.n_shared} if self.attention == "blockwise" else {}
                 out = model(
@@ -285,6 +292,8 @@ class GroupStep:
         base = _base_model(t)
         if base.config._attn_implementation == ATTENTION:
             base.config._attn_implementation = "sdpa"
+        if self._undo_mlp is not None:
+            self._undo_mlp()
         t.__dict__.pop("group_step", None)
 
 
@@ -295,8 +304,10 @@ def install(
     reuse_logps: bool = True,
     bf16: bool = False,
     attention: str = "blockwise",
+    recompute_mlp: bool = True,
 ) -> GroupStep:
-    """Install the levers on `trainer` (a built GRPOTrainer with a fused LM head, sdpa attention)."""
+    """Install the levers on `trainer` (a built GRPOTrainer with a fused LM head, sdpa attention).
+    `recompute_mlp`: with `shared_prefix`, the packed forward keeps less of each MLP (module docstring, 1)."""
     device = trainer.accelerator.device  # CUDA with Triton: TRL's compact path already; CPU: after the patch
     if not trl_use_triton(device):
         raise RuntimeError(
@@ -307,12 +318,13 @@ def install(
         raise ValueError(f"attention must be 'blockwise' or 'dense', got {attention!r}")
     if getattr(trainer, "group_step", None) is not None:
         raise RuntimeError("group_step is already installed on this trainer (workbench.train installs it)")
-    step = GroupStep(trainer, shared_prefix, reuse_logps, bf16, attention)
+    step = GroupStep(trainer, shared_prefix, reuse_logps, bf16, attention, recompute_mlp)
     base = _base_model(trainer)
     if shared_prefix:
         if base.config._attn_implementation not in ("sdpa", ATTENTION):
             raise ValueError(f"shared_prefix needs sdpa attention, not {base.config._attn_implementation!r}")
         base.config._attn_implementation = ATTENTION
+        step._undo_mlp = recompute_mlp_products(base) if recompute_mlp else None
     setattr(trainer, _GET_LOGPS, step.get_logps)
     setattr(trainer, _GENERATE, step.generate_and_score)
     setattr(trainer, _COMPUTE_LOSS, step.compute_loss)
