@@ -36,6 +36,7 @@ from vllm.entrypoints.generate.base.protocol import (
     FunctionCall,
     ToolCall,
 )
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
 from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
@@ -74,12 +75,12 @@ def _streamable(text: str) -> int:
 
 
 def _tools_by_name(request: Any) -> dict[str, dict]:
-    tools: dict[str, dict] = {}
-    for tool in request.tools or []:
-        function = getattr(tool, "function", None)
-        if function is not None:
-            tools[function.name] = function.parameters or {"type": "object"}
-    return tools
+    """The chat request's function tools, name -> JSON schema of the arguments."""
+    return {
+        tool.function.name: tool.function.parameters or {"type": "object"}
+        for tool in request.tools or []
+        if isinstance(tool, ChatCompletionToolsParam)
+    }
 
 
 def _valid(schema: dict, arguments: Any) -> bool:
