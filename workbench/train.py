@@ -50,7 +50,8 @@ from .rollout_types import FAILED_STATUSES, RolloutOutcome
 from .runs import RunDir
 from .sandbox_spec import check_isolation
 from .tasks import load_task, load_tasks
-from .train_config import TrainConfig, record_config, resolve_device, resolve_importance_sampling
+from .train_config import TrainConfig, resolve_device, resolve_importance_sampling
+from .train_resume import record_config
 from .train_fields import step_fields
 from .train_rows import rows_for_trl
 from .turns_trace import has_tool_call
@@ -218,7 +219,7 @@ class GRPORun:
 
     def train(self, *, resume: bool = False) -> dict[str, Any]:
         """Run, or resume from the run folder's last checkpoint (TRL restores the adapter, the optimizer and
-        scheduler state, the RNG and the step count; config.json is kept: `train_config.record_config` refuses
+        scheduler state, the RNG and the step count; config.json is kept: `train_resume.record_config` refuses
         another config); returns the summary."""
         from .assets import load
 

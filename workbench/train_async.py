@@ -39,7 +39,7 @@ from trl.experimental.async_grpo.vllm_client import VLLMClient as AsyncVLLMClien
 
 from .openenv_session import HarnessSessionFactory, ProxyAddress
 from .policy_sync import SharedFolder
-from .train_config import record_config
+from .train_resume import record_config
 from .train_types import AsyncRun, AsyncTrainConfig
 
 if TYPE_CHECKING:

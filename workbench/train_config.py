@@ -12,15 +12,11 @@ trainer modules are typed against what they read of it (`workbench.train_types`)
     config.rollout_config()                # the RolloutConfig every rollout of the run gets
     resolve_device("auto")                 # "cuda" when torch sees a CUDA device, else "cpu"
     resolve_importance_sampling(config, "cpu")   # "auto" by the trainer's and the engine's dtype
-    record_config(run_dir, {"train": asdict(config), ...}, resume=False)   # config.json (kept as is on resume)
 """
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from .rollout_types import RolloutConfig, agent_prompt
@@ -28,21 +24,8 @@ from .sandbox_spec import Isolation, check_isolation
 
 if TYPE_CHECKING:
     from .engine import EngineConfig
-    from .runs import RunDir
 
-__all__ = ["TrainConfig", "resolve_device", "resolve_importance_sampling", "record_config", "RESUMABLE"]
-
-# What a resumed run may change in config.json: how long it runs, how it uses this machine, where the asset sits.
-# Everything else (the task set, the sampling, the loss, the levers) would make its steps another run's.
-RESUMABLE = (
-    "train.steps",
-    "train.train_threads",
-    "train.report_to",
-    "train.engine_cores",
-    "train.parallel_rollouts",
-    "asset",
-)
-_RUN_FACTS = ("git_commit", "created", "host", "cpus")  # written by RunDir.write_config: of the run, not its config
+__all__ = ["TrainConfig", "resolve_device", "resolve_importance_sampling"]
 
 
 @dataclass
@@ -332,46 +315,3 @@ def resolve_device(device: str) -> Literal["cpu", "cuda"]:
             f"with torch {torch.__version__}): use --device cpu or auto"
         )
     return "cpu"
-
-
-def _differences(saved: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
-    if isinstance(saved, dict) and isinstance(new, dict):
-        out: dict[str, tuple[Any, Any]] = {}
-        for key in sorted(set(saved) | set(new)):
-            if not prefix and key in _RUN_FACTS:
-                continue
-            out.update(_differences(saved.get(key), new.get(key), f"{prefix}{key}."))
-        return out
-    return {} if saved == new else {prefix.rstrip("."): (saved, new)}
-
-
-def record_config(run_dir: "RunDir", record: dict[str, Any], *, resume: bool, checkpoint: Path | None = None) -> None:
-    """A new run's config.json. A resumed run (`checkpoint`: the one it continues from) keeps the saved file byte
-    for byte: its `record` must equal it but in `RESUMABLE` (ValueError naming every other field that differs),
-    and the resume is appended to ``resumes.jsonl`` (when, from which checkpoint, at which commit, what changed)."""
-    from .runs import git_commit
-
-    path = run_dir.path / "config.json"
-    if not resume:
-        run_dir.write_config(record)
-        return
-    if not path.is_file():
-        raise ValueError(f"--resume: {run_dir.path} has no config.json, so no run to continue: drop --resume")
-    if checkpoint is None:
-        raise ValueError(f"--resume: {run_dir.path / 'checkpoints'} holds no checkpoint to continue from")
-    changed = _differences(json.loads(path.read_text()), json.loads(json.dumps(record, default=str)))
-    refused = {k: v for k, v in changed.items() if k not in RESUMABLE}
-    if refused:
-        fields = "; ".join(f"{k}: {a!r} in config.json, {b!r} now" for k, (a, b) in refused.items())
-        raise ValueError(
-            f"--resume: this config is not the run's ({path}): {fields}. A resumed run may change only "
-            f"{', '.join(RESUMABLE)}; start a new run folder for another config"
-        )
-    entry = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "checkpoint": checkpoint.name,
-        "git_commit": git_commit(),
-        "changed": {k: list(v) for k, v in changed.items()},
-    }
-    with open(run_dir.path / "resumes.jsonl", "a") as f:
-        f.write(json.dumps(entry, default=str) + "\n")

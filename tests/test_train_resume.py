@@ -1,0 +1,42 @@
+"""`record_config` on --resume: what counts as the run's own config (no engine, no model)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from workbench.runs import RunDir
+from workbench.train_config import TrainConfig
+from workbench.train_resume import record_config
+
+
+def saved_run(tmp_path, train: dict) -> RunDir:
+    run = RunDir.create("train", path=tmp_path / "run")
+    (run.path / "config.json").write_text(json.dumps({"train": train}))
+    return run
+
+
+def test_a_field_added_since_the_run_at_its_default_and_the_same_prompting_resume(tmp_path):
+    """A run made before `tool_parser` existed, with few_shot False / agent_prompt "default" spelled out."""
+    old = asdict(TrainConfig(model="smollm2"))
+    del old["tool_parser"]
+    old.update(few_shot=False, agent_prompt="default")
+    run = saved_run(tmp_path, old)
+    before = (run.path / "config.json").read_bytes()
+    record_config(run, {"train": asdict(TrainConfig(model="smollm2"))}, resume=True, checkpoint=tmp_path / "ckpt-1")
+    assert (run.path / "config.json").read_bytes() == before
+    assert json.loads((run.path / "resumes.jsonl").read_text())["checkpoint"] == "ckpt-1"
+
+
+def test_prompting_that_resolves_otherwise_or_a_new_field_off_its_default_is_refused(tmp_path):
+    old = asdict(TrainConfig(model="qwen-coder"))
+    del old["tool_parser"]
+    old.update(few_shot=False, agent_prompt="default")  # qwen-coder unset now means short + few-shot
+    run = saved_run(tmp_path, old)
+    with pytest.raises(ValueError, match=r"train\.agent_prompt.*train\.few_shot"):
+        record_config(run, {"train": asdict(TrainConfig(model="qwen-coder"))}, resume=True, checkpoint=tmp_path / "c")
+    with pytest.raises(ValueError, match=r"train\.tool_parser: None in config.json, 'hermes' now"):
+        new = asdict(TrainConfig(model="qwen-coder", few_shot=False, agent_prompt="default", tool_parser="hermes"))
+        record_config(run, {"train": new}, resume=True, checkpoint=tmp_path / "c")
