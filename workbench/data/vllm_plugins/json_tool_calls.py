@@ -8,7 +8,8 @@ Loaded by vLLM, not by the workbench (it imports vLLM, which lives in the engine
 Qwen2.5-Coder-0.5B-Instruct, asked through opencode, writes the right call as a bare JSON object
 (``{"name": "write", "arguments": {"filePath": "solution.py", "content": ...}}``) or in a fenced
 ``json`` block, without the ``<tool_call>`` tags that vLLM's ``hermes`` parser needs, so the harness
-executed nothing (0/8 calls, ../shared/notes/models.md). This parser reads, in order:
+executed nothing (0/16 first turns;
+benchmarks/results/tool_call_modes/2026-12-02T092934_fc-v1045-amd-epyc.json). This parser reads, in order:
 
 1. Hermes' tagged calls (``<tool_call>{...}</tool_call>``), exactly as ``hermes`` does;
 2. otherwise the tail of the reply from the first line that opens with ``{`` or a ``` fence: one or
