@@ -206,8 +206,7 @@ def test_two_step_run_syncs_the_policy_to_the_engine(engine, tmp_path):
 
 def test_rollout_phase_levers_reach_the_engine_and_the_harness(monkeypatch):
     """`engine_cores` binds the engine a run starts (half the cores by default, every core in the baseline);
-    `skip_title_call` reaches every rollout; LearnConfig keeps both as the shipped run had them and passes them to
-    training and evaluation alike."""
+    `skip_title_call` reaches every rollout; LearnConfig passes both to training and evaluation alike."""
     from workbench.engine import engine_threads
     from workbench.learn import LearnConfig
 
@@ -228,7 +227,7 @@ def test_rollout_phase_levers_reach_the_engine_and_the_harness(monkeypatch):
     assert base.engine_config("lora").threads == 0 and not base.rollout_config().skip_title_call
     with pytest.raises(ValueError, match="engine_cores"):
         TrainConfig(engine_cores="most")  # type: ignore[arg-type]
-    learn = LearnConfig()
+    learn = LearnConfig(skip_title_call=False)
     assert not learn.train_config().skip_title_call and learn.train_config().engine_cores == "all"
     assert not learn.eval_config().skip_title_call and learn.eval_config().engine_cores == "all"
     learn = LearnConfig(skip_title_call=True, engine_cores="half")

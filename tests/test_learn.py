@@ -1,0 +1,148 @@
+"""The learning experiment's stages (workbench.learn): the pool the probe chooses, what trains on it, what is compared,
+and a stopped run resumed where it stopped. The evaluations and the GRPO run are stand-ins here (their own tests run
+them for real); what is under test is the experiment's bookkeeping, which a wrong pool or a repeated stage would
+silently spoil."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import workbench.learn as learn
+from workbench.eval_report import aggregate
+from workbench.learn import LearnConfig, choose_pool, run_learning
+from workbench.runs import RunDir
+from workbench.tasks import load_tasks
+
+# base solve pattern per task over 4 rollouts: easy/0 always, easy/1 never, easy/2 and easy/3 sometimes
+BASE = {"easy/0": [1, 1, 1, 1], "easy/1": [0, 0, 0, 0], "easy/2": [1, 0, 0, 0], "easy/3": [1, 1, 0, 0]}
+
+
+class _Calls:
+    def __init__(self) -> None:
+        self.evals: list[tuple[str, str, int, str | None]] = []
+        self.trained_on: list[tuple[str, bool]] = []
+        self.fail_training = False
+
+
+def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> _Calls:
+    calls = _Calls()
+
+    def run_eval(cfg, *, run_dir, engine, client):  # noqa: ARG001 - the stage passes the shared engine
+        calls.evals.append((Path(run_dir).name, cfg.tasks, cfg.n, cfg.adapter))
+        ids = [t.id for t in load_tasks(cfg.tasks)]
+        records = []
+        for tid in ids:
+            pattern = BASE.get(tid, [0] * cfg.n)
+            for i in range(cfg.n):
+                solved = 1 if cfg.adapter and tid != "easy/1" else pattern[i % len(pattern)]
+                records.append(
+                    {
+                        "task_id": tid,
+                        "rollout": f"{tid}-{i}",
+                        "sample": i,
+                        "status": "ok",
+                        "reason": None,
+                        "reward": float(solved),
+                        "tool_calls": 1,
+                        "solution_written": True,
+                        "stale_calls": 0,
+                    }
+                )
+        out = {
+            "model": cfg.model,
+            "adapter": cfg.adapter,
+            "tasks": cfg.tasks,
+            "task_ids": ids,
+            "n": cfg.n,
+            **aggregate(records, 0, ids),
+            "records": records,
+        }
+        run = RunDir.create("eval", path=Path(run_dir))
+        run.write_json("eval.json", out)
+        return out
+
+    class GRPORun:
+        def __init__(self, train, *, run_dir, engine, client):  # noqa: ARG002
+            self.train_config, self.path = train, Path(run_dir)
+
+        def train(self, *, resume: bool = False):
+            calls.trained_on.append((self.train_config.tasks, resume))
+            (self.path / "checkpoints" / "checkpoint-1").mkdir(parents=True, exist_ok=True)
+            if calls.fail_training:
+                raise KeyboardInterrupt  # the run stopped mid-training
+            (self.path / "adapters" / "final").mkdir(parents=True)
+            RunDir.open(self.path).log_metrics({"step": 1, "reward": 0.5, "test_rewards": [0.0, 1.0]})
+            return {}
+
+    monkeypatch.setattr(learn, "run_eval", run_eval)
+    monkeypatch.setattr(learn, "GRPORun", GRPORun)
+    return calls
+
+
+CONFIG = dict(
+    model="tiny", train_tasks="easy-train[:4]", probe_n=4, pool_eval_n=4, eval_tasks="easy-eval[:2]", eval_n=2
+)
+
+
+def _config(**kw) -> LearnConfig:
+    return LearnConfig(**{**CONFIG, **kw})
+
+
+def test_the_pool_is_the_tasks_solved_sometimes_and_training_uses_only_it(monkeypatch, tmp_path):
+    calls = _stand_ins(monkeypatch)
+    ev = run_learning(_config(), run_dir=tmp_path / "r", engine=object(), client=object())  # type: ignore[arg-type]
+    assert ev["pool"]["task_ids"] == ["easy/2", "easy/3"]
+    assert ev["pool"]["left_out"] == {"always_solved": ["easy/0"], "never_solved": ["easy/1"], "not_all_scored": []}
+    assert calls.trained_on == [("easy/2,easy/3", False)]
+    names = [e[0] for e in calls.evals]
+    assert names == ["probe", "eval-base-pool", "eval-base", "eval-trained-pool", "eval-trained"]
+    # the pool's comparison uses fresh base rollouts, not the probe's: base 1/4 and 2/4 -> trained 4/4 each
+    d = ev["train_pool_solve_delta"]
+    assert d["mean"] == pytest.approx(((1 - 0.25) + (1 - 0.5)) / 2) and d["ci95"][0] > 0
+    assert set(ev["train_pool_delta"]) >= {"mean", "ci95", "p"} and "delta" in ev and "solve_delta" in ev
+    assert ev["model"] == "tiny" and len(ev["train_pool"]["rollouts"]) == 2 * 2 * 4
+    saved = json.loads((tmp_path / "r" / "eval.json").read_text())
+    assert saved["train_pool_solve_delta"] == d and json.loads((tmp_path / "r" / "pool.json").read_text())["spec"]
+
+
+def test_a_stopped_run_resumes_where_it_stopped_and_refuses_another_config(monkeypatch, tmp_path):
+    calls = _stand_ins(monkeypatch)
+    calls.fail_training = True
+    with pytest.raises(KeyboardInterrupt):
+        run_learning(_config(), run_dir=tmp_path / "r", engine=object(), client=object())  # type: ignore[arg-type]
+    assert [e[0] for e in calls.evals] == ["probe", "eval-base-pool", "eval-base"]
+    with pytest.raises(ValueError, match="learning_rate"):
+        run_learning(_config(learning_rate=0.5), run_dir=tmp_path / "r", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
+    calls.fail_training, calls.evals = False, []
+    ev = run_learning(_config(), run_dir=tmp_path / "r", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
+    assert [e[0] for e in calls.evals] == ["eval-trained-pool", "eval-trained"]  # finished stages are not re-run
+    assert calls.trained_on[-1] == ("easy/2,easy/3", True)  # GRPO continues from its checkpoint
+    assert all(e[3] and e[3].endswith("adapters/final") for e in calls.evals)
+    assert set(ev["timings_s"]) >= {"probe_s", "eval-base_s", "train_s", "eval-trained_s"}
+    with pytest.raises(ValueError, match="no learning run"):
+        run_learning(_config(), run_dir=tmp_path / "empty", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
+
+
+def test_pool_rules_and_bad_input():
+    probe = {
+        "tasks": "t",
+        "n": 4,
+        "per_task": [
+            {"task_id": "a", "scored": 4, "solved": 2},
+            {"task_id": "b", "scored": 3, "solved": 1},
+            {"task_id": "c", "scored": 4, "solved": 4},
+            {"task_id": "d", "scored": 4, "solved": 0},
+        ],
+    }
+    pool = choose_pool(probe)
+    assert pool["task_ids"] == ["a"] and pool["left_out"]["not_all_scored"] == ["b"] and pool["spec"] == "a"
+    for bad in (dict(probe_n=1), dict(probe_n=-1), dict(pool_eval_n=0)):
+        with pytest.raises(ValueError):
+            LearnConfig(**bad)
+    assert [t.id for t in load_tasks("easy/3,easy/5")] == ["easy/3", "easy/5"]
+    for bad_spec in ("easy/3,easy/3", "easy/3,", "easy/3,nope/1"):
+        with pytest.raises(ValueError):
+            load_tasks(bad_spec)
