@@ -104,6 +104,11 @@ def test_the_pool_is_the_tasks_solved_sometimes_and_training_uses_only_it(monkey
     assert d["mean"] == pytest.approx(((1 - 0.25) + (1 - 0.5)) / 2) and d["ci95"][0] > 0
     assert set(ev["train_pool_delta"]) >= {"mean", "ci95", "p"} and "delta" in ev and "solve_delta" in ev
     assert ev["model"] == "tiny" and len(ev["train_pool"]["rollouts"]) == 2 * 2 * 4
+    from workbench.views import render_eval
+
+    html = render_eval(ev)
+    assert "training pool (2 tasks)" in html and "held out" in html
+    assert f"{d['mean']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}], p = {d['p']:.4f}" in html
     saved = json.loads((tmp_path / "r" / "eval.json").read_text())
     assert saved["train_pool_solve_delta"] == d and json.loads((tmp_path / "r" / "pool.json").read_text())["spec"]
 
@@ -122,6 +127,15 @@ def test_a_stopped_run_resumes_where_it_stopped_and_refuses_another_config(monke
     assert calls.trained_on[-1] == ("easy/2,easy/3", True)  # GRPO continues from its checkpoint
     assert all(e[3] and e[3].endswith("adapters/final") for e in calls.evals)
     assert set(ev["timings_s"]) >= {"probe_s", "eval-base_s", "train_s", "eval-trained_s"}
+
+    # a finished run re-reads its evidence without starting an engine
+    def no_engine(**kw):
+        raise AssertionError("a finished run started an engine")
+
+    monkeypatch.setattr("workbench.stack.local_stack", no_engine)
+    calls.evals = []
+    again = run_learning(_config(), run_dir=tmp_path / "r", resume=True)
+    assert calls.evals == [] and again["train_pool_solve_delta"] == ev["train_pool_solve_delta"]
     with pytest.raises(ValueError, match="no learning run"):
         run_learning(_config(), run_dir=tmp_path / "empty", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
 

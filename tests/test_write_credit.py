@@ -59,7 +59,7 @@ def test_the_learning_curve_shows_the_test_reward_and_the_credited_one_apart():
 
 
 def test_the_learning_evidence_pairs_each_rate_by_task():
-    from workbench.learn import _rate_delta
+    from workbench.learn_evidence import rate_delta
 
     def ev(written: list[float], solved: list[int]) -> dict:
         return {
@@ -70,9 +70,9 @@ def test_the_learning_evidence_pairs_each_rate_by_task():
         }
 
     base, trained = ev([0.0, 0.25, 0.0, 0.0], [0, 1, 0, 0]), ev([1.0, 0.75, 0.5, 1.0], [0, 1, 0, 1])
-    written = _rate_delta(base, trained, 0, "solution_written_rate")
+    written = rate_delta(base, trained, 0, "solution_written_rate")
     assert written["mean"] == pytest.approx(0.75) and written["ci95"][0] > 0
-    assert _rate_delta(base, trained, 0)["mean"] == pytest.approx(0.0625)  # (0 + 0 + 0 + 1/4) / 4
+    assert rate_delta(base, trained, 0)["mean"] == pytest.approx(0.0625)  # (0 + 0 + 0 + 1/4) / 4
 
 
 def test_the_eval_table_shows_every_paired_delta_of_the_shipped_run():

@@ -26,6 +26,7 @@ docs/training.md had no probe and no pool evaluation).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -181,6 +182,8 @@ def run_learning(
     must be this config); returns (and writes) eval.json."""
     from .stack import local_stack
 
+    if (engine is None) != (client is None):
+        raise ValueError("pass both engine and client (the proxy in front of that engine), or neither")
     if resume:
         if run_dir is None or not (Path(run_dir) / "config.json").is_file():
             raise ValueError(f"resume: {run_dir} holds no learning run (no config.json): drop resume")
@@ -193,15 +196,22 @@ def run_learning(
         run = RunDir.create("learning_demo", path=run_dir)
         run.write_config({"learn": asdict(config), "eval": asdict(config.eval_config())})
     started, timings = time.monotonic(), dict(_read(run.path / "timings.json") or {})
-    stack = (
-        local_stack(
-            engine_config=config.train_config().engine_config(config.serving),
-            max_output_tokens=config.max_output_tokens,
-            bookkeeping_max_tokens=config.train_config().bookkeeping_max_tokens(),
-        )
-        if engine is None
-        else None
-    )
+    exits = contextlib.ExitStack()
+    served: list[Any] = [engine, client]
+
+    def stack() -> tuple[Engine, ProxyClient]:
+        """The engine and proxy: those given, or a local stack started when a stage first needs one (a resumed run
+        whose stages are all done starts none)."""
+        if served[0] is None:
+            eng, _, cli = exits.enter_context(
+                local_stack(
+                    engine_config=config.train_config().engine_config(config.serving),
+                    max_output_tokens=config.max_output_tokens,
+                    bookkeeping_max_tokens=config.train_config().bookkeeping_max_tokens(),
+                )
+            )
+            served[:] = [eng, cli]
+        return served[0], served[1]
 
     def stage(name: str, work: Any) -> Any:
         """`work()`'s eval.json, or the one an earlier attempt of this run wrote."""
@@ -214,12 +224,16 @@ def run_learning(
         run.write_json("timings.json", timings)
         return out
 
-    with stack if stack is not None else _given(engine, client) as (eng, _, cli):
+    def evaluate(name: str, adapter: Path | None = None, *, tasks: str | None = None, n: int | None = None) -> Any:
+        cfg = config.eval_config(adapter, tasks=tasks, n=n)
 
-        def evaluate(name: str, adapter: Path | None = None, *, tasks: str | None = None, n: int | None = None) -> Any:
-            cfg = config.eval_config(adapter, tasks=tasks, n=n)
-            return stage(name, lambda: run_eval(cfg, run_dir=run.path / name, engine=eng, client=cli))
+        def work() -> Any:
+            eng, cli = stack()
+            return run_eval(cfg, run_dir=run.path / name, engine=eng, client=cli)
 
+        return stage(name, work)
+
+    with exits:
         pool = None
         if config.probe_n:
             probe = evaluate("probe", tasks=config.train_tasks, n=config.probe_n)
@@ -235,6 +249,7 @@ def run_learning(
         if not adapter.is_dir():
             t = time.monotonic()
             again = (grpo_dir / "checkpoints").is_dir() and any((grpo_dir / "checkpoints").iterdir())
+            eng, cli = stack()
             GRPORun(train, run_dir=grpo_dir, engine=eng, client=cli).train(resume=again)
             timings["train_s"] = round(timings.get("train_s", 0.0) + time.monotonic() - t, 1)
             run.write_json("timings.json", timings)
@@ -270,6 +285,8 @@ def run_learning(
             train_pool={k: both[k] for k in ("tasks", "task_ids", "n", "base", "trained", "rollouts")},
             train_pool_delta=both["delta"],
             train_pool_solve_delta=rate_delta(base_pool, trained_pool, config.seed),
+            train_pool_solution_written_delta=rate_delta(base_pool, trained_pool, config.seed, "solution_written_rate"),
+            train_pool_tool_call_delta=rate_delta(base_pool, trained_pool, config.seed, "tool_call_rate"),
             base_pool_eval=headline(base_pool),
             trained_pool_eval=headline(trained_pool),
         )
@@ -284,18 +301,3 @@ def _read(path: Path) -> Any:
 def _mean(values: list[float | None] | None) -> float | None:
     scored = [v for v in values or () if v is not None]
     return sum(scored) / len(scored) if scored else None
-
-
-class _given:
-    """A running engine and proxy client as a context, shaped like `local_stack`'s."""
-
-    def __init__(self, engine: Engine | None, client: ProxyClient | None) -> None:
-        if engine is None or client is None:
-            raise ValueError("pass both engine and client (the proxy in front of that engine), or neither")
-        self.engine, self.client = engine, client
-
-    def __enter__(self) -> tuple[Engine, None, ProxyClient]:
-        return self.engine, None, self.client
-
-    def __exit__(self, *exc: object) -> None:
-        pass

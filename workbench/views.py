@@ -65,7 +65,8 @@ def render_trace(calls: list[dict[str, Any]], *, n_ids: int = 8) -> str:
 
 
 def render_eval(evidence: dict[str, Any]) -> str:
-    """The before/after table of a learning run's eval.json (`workbench.evaluate.compare` + solve rates)."""
+    """The before/after table of a learning run's eval.json (`workbench.evaluate.compare` + solve rates): the
+    training pool's rows first when the run had one (`workbench.learn`), then the held-out ones."""
 
     def ci(d: dict[str, Any] | None) -> str:
         return "–" if not d else f"{d['mean']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]"
@@ -79,34 +80,40 @@ def render_eval(evidence: dict[str, Any]) -> str:
         lo, hi = clustered or e.get(f"{key}_ci95") or (math.nan, math.nan)
         return f"{e.get(key, math.nan):.3f} [{lo:.3f}, {hi:.3f}]" + ("" if clustered else " (Wilson, too narrow)")
 
-    rows = []
-    for name in ("base", "trained"):
-        e = evidence.get(f"{name}_eval", {})
-        rows.append(
-            {
-                "policy": name,
-                "rollouts": e.get("rollouts"),
-                "mean reward (95% CI)": ci(evidence[name]),
-                "solve rate": rate(e, "solve_rate"),
-                "tool-call rate": rate(e, "tool_call_rate"),
-                "solution.py written": rate(e, "solution_written_rate"),
-            }
-        )
-
-    def paired(key: str) -> str:
-        d = evidence.get(key)
+    def paired(d: dict[str, Any] | None) -> str:
         return f"{ci(d)}, p = {d['p']:.4f}" if d else "–"
 
-    rows.append(
-        {
-            "policy": "trained − base (paired by task)",
-            "rollouts": "",
-            "mean reward (95% CI)": paired("delta"),
-            "solve rate": paired("solve_delta"),
-            "tool-call rate": paired("tool_call_delta"),
-            "solution.py written": paired("solution_written_delta"),
-        }
-    )
+    # (label, its comparison, eval-key prefix, delta-key prefix): the training pool first when the run had one
+    sets = [("held out", evidence, "", "")]
+    if "train_pool" in evidence:
+        pool = f"training pool ({len(evidence['train_pool']['task_ids'])} tasks)"
+        sets.insert(0, (pool, evidence["train_pool"], "_pool", "train_pool_"))
+    rows = []
+    for label, both, side, prefix in sets:
+        for name in ("base", "trained"):
+            e = evidence.get(f"{name}{side}_eval", {})
+            rows.append(
+                {
+                    "tasks": label,
+                    "policy": name,
+                    "rollouts": e.get("rollouts"),
+                    "mean reward (95% CI)": ci(both[name]),
+                    "solve rate": rate(e, "solve_rate"),
+                    "tool-call rate": rate(e, "tool_call_rate"),
+                    "solution.py written": rate(e, "solution_written_rate"),
+                }
+            )
+        rows.append(
+            {
+                "tasks": label,
+                "policy": "trained − base (paired by task)",
+                "rollouts": "",
+                "mean reward (95% CI)": paired(evidence.get(f"{prefix}delta")),
+                "solve rate": paired(evidence.get(f"{prefix}solve_delta")),
+                "tool-call rate": paired(evidence.get(f"{prefix}tool_call_delta")),
+                "solution.py written": paired(evidence.get(f"{prefix}solution_written_delta")),
+            }
+        )
     return render_table(rows)
 
 
