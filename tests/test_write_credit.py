@@ -58,6 +58,20 @@ def test_the_learning_curve_shows_the_test_reward_and_the_credited_one_apart():
     assert list(fig.data[0].y) == [0.5] and list(fig.data[2].y) == [0.6]  # test reward first, credited second
 
 
+def test_the_group_signal_figure_shows_each_steps_spread_and_the_groups_that_taught_nothing():
+    from workbench.views_figures import group_signal_figure
+
+    metrics = [
+        {"step": 1, "reward_std": 0.5, "frac_reward_zero_std": 0.0},
+        {"step": 2, "reward_std": 0.0, "frac_reward_zero_std": 1.0},
+        {"step": 3, "reward_std": 0.25, "frac_reward_zero_std": 0.0},
+        {"step": 4, "reward_std": 0.0, "frac_reward_zero_std": 1.0},
+    ]
+    fig = group_signal_figure(metrics)
+    assert list(fig.data[0].y) == [0.5, 0.0, 0.25, 0.0] and list(fig.data[1].y) == [0.0, 1.0, 0.0, 1.0]
+    assert "zero-variance groups 50% of steps" in fig.layout.title.text
+
+
 def test_the_learning_evidence_pairs_each_rate_by_task():
     from workbench.learn_evidence import rate_delta
 

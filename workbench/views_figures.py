@@ -3,6 +3,7 @@
     summary_figure(reports)                       # per rollout: turns trained / not, excluded calls; fork causes
     learning_curve_figure(metrics)                # per step: group-mean reward, 95% interval, moving average
     step_interval(rewards)                        # (mean, low, high): one step's bootstrap interval
+    group_signal_figure(metrics)                  # per step: the group's reward std; groups that taught nothing
     save_figure(fig, run / "figures" / "curve.html")  # a page that draws offline (plotly.min.js beside it)
 
 `reports` are `workbench.turns.rollout_report`s by rollout name; `metrics` a run's metrics.jsonl records.
@@ -16,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["step_interval", "learning_curve_figure", "summary_figure", "save_figure"]
+__all__ = ["step_interval", "learning_curve_figure", "group_signal_figure", "summary_figure", "save_figure"]
 
 
 def step_interval(
@@ -71,6 +72,29 @@ def learning_curve_figure(metrics: list[dict[str, Any]], *, window: int = 5, tit
         yaxis_title="reward (fraction of hidden tests passed)",
         yaxis_range=[-0.05, 1.05],
         height=380,
+    )
+    return fig
+
+
+def group_signal_figure(metrics: list[dict[str, Any]], *, title: str = "what each step had to learn from"):
+    """Per step, from a run's metrics.jsonl: TRL's ``reward_std`` (the spread of the group's rewards) as bars, and
+    ``frac_reward_zero_std`` (the fraction of the step's groups whose rewards were all equal: their advantages are
+    all zero, so they teach nothing) as markers; the title gives that fraction over the whole run."""
+    import plotly.graph_objects as go
+
+    steps = [m["step"] for m in metrics]
+    zero = [m.get("frac_reward_zero_std") for m in metrics]
+    known = [z for z in zero if z is not None]
+    overall = f"{sum(known) / len(known):.0%}" if known else "n/a"
+    fig = go.Figure()
+    fig.add_bar(x=steps, y=[m.get("reward_std") for m in metrics], name="reward_std (within the group)")
+    fig.add_scatter(x=steps, y=zero, mode="markers", name="fraction of groups with zero std", marker_symbol="x")
+    fig.update_layout(
+        title=f"{title}: zero-variance groups {overall} of steps",
+        xaxis_title="step",
+        yaxis_title="reward std / fraction",
+        yaxis_range=[-0.05, 1.05],
+        height=320,
     )
     return fig
 
