@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from workbench.matrix import COLUMNS, MatrixConfig, load_matrix, markdown_table, run_matrix, summarise_cell
+from workbench.matrix import (
+    COLUMNS,
+    MatrixConfig,
+    cell_rollout,
+    load_matrix,
+    markdown_table,
+    run_matrix,
+    summarise_cell,
+)
 from workbench.rollout_types import RolloutConfig
 
 
@@ -59,6 +67,21 @@ def _record(status="ok", turns=0, forks=0, causes=None, tool_turns=0, **kw):
         "fork_causes": causes or {},
         "tool_turns": tool_turns,
     }
+
+
+def test_each_model_gets_its_own_prompting_unless_one_is_given():
+    from workbench.rollout_types import SHORT_AGENT_PROMPT
+
+    shared = RolloutConfig(temperature=0.5)
+    auto = MatrixConfig(models=("tiny", "qwen-coder"), rollout=shared)
+    tiny, qwen = cell_rollout(auto, "tiny", "pi"), cell_rollout(auto, "qwen-coder", "pi")
+    assert (tiny.few_shot, tiny.system_prompt, tiny.harness) == (False, None, "pi")
+    assert (qwen.few_shot, qwen.system_prompt, qwen.temperature) == (True, SHORT_AGENT_PROMPT, 0.5)
+    forced = MatrixConfig(models=("qwen-coder",), few_shot=False, agent_prompt="default")
+    assert (
+        cell_rollout(forced, "qwen-coder", "codex").few_shot,
+        cell_rollout(forced, "qwen-coder", "codex").tools,
+    ) == (False, None)
 
 
 def test_cell_arithmetic():

@@ -131,15 +131,13 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .matrix import MatrixConfig, markdown_table, run_matrix
-    from .rollout_types import RolloutConfig, agent_prompt
+    from .rollout_types import RolloutConfig
 
     rollout = RolloutConfig(
         temperature=args.temperature,
         max_output_tokens=args.max_output_tokens,
         max_model_calls=args.max_calls,
         timeout_s=args.timeout,
-        few_shot=args.few_shot,
-        **agent_prompt(args.agent_prompt),
     )
     config = MatrixConfig(
         harnesses=tuple(args.harnesses.split(",")),
@@ -148,6 +146,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         n=args.n,
         rollout=rollout,
         parallel=args.parallel,
+        few_shot=args.few_shot,
+        agent_prompt=args.agent_prompt,
     )
     result = run_matrix(config, run_dir=Path(args.out) if args.out else None)
     print(markdown_table(result.rows))
@@ -286,8 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-output-tokens", type=int, default=512)
     p.add_argument("--max-calls", type=int, default=12, help="model-call budget per rollout")
     p.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per rollout, s")
-    p.add_argument("--few-shot", action="store_true", help="two worked tool-call turns in each harness's own schema")
-    p.add_argument("--agent-prompt", choices=["default", "short"], default="default")
+    p.add_argument(
+        "--few-shot",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="two worked tool-call turns in each harness's own schema (default: each model's own prompting)",
+    )
+    p.add_argument(
+        "--agent-prompt", choices=["default", "short"], default=None, help="default: each model's own prompting"
+    )
     p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__matrix)")
 
     p = add(

@@ -24,12 +24,13 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from .assets import prompting
 from .engine import Engine, EngineError
 from .harnesses import get_harness
 from .rollout import run_rollouts
-from .rollout_types import RolloutConfig, RolloutResult
+from .rollout_types import RolloutConfig, RolloutResult, agent_prompt
 from .stack import local_stack
 from .runs import RunDir
 from .tasks import load_tasks
@@ -42,6 +43,7 @@ __all__ = [
     "COLUMNS",
     "MatrixConfig",
     "MatrixResult",
+    "cell_rollout",
     "run_matrix",
     "measure_rollout",
     "summarise_cell",
@@ -76,10 +78,12 @@ class MatrixConfig:
         harnesses / models: the grid (harness names from `HARNESSES`, model assets).
         tasks: a task spec for `load_tasks` (``easy[:2]``); rollout i of a cell gets task i mod len.
         n: rollouts per cell.
-        rollout: settings of every rollout (its ``harness`` is set per cell). With ``few_shot``, each
-            harness gets worked examples in its own tool schema (`Harness.few_shot_prompt`), not
-            opencode's.
+        rollout: settings of every rollout (its ``harness`` is set per cell; its ``few_shot``, ``system_prompt`` and
+            ``tools`` per model, from the two fields below: `cell_rollout`).
         parallel: rollouts at once within a cell.
+        few_shot / agent_prompt: the prompting of every cell, each None for the model's own (`assets.prompting`:
+            qwen-coder gets few-shot and the short agent prompt). With few-shot, each harness gets worked examples
+            in its own tool schema (`Harness.few_shot_prompt`), not opencode's.
     """
 
     harnesses: tuple[str, ...] = ("opencode", "pi", "codex")
@@ -88,6 +92,14 @@ class MatrixConfig:
     n: int = 2
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     parallel: int = 2
+    few_shot: bool | None = None
+    agent_prompt: Literal["default", "short"] | None = None
+
+
+def cell_rollout(config: MatrixConfig, model: str, harness: str) -> RolloutConfig:
+    """The rollout settings of one cell: the shared ones, the harness, and the model's prompting."""
+    few_shot, prompt = prompting(model, config.few_shot, config.agent_prompt)
+    return replace(config.rollout, harness=harness, few_shot=few_shot, **agent_prompt(prompt))
 
 
 @dataclass
@@ -250,7 +262,7 @@ def run_matrix(
             tokenizer = AutoTokenizer.from_pretrained(str(engine.asset.path))
             for harness in config.harnesses:
                 cell = run.path / model / harness
-                rollout = replace(config.rollout, harness=harness)
+                rollout = cell_rollout(config, model, harness)
                 jobs = [(tasks[i % len(tasks)], cell / f"r{i:03d}") for i in range(config.n)]
                 t0 = time.monotonic()
                 results = run_rollouts(jobs, client, rollout, parallel=config.parallel, progress=progress)
@@ -269,9 +281,12 @@ def _write(run: RunDir, config: MatrixConfig, rows: list[dict[str, Any]], record
     r = config.rollout
     settings = (
         f"tasks `{config.tasks}`, n={config.n} per cell, T={r.temperature}, max_output_tokens="
-        f"{r.max_output_tokens}, max_model_calls={r.max_model_calls}, timeout {r.timeout_s:.0f} s, "
-        f"few_shot={r.few_shot}, system_prompt={repr(r.system_prompt) if r.system_prompt else 'as shipped'}, "
-        f"tools={','.join(r.tools) if r.tools else 'as shipped'}"
+        f"{r.max_output_tokens}, max_model_calls={r.max_model_calls}, timeout {r.timeout_s:.0f} s; prompting "
+        + "; ".join(
+            f"{m}: few_shot={c.few_shot}, agent prompt {'short' if c.system_prompt else 'as shipped'}"
+            for m in config.models
+            for c in [cell_rollout(config, m, config.harnesses[0])]
+        )
     )
     (run.path / "matrix.md").write_text(f"{settings}\n\n{markdown_table(rows)}")
     (run.path / "matrix.html").write_text(f"<p>{settings}</p>{render_matrix(rows)}")
