@@ -438,6 +438,18 @@ def recompute_learning_eval(e: dict) -> int:
     return checked
 
 
+def pool_view(e: dict) -> dict:
+    """A learning eval.json's training-pool comparison in the shape `recompute_learning_eval` reads."""
+    pool = e["train_pool"]
+    return {
+        "bootstrap": e["bootstrap"],
+        **{k: pool[k] for k in ("rollouts", "base", "trained", "task_ids", "per_task")},
+        "base_eval": e["base_pool_eval"],
+        "trained_eval": e["trained_pool_eval"],
+        **{k: e[f"train_pool_{k}"] for k in ("delta", "solve_delta", "solution_written_delta", "tool_call_delta")},
+    }
+
+
 def _records(policy_solves: int) -> list[dict]:
     """3 tasks x 4 rollouts with solves, partials, a timeout (scored) and an upstream error (unscored)."""
     out = []
@@ -519,6 +531,8 @@ def test_the_shipped_learning_eval_recomputes_or_the_docs_say_it_cannot():
     e = json.loads((SHIPPED / "eval.json").read_text())
     if "rollouts" in e:
         assert recompute_learning_eval(e) > 0
+        if "train_pool" in e:  # the training pool's comparison, the same way
+            assert recompute_learning_eval(pool_view(e)) > 0
         return
     docs = " ".join((Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text().split())
     assert "predates the per-rollout records" in docs, "say plainly that its rates cannot be recomputed"

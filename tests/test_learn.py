@@ -109,6 +109,10 @@ def test_the_pool_is_the_tasks_solved_sometimes_and_training_uses_only_it(monkey
     html = render_eval(ev)
     assert "training pool (2 tasks)" in html and "held out" in html
     assert f"{d['mean']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}], p = {d['p']:.4f}" in html
+    # every number of both comparisons follows from the rollout records (the check the shipped file gets)
+    from test_evaluate import pool_view, recompute_learning_eval
+
+    assert recompute_learning_eval(ev) > 0 and recompute_learning_eval(pool_view(ev)) > 0
     saved = json.loads((tmp_path / "r" / "eval.json").read_text())
     assert saved["train_pool_solve_delta"] == d and json.loads((tmp_path / "r" / "pool.json").read_text())["spec"]
 

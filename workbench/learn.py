@@ -282,7 +282,7 @@ def run_learning(
         both = compare(base_pool, trained_pool)
         evidence.update(
             pool=pool,
-            train_pool={k: both[k] for k in ("tasks", "task_ids", "n", "base", "trained", "rollouts")},
+            train_pool={k: both[k] for k in ("tasks", "task_ids", "n", "base", "trained", "per_task", "rollouts")},
             train_pool_delta=both["delta"],
             train_pool_solve_delta=rate_delta(base_pool, trained_pool, config.seed),
             train_pool_solution_written_delta=rate_delta(base_pool, trained_pool, config.seed, "solution_written_rate"),
