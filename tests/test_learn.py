@@ -55,6 +55,7 @@ def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> _Calls:
             "model": cfg.model,
             "adapter": cfg.adapter,
             "tasks": cfg.tasks,
+            "temperature": cfg.temperature,
             "task_ids": ids,
             "n": cfg.n,
             **aggregate(records, 0, ids),
@@ -142,6 +143,23 @@ def test_a_stopped_run_resumes_where_it_stopped_and_refuses_another_config(monke
     assert calls.evals == [] and again["train_pool_solve_delta"] == ev["train_pool_solve_delta"]
     with pytest.raises(ValueError, match="no learning run"):
         run_learning(_config(), run_dir=tmp_path / "empty", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
+
+
+def test_a_given_probe_chooses_the_pool_and_a_mismatched_one_is_refused(monkeypatch, tmp_path):
+    calls = _stand_ins(monkeypatch)
+    first = run_learning(_config(), run_dir=tmp_path / "a", engine=object(), client=object())  # type: ignore[arg-type]
+    probe = str(tmp_path / "a" / "probe" / "eval.json")
+    calls.evals = []
+    ev = run_learning(_config(probe_file=probe), run_dir=tmp_path / "b", engine=object(), client=object())  # type: ignore[arg-type]
+    assert "probe" not in [e[0] for e in calls.evals] and ev["pool"]["task_ids"] == first["pool"]["task_ids"]
+    assert ev["pool"]["probe_file"] == probe
+    for wrong in (dict(probe_n=8), dict(temperature=0.5), dict(train_tasks="easy-train[:3]")):
+        with pytest.raises(ValueError, match="not a base probe"):
+            run_learning(_config(probe_file=probe, **wrong), run_dir=tmp_path / "c", engine=object(), client=object())  # type: ignore[arg-type]
+    with pytest.raises(FileNotFoundError):
+        run_learning(
+            _config(probe_file=str(tmp_path / "nope.json")), run_dir=tmp_path / "d", engine=object(), client=object()
+        )  # type: ignore[arg-type]
 
 
 def test_pool_rules_and_bad_input():

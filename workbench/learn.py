@@ -59,11 +59,17 @@ class LearnConfig:
         temperature: sampling temperature, pinned by the proxy, for the probe, training and evaluation alike.
         write_credit: training-only credit for writing solution.py (`TrainConfig.write_credit`); the evaluations
             report the plain hidden-test reward.
-        max_model_calls / rollout_timeout_s: per-rollout limits, for every stage (a solved rollout needs 2 agent
-            calls: the write, then the reply to its result).
+        max_model_calls / rollout_timeout_s: per-rollout limits, for every stage. 1: the call that writes
+            solution.py is the rollout (the harness's next call, its reply to the tool result, is refused and the
+            harness stops; the file is graded as written): about half the engine time of 2 (in the 2-call probe
+            of the shipped run, calls took 22-78 s each with 8 rollouts at once, and 6 of 128 rollouts ran past
+            300 s in their second call). The policy then has one call to write a correct solution.py.
         max_output_tokens: tokens a model call may generate, for every stage.
         train_tasks: the train split: probed, and the pool chosen from it (trained on as given when probe_n is 0).
         probe_n: base rollouts per train task in the difficulty probe (0: no probe, no pool).
+        probe_file: an earlier probe's eval.json (a ``workbench eval`` of the base model on ``train_tasks``, ``probe_n``
+            rollouts a task, this temperature) to choose the pool from instead of running the probe; its run's
+            other settings (config.json beside it) are the reader's to compare.
         pool_eval_n: rollouts per pool task and policy in the training-pool comparison.
         eval_tasks: the held-out tasks evaluated before and after (never probed or trained on).
         eval_n: rollouts per held-out task and policy.
@@ -82,11 +88,12 @@ class LearnConfig:
     lora_rank: int = 16
     temperature: float = 1.0
     write_credit: float = 0.0
-    max_model_calls: int = 2
+    max_model_calls: int = 1
     rollout_timeout_s: float = 300.0
     max_output_tokens: int = 256
     train_tasks: str = "easy-train[:16]"
     probe_n: int = 8
+    probe_file: str | None = None
     pool_eval_n: int = 8
     eval_tasks: str = "easy-eval"
     eval_n: int = 2
@@ -236,8 +243,10 @@ def run_learning(
     with exits:
         pool = None
         if config.probe_n:
-            probe = evaluate("probe", tasks=config.train_tasks, n=config.probe_n)
-            pool = _read(run.path / "pool.json") or choose_pool(probe)
+            probe = (
+                _probe(config) if config.probe_file else evaluate("probe", tasks=config.train_tasks, n=config.probe_n)
+            )
+            pool = _read(run.path / "pool.json") or {**choose_pool(probe), "probe_file": config.probe_file}
             run.write_json("pool.json", pool)
             if not pool["task_ids"]:
                 raise RuntimeError(f"no task of {config.train_tasks} is in the pool: {pool['left_out']}")
@@ -292,6 +301,20 @@ def run_learning(
         )
     run.write_json("eval.json", evidence)
     return evidence
+
+
+def _probe(config: LearnConfig) -> dict[str, Any]:
+    """The probe of ``config.probe_file``, refused unless it probed this model, these tasks, this many times, at this
+    temperature, and scored them all with the hidden tests."""
+    assert config.probe_file is not None
+    probe = _read(Path(config.probe_file))
+    if probe is None:
+        raise FileNotFoundError(f"probe_file: no file at {config.probe_file}")
+    want = {"model": config.model, "tasks": config.train_tasks, "n": config.probe_n, "temperature": config.temperature}
+    wrong = {k: (probe.get(k), v) for k, v in want.items() if probe.get(k) != v}
+    if wrong or probe.get("adapter"):
+        raise ValueError(f"probe_file {config.probe_file} is not a base probe of this run (file, config): {wrong}")
+    return probe
 
 
 def _read(path: Path) -> Any:
