@@ -94,8 +94,8 @@ class LearnConfig:
     train_tasks: str = "easy-train[:16]"
     probe_n: int = 8
     probe_file: str | None = None
-    pool_eval_n: int = 8
-    eval_tasks: str = "easy-eval"
+    pool_eval_n: int = 4
+    eval_tasks: str = "easy-eval[:12]"
     eval_n: int = 2
     seed: int = 0
     serving: Literal["lora", "merged"] = "merged"
