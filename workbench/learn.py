@@ -84,7 +84,7 @@ class LearnConfig:
     model: str = "qwen-coder"
     steps: int = 20
     group_size: int = 8
-    learning_rate: float = 1e-3
+    learning_rate: float = 1e-4
     lora_rank: int = 16
     temperature: float = 1.0
     write_credit: float = 0.0
