@@ -491,7 +491,7 @@ def test_a_fresh_learning_eval_ships_its_rollouts_and_every_number_recomputes(mo
         def __init__(self, config, *, run_dir, engine, client):
             self.dir = type("Dir", (), {"path": run_dir})()
 
-        def train(self):
+        def train(self, *, resume=False):
             (self.dir.path / "adapters" / "final").mkdir(parents=True)
             (self.dir.path / "adapters" / "final" / "adapter_config.json").write_text("{}")
             (self.dir.path / "metrics.jsonl").write_text('{"step": 1}\n')
@@ -499,7 +499,7 @@ def test_a_fresh_learning_eval_ships_its_rollouts_and_every_number_recomputes(mo
 
     monkeypatch.setattr(learn, "run_eval", fake_run_eval)
     monkeypatch.setattr(learn, "GRPORun", FakeRun)
-    config = learn.LearnConfig(steps=1, eval_tasks="easy-eval[:3]")
+    config = learn.LearnConfig(steps=1, eval_tasks="easy-eval[:3]", probe_n=0)  # the pool's part: tests/test_learn.py
     evidence = learn.run_learning(config, run_dir=tmp_path / "run", engine=object(), client=object())
     shipped = learn.ship(evidence, tmp_path / "run", to=tmp_path / "shipped")
     e = json.loads((shipped / "eval.json").read_text())
