@@ -64,10 +64,16 @@ def test_each_cpu_loop_file_is_one_run_on_one_host():
 def _cited() -> dict[str, list[str]]:
     docs = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     docs += sorted((ROOT / "notebooks").glob("*.ipynb"))
+    docs += [*sorted((ROOT / "workbench" / "data").rglob("README.md")), *sorted(RESULTS.rglob("README.md"))]
+    # code cites results in docstrings and comments too; there a folder without a file is where a script writes
+    # (``results/end_to_end/<date>_<host>.json``), so only paths to a file count
+    sources = [*sorted((ROOT / "benchmarks").glob("*.py")), *sorted((ROOT / "workbench").rglob("*.py"))]
     cited: dict[str, list[str]] = {}
-    for doc in docs:
+    for doc in docs + sources:
         for m in re.finditer(r"results/([\w./{},-]+)", doc.read_text()):
             path = m.group(1).rstrip(".,")
+            if doc.suffix == ".py" and not Path(path).suffix:
+                continue
             for one in _expand(path):
                 cited.setdefault(one, []).append(doc.name)
     return cited
@@ -84,5 +90,6 @@ def _expand(path: str) -> list[str]:
 def test_every_cited_results_file_exists():
     cited = _cited()
     assert "cpu_loop/2026-12-01T163926_fc-v1045.json" in cited  # the merged-sync figures' run
+    assert any(d.endswith(".py") for d in cited.get("tool_call_modes/2026-12-02T092934_fc-v1045-amd-epyc.json", []))
     missing = {p: docs for p, docs in cited.items() if not (RESULTS / p).exists()}
     assert not missing, missing
