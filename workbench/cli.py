@@ -127,6 +127,24 @@ def _cmd_turns(args: argparse.Namespace) -> int:
     return 1 if broken else 0
 
 
+def _add_prompting_flags(p: argparse.ArgumentParser, *, per_model: bool = False) -> None:
+    """--few-shot/--no-few-shot and --agent-prompt, unset meaning the model's own (`assets.prompting`: few-shot and
+    the short prompt for qwen-coder), or with `per_model` each model's own."""
+    whose = "each model's own" if per_model else "the model's own"
+    p.add_argument(
+        "--few-shot",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"prefix two worked tool-call turns in the harness's own schema; unset: {whose} (on for qwen-coder)",
+    )
+    p.add_argument(
+        "--agent-prompt",
+        choices=["default", "short"],
+        default=None,
+        help=f"the harness's agent prompt; unset: {whose} (short for qwen-coder, else default)",
+    )
+
+
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -246,18 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-calls", type=int, default=12, help="model-call budget per rollout")
     p.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per rollout, s")
     p.add_argument("--isolation", choices=["auto", "bwrap", "none"], default="auto")
-    p.add_argument(
-        "--few-shot",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="prefix two worked tool-call turns (small models); unset: the model's own (on for qwen-coder)",
-    )
-    p.add_argument(
-        "--agent-prompt",
-        choices=["default", "short"],
-        default=None,
-        help="the harness's agent prompt; unset: the model's own (short for qwen-coder, else default)",
-    )
+    _add_prompting_flags(p)
     p.add_argument("--upstream", default=None, help="use this running engine instead of starting one")
     p.add_argument("--served-name", default=None, help="its served model name (default: --model)")
     p.add_argument("--verifier", default=None, help="grade with a verifier hook: module:function or PATH.py:function")
@@ -286,15 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-output-tokens", type=int, default=512)
     p.add_argument("--max-calls", type=int, default=12, help="model-call budget per rollout")
     p.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per rollout, s")
-    p.add_argument(
-        "--few-shot",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="two worked tool-call turns in each harness's own schema (default: each model's own prompting)",
-    )
-    p.add_argument(
-        "--agent-prompt", choices=["default", "short"], default=None, help="default: each model's own prompting"
-    )
+    _add_prompting_flags(p, per_model=True)
     p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__matrix)")
 
     p = add(
