@@ -61,9 +61,10 @@ class LearnConfig:
             report the plain hidden-test reward.
         max_model_calls / rollout_timeout_s: per-rollout limits, for every stage. 1: the call that writes
             solution.py is the rollout (the harness's next call, its reply to the tool result, is refused and the
-            harness stops; the file is graded as written): about half the engine time of 2 (in the 2-call probe
-            of the shipped run, calls took 22-78 s each with 8 rollouts at once, and 6 of 128 rollouts ran past
-            300 s in their second call). The policy then has one call to write a correct solution.py.
+            harness stops; the file is graded as written). Chosen for time, and it saved less than hoped: median
+            harness time 114 s a rollout with 2 calls (the shipped run's probe, where 6 of 128 rollouts ran past
+            300 s in their second call) against 98 s with 1, 8 rollouts at once. The policy then has one call to
+            write a correct solution.py.
         max_output_tokens: tokens a model call may generate, for every stage.
         train_tasks: the train split: probed, and the pool chosen from it (trained on as given when probe_n is 0).
         probe_n: base rollouts per train task in the difficulty probe (0: no probe, no pool).
@@ -304,8 +305,8 @@ def run_learning(
 
 
 def _probe(config: LearnConfig) -> dict[str, Any]:
-    """The probe of ``config.probe_file``, refused unless it probed this model, these tasks, this many times, at this
-    temperature, and scored them all with the hidden tests."""
+    """The probe of ``config.probe_file``, refused unless it is a base evaluation of this model on these tasks, this
+    many rollouts a task, at this temperature (its other settings are not compared: see `LearnConfig.probe_file`)."""
     assert config.probe_file is not None
     probe = _read(Path(config.probe_file))
     if probe is None:
