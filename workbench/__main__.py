@@ -1,5 +1,5 @@
 """`python -m workbench ...` is the `workbench` command (works before the entry point is on PATH)."""
 
-from .cli import main
+from workbench.cli import main
 
 main()

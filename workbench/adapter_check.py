@@ -59,7 +59,7 @@ def check_adapter(path: str | Path, model: str, *, max_rank: int = 16) -> dict[s
     """Refuse (`AdapterMismatch`) a LoRA folder that does not fit `model`'s asset: rank above the
     engine's `max_rank`, a target module the model lacks, a layer index past its depth, or any LoRA
     matrix of the wrong shape. Returns what was checked (recorded in eval.json)."""
-    from .assets import ASSET_NAMES, load
+    from workbench.assets import ASSET_NAMES, load
 
     folder = Path(path).expanduser()
     cfg_file, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"

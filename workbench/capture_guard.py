@@ -35,7 +35,7 @@ from enum import StrEnum
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from . import _compat
+from workbench import _compat
 
 __all__ = ["ConnectionLimits", "ConnectionGuard", "GuardedProtocol", "Phase"]
 

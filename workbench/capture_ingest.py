@@ -23,7 +23,7 @@ from openenv.core.harness.capture.sessions import Session, extract_harness_sessi
 from openenv.core.harness.capture.upstream import truncating_params
 from openenv.core.harness.capture.validate import check_turn
 
-from ._compat import system_digest  # OpenEnv 0.10.0's private helper
+from workbench._compat import system_digest  # OpenEnv 0.10.0's private helper
 
 __all__ = ["ingest"]
 

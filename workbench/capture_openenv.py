@@ -31,8 +31,8 @@ from openenv.core.harness.capture.sessions import Session, SessionRegistry, extr
 from openenv.core.harness.capture.upstream import InferenceClient, UpstreamHTTPError, UpstreamTransportError
 from starlette.requests import Request
 
-from ._compat import OPENENV_CLIENT_POST
-from .capture_record import CallLog, current_call
+from workbench._compat import OPENENV_CLIENT_POST
+from workbench.capture_record import CallLog, current_call
 
 __all__ = ["Upstream", "build_app"]
 

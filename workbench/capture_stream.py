@@ -79,12 +79,12 @@ from openenv.core.harness.capture.upstream import (
 )
 from starlette.types import Receive, Scope, Send
 
-from ._compat import budget_stop_response  # OpenEnv 0.10.0's private helper
-from .capture_ingest import ingest
-from .capture_record import current_call
-from .capture_relay import Reply, StreamedTurn
-from .capture_sse import SSEDecoder
-from .capture_upstream import UPSTREAM_ERRORS, StreamingUpstream, transport_error
+from workbench._compat import budget_stop_response  # OpenEnv 0.10.0's private helper
+from workbench.capture_ingest import ingest
+from workbench.capture_record import current_call
+from workbench.capture_relay import Reply, StreamedTurn
+from workbench.capture_sse import SSEDecoder
+from workbench.capture_upstream import UPSTREAM_ERRORS, StreamingUpstream, transport_error
 
 __all__ = ["Prepared", "StreamingPath"]
 

@@ -39,7 +39,7 @@ from openenv.core.harness.capture.upstream import (
     auth_headers,
 )
 
-from ._compat import client_policy, retry_after_seconds  # OpenEnv 0.10.0's private policy and helper
+from workbench._compat import client_policy, retry_after_seconds  # OpenEnv 0.10.0's private policy and helper
 
 __all__ = ["StreamingUpstream", "UPSTREAM_ERRORS", "transport_error"]
 

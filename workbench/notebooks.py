@@ -37,12 +37,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .capture_client import ProxyClient
-from .engine import Engine
-from .paths import project_root
-from .stack import local_stack
-from .views_figures import save_figure
-from .runs import RunDir
+from workbench.capture_client import ProxyClient
+from workbench.engine import Engine
+from workbench.paths import project_root
+from workbench.stack import local_stack
+from workbench.views_figures import save_figure
+from workbench.runs import RunDir
 
 __all__ = [
     "NOTEBOOKS",

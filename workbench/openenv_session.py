@@ -38,14 +38,14 @@ from typing import Any
 from openenv.core.harness import ResourceSession, ResourceSessionFactory, TrainingTrace
 from openenv.core.harness import VerifyResult as OpenEnvVerifyResult
 
-from .capture_client import ProxyClient, ProxyError
-from .rollout_session import HarnessSession
-from .rollout_types import FAILED_STATUSES, RolloutConfig, agent_entries
-from .sandbox_spec import SandboxError
-from .tasks import Task, load_task
-from .train_types import TurnPolicy
-from .turns import analyse
-from .turns_trace import has_tool_call
+from workbench.capture_client import ProxyClient, ProxyError
+from workbench.rollout_session import HarnessSession
+from workbench.rollout_types import FAILED_STATUSES, RolloutConfig, agent_entries
+from workbench.sandbox_spec import SandboxError
+from workbench.tasks import Task, load_task
+from workbench.train_types import TurnPolicy
+from workbench.turns import analyse
+from workbench.turns_trace import has_tool_call
 
 __all__ = ["OpenEnvSession", "HarnessSessionFactory", "ProxyAddress", "all_turns", "turn_policy"]
 

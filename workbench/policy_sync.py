@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .sync_probe import SyncProbe, engine_prompt_logprobs, model_logprobs
+from workbench.sync_probe import SyncProbe, engine_prompt_logprobs, model_logprobs
 
 if TYPE_CHECKING:
-    from .capture_client import ProxyClient
-    from .engine import Engine
-    from .runs import RunDir
+    from workbench.capture_client import ProxyClient
+    from workbench.engine import Engine
+    from workbench.runs import RunDir
 
 __all__ = [
     "SharedFolder",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "free_port",
     "unwind_on_signals",
     "Proc",
     "proc_stat",
@@ -202,3 +204,10 @@ def die_with_us(
         "--",
         *argv,
     ]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (the engine's and the proxy's, when none is given)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .rollout_types import RolloutResult
-from .turns_trace import load_trace
+from workbench.rollout_types import RolloutResult
+from workbench.turns_trace import load_trace
 
 __all__ = ["Recording", "load_recording", "NOT_RECORDED"]
 

@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from .turns import analyse
-from .turns_trace import load_trace
-from .tokenizer import Tokenizer, decode_text
-from .views_tokens import STYLE, token_texts
+from workbench.turns import analyse
+from workbench.turns_trace import load_trace
+from workbench.tokenizer import Tokenizer, decode_text
+from workbench.views_tokens import STYLE, token_texts
 
 __all__ = [
     "TokenDelta",
@@ -216,7 +216,7 @@ def rescore(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ._compat import quiet_known_noise
+    from workbench._compat import quiet_known_noise
 
     calls = load_trace(Path(rollout) / "trace.json") if isinstance(rollout, (str, Path)) else rollout
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)

@@ -28,11 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .capture_client import ProxyClient, ProxyError
-from .rollout_session import HarnessSession, atomic_json
-from .rollout_types import RolloutConfig, RolloutResult
-from .sandbox_spec import SandboxError
-from .tasks import Task
+from workbench.capture_client import ProxyClient, ProxyError
+from workbench.rollout_session import HarnessSession, atomic_json
+from workbench.rollout_types import RolloutConfig, RolloutResult
+from workbench.sandbox_spec import SandboxError
+from workbench.tasks import Task
 
 __all__ = ["run_rollout", "run_rollouts", "read_summaries", "nothing_answered", "why_missing"]
 

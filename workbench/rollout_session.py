@@ -40,17 +40,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .bounded_copy import CopyLimitError
-from .capture_client import ProxyClient, ProxyError
-from .harnesses import HarnessOptions, HarnessRun, get_harness
-from .paths import project_root
-from .procs import exit_signal, signal_name
-from .rollout_types import RolloutConfig, Status, agent_entries, refused_for_the_agents_output, trace_tool_calls
-from .sandbox import Sandbox
-from .sandbox_spec import SandboxError
-from .tasks import Task
-from .verify import VerifyResult
-from .verify import verify as verify_workspace
+from workbench.bounded_copy import CopyLimitError
+from workbench.capture_client import ProxyClient, ProxyError
+from workbench.harnesses import HarnessOptions, HarnessRun, get_harness
+from workbench.paths import project_root
+from workbench.procs import exit_signal, signal_name
+from workbench.rollout_types import RolloutConfig, Status, agent_entries, refused_for_the_agents_output, trace_tool_calls
+from workbench.sandbox import Sandbox
+from workbench.sandbox_spec import SandboxError
+from workbench.tasks import Task
+from workbench.verify import VerifyResult
+from workbench.verify import verify as verify_workspace
 
 __all__ = ["HarnessSession", "atomic_json"]
 

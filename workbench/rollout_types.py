@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from .sandbox_spec import Isolation, SandboxLimits
-from .tasks import Task
+from workbench.sandbox_spec import Isolation, SandboxLimits
+from workbench.tasks import Task
 
 __all__ = [
     "SHORT_AGENT_PROMPT",

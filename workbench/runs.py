@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .paths import project_root, runs_dir
+from workbench.paths import project_root, runs_dir
 
 __all__ = ["RunDir", "git_commit"]
 

@@ -54,13 +54,13 @@ import urllib.parse
 import uuid
 from pathlib import Path
 
-from .bounded_copy import CopyLimits, copy_tree
-from .sandbox_cleanup import force_remove, kill_all, new_folder, remove_stale, strays
-from .sandbox_command import wrap
-from .sandbox_files import check_task_files, materialise, over_quota, write_home
-from .sandbox_net import Relay, open_relay
-from .sandbox_process import SandboxProcess, start
-from .sandbox_spec import (
+from workbench.bounded_copy import CopyLimits, copy_tree
+from workbench.sandbox_cleanup import force_remove, kill_all, new_folder, remove_stale, strays
+from workbench.sandbox_command import wrap
+from workbench.sandbox_files import check_task_files, materialise, over_quota, write_home
+from workbench.sandbox_net import Relay, open_relay
+from workbench.sandbox_process import SandboxProcess, start
+from workbench.sandbox_spec import (
     AGENT_HOME,
     AGENT_TMP,
     APP,

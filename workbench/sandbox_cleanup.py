@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .procs import environ, group_alive, kill_group, kill_matching, proc_stat, processes
-from .sandbox_spec import MARKER_ENV
+from workbench.procs import environ, group_alive, kill_group, kill_matching, proc_stat, processes
+from workbench.sandbox_spec import MARKER_ENV
 
 __all__ = ["process_key", "new_folder", "remove_stale", "force_remove", "strays", "kill_all"]
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .procs import die_with_us, processes
-from .sandbox_spec import AGENT_HOME, AGENT_TMP, APP, MARKER_ENV, IsolationMode, SandboxLimits
+from workbench.procs import die_with_us, processes
+from workbench.sandbox_spec import AGENT_HOME, AGENT_TMP, APP, MARKER_ENV, IsolationMode, SandboxLimits
 
 __all__ = [
     "wrap",

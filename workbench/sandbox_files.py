@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Literal
 
-from .sandbox_spec import SandboxError, SandboxLimits
+from workbench.sandbox_spec import SandboxError, SandboxLimits
 
 __all__ = ["check_task_files", "materialise", "write_home", "over_quota", "exceeds"]
 

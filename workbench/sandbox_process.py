@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from .procs import stop_group
+from workbench.procs import stop_group
 
 __all__ = ["SandboxProcess", "start"]
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .paths import exposed_paths
+from workbench.paths import exposed_paths
 
 __all__ = [
     "Isolation",

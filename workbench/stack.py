@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from .capture import CaptureProxy
-from .capture_client import ProxyClient
-from .engine import Engine, EngineConfig
+from workbench.capture import CaptureProxy
+from workbench.capture_client import ProxyClient
+from workbench.engine import Engine, EngineConfig
 
 __all__ = ["local_stack"]
 

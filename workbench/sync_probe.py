@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from workbench.engine import Engine
 
 __all__ = [
     "PROBE_TEXT",

@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from .task_record import WRITE_HINT, Limits, Task
+from workbench.task_record import WRITE_HINT, Limits, Task
 
 __all__ = ["Unusable", "humaneval_task", "row_task", "usable_tasks"]
 

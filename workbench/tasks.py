@@ -45,10 +45,10 @@ from typing import Any
 
 # One direction: this module dispatches a spec to its source; the record lives in task_record (which
 # harbor imports too) and the row parsing in task_parse, so neither imports this module back.
-from .harbor import load_spec, load_specs
-from .paths import cache_dir
-from .task_parse import Unusable, humaneval_task, row_task, usable_tasks
-from .task_record import TEST_KINDS, Limits, Task
+from workbench.harbor import load_spec, load_specs
+from workbench.paths import cache_dir
+from workbench.task_parse import Unusable, humaneval_task, row_task, usable_tasks
+from workbench.task_record import TEST_KINDS, Limits, Task
 
 __all__ = [
     "Limits",

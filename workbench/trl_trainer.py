@@ -6,7 +6,7 @@ our `rollout_func`, the seam that feeds the engine's logprobs to TRL's IS correc
 (`trainer.use_vllm = True`, `trainer.vllm_generation = <a workbench.policy_sync object>`), the `workbench.group_step`
 levers, and the callback that writes metrics.jsonl.
 
-    trainer = build_trainer(run, asset.path)     # run: a workbench.train.GRPORun
+    trainer = build_trainer(run, asset.path)     # run: a workbench.train.GRPORun (typed as train_types.TrainerRun)
     trainer.train()
 """
 
@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ._compat import GRPO_LAST_LOADED_STEP, quiet_known_noise
-from .policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync
+from workbench._compat import GRPO_LAST_LOADED_STEP, quiet_known_noise
+from workbench.policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync
 
 if TYPE_CHECKING:
     from trl import GRPOTrainer
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from .train import GRPORun
+    from workbench.train_types import TrainerRun
 
 __all__ = ["build_trainer", "return_large_frees_to_the_os", "score_only_labelled_positions_on_cpu"]
 
@@ -38,7 +38,7 @@ def score_only_labelled_positions_on_cpu() -> None:
     135 s of a 140 s step (profiled). Eager CPU has nothing to recompile, so take TRL's own compact
     path (score labelled positions only) there too. Same kernel, same numbers (tests/test_train.py)."""
     global _CPU_COMPACT_PATCHED
-    from ._compat import patch_trl_use_triton
+    from workbench._compat import patch_trl_use_triton
 
     if _CPU_COMPACT_PATCHED:
         return
@@ -68,7 +68,7 @@ def _reward(prompts: list[Any], completions: list[Any], wb_reward: list[float | 
 
 
 def build_trainer(
-    run: "GRPORun", asset_path: Path, *, model: Any = None, checkpointing_kwargs: dict[str, Any] | None = None
+    run: "TrainerRun", asset_path: Path, *, model: Any = None, checkpointing_kwargs: dict[str, Any] | None = None
 ) -> GRPOTrainer:
     """The trainer for `run` (its config, device, recording, shared folder). `model`: a model object to train
     instead of the asset's; the tokenizer is the asset's either way. `checkpointing_kwargs`: TRL's
@@ -163,7 +163,7 @@ def build_trainer(
     setattr(trainer, GRPO_LAST_LOADED_STEP, -1)  # what TRL's vLLM init would set
     shared = cfg.shared_prefix == "on" or (cfg.shared_prefix == "auto" and cpu)  # TrainConfig.shared_prefix says why
     if shared or cfg.reuse_logps or (cpu and cfg.precision == "bf16") or cfg.every_row:
-        from .group_step import install
+        from workbench.group_step import install
 
         install(
             trainer, shared_prefix=shared, reuse_logps=cfg.reuse_logps, bf16=cpu and cfg.precision == "bf16"

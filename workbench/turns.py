@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .tokenizer import Tokenizer
-from .turns_drift import diagnose
-from .turns_rows import Fork, Row, build_rows
-from .turns_trace import Turn, derive_turns, has_tool_call, load_trace
+from workbench.tokenizer import Tokenizer
+from workbench.turns_drift import diagnose
+from workbench.turns_rows import Fork, Row, build_rows
+from workbench.turns_trace import Turn, derive_turns, has_tool_call, load_trace
 
 __all__ = ["rollout_report", "run_report", "RolloutTurns", "analyse", "write_turns"]
 

@@ -15,9 +15,9 @@ import json
 import re
 from typing import Any
 
-from .tokenizer import Tokenizer, decode_text, token_id
-from .turns_rows import Fork
-from .turns_trace import Turn
+from workbench.tokenizer import Tokenizer, decode_text, token_id
+from workbench.turns_rows import Fork
+from workbench.turns_trace import Turn
 
 __all__ = ["CAUSES", "diagnose"]
 

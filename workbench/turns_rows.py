@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .turns_trace import Turn
+from workbench.turns_trace import Turn
 
 __all__ = ["Row", "Fork", "build_rows"]
 

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .turns_trace import TraceError
+from workbench.turns_trace import TraceError
 
 __all__ = ["rollout_model", "tokenizer_for_rollout"]
 
@@ -33,7 +33,7 @@ def tokenizer_for_rollout(rollout_dir: Path, model: str | None = None) -> Any:
     another tokenizer would silently mis-diagnose every fork, so an unknown model is an error."""
     from transformers import AutoTokenizer
 
-    from .paths import assets_dir
+    from workbench.paths import assets_dir
 
     name = model or rollout_model(Path(rollout_dir))
     if not name:

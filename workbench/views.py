@@ -22,9 +22,9 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from .turns import analyse
-from .turns_trace import load_trace
-from .views_tokens import STYLE, render_drift, render_turn
+from workbench.turns import analyse
+from workbench.turns_trace import load_trace
+from workbench.views_tokens import STYLE, render_drift, render_turn
 
 __all__ = ["render_table", "render_trace", "render_eval", "browser"]
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
-from .codex import Codex
-from .opencode import OpenCode
-from .pi import Pi
+from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
+from workbench.harnesses.codex import Codex
+from workbench.harnesses.opencode import OpenCode
+from workbench.harnesses.pi import Pi
 
 __all__ = [
     "CallInfo",

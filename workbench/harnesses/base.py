@@ -22,9 +22,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..capture_classify import CallInfo, Purpose
-from ..paths import harness_bin
-from ..task_record import WRITE_HINT
+from workbench.capture_classify import CallInfo, Purpose
+from workbench.paths import harness_bin
+from workbench.task_record import WRITE_HINT
 
 __all__ = ["CallInfo", "Purpose", "HarnessOptions", "Launch", "HarnessRun", "Harness", "json_events"]
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
+from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
 
 __all__ = ["Codex"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
+from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
 
 __all__ = ["Pi"]
 

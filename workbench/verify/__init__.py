@@ -92,14 +92,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..bounded_copy import CopyLimitError
-from ..tasks import Task
-from .grading import OUTCOMES, Graded, Outcome, grade
-from .harbor import jail_options as harbor_options
-from .hook import jail_options as hook_options
-from .hook import parse_hook, run_hook
-from .jail import Jail
-from .jail_host import SANDBOXES, guards, resolve
+from workbench.bounded_copy import CopyLimitError
+from workbench.tasks import Task
+from workbench.verify.grading import OUTCOMES, Graded, Outcome, grade
+from workbench.verify.harbor import jail_options as harbor_options
+from workbench.verify.hook import jail_options as hook_options
+from workbench.verify.hook import parse_hook, run_hook
+from workbench.verify.jail import Jail
+from workbench.verify.jail_host import SANDBOXES, guards, resolve
 
 __all__ = [
     "OUTCOMES",

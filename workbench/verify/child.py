@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from typing import IO, Any, Literal, cast
 
-from ..procs import exit_signal, signal_name
-from .jail import BUDGET_POLL_S, Jail
-from .runner import decode, encode
+from workbench.procs import exit_signal, signal_name
+from workbench.verify.jail import BUDGET_POLL_S, Jail
+from workbench.verify.runner import decode, encode
 
 __all__ = ["Child", "Runner", "Failed", "PYTHON_FLAGS", "clip"]
 

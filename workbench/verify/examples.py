@@ -25,9 +25,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ..task_record import Task
-from ..tasks import EASY_PATH, FIXTURE_PATH
-from . import VerifyResult
+from workbench.task_record import Task
+from workbench.tasks import EASY_PATH, FIXTURE_PATH
+from workbench.verify import VerifyResult
 
 __all__ = ["answer_key", "cannot_show", "hostile", "leaked", "tests_file", "KINDS"]
 

@@ -18,11 +18,11 @@ import tempfile
 import traceback
 from typing import Any
 
-from ..tasks import Task
-from .child import PYTHON_FLAGS, Child, Failed, Runner, clip
-from .graded import OUTCOMES, Graded, Outcome
-from .harbor import grade_harbor
-from .jail import Jail
+from workbench.tasks import Task
+from workbench.verify.child import PYTHON_FLAGS, Child, Failed, Runner, clip
+from workbench.verify.graded import OUTCOMES, Graded, Outcome
+from workbench.verify.harbor import grade_harbor
+from workbench.verify.jail import Jail
 
 __all__ = ["grade", "Graded", "Outcome", "OUTCOMES"]
 

@@ -39,12 +39,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..bounded_copy import CopyLimits, copy_tree
-from ..tasks import Limits, Task
-from .child import Child, Failed, clip
-from .graded import Graded
-from .jail import Jail
-from .jail_host import resolve
+from workbench.bounded_copy import CopyLimits, copy_tree
+from workbench.tasks import Limits, Task
+from workbench.verify.child import Child, Failed, clip
+from workbench.verify.graded import Graded
+from workbench.verify.jail import Jail
+from workbench.verify.jail_host import resolve
 
 __all__ = [
     "BIN_AT",
@@ -215,7 +215,7 @@ def run_solution(task: Task, dest: Path, *, sandbox: str = "auto") -> tuple[str,
 
 def oracle_check(task: Task, *, sandbox: str = "auto") -> dict[str, Any]:
     """The oracle's reward (solve.sh, then grading; must be 1.0) and the untouched start's (should be 0)."""
-    from . import verify
+    from workbench.verify import verify
 
     with tempfile.TemporaryDirectory(prefix="wb-harbor-oracle-") as tmp:
         start = Path(tmp) / "start"
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    from ..harbor import load_spec, load_specs
+    from workbench.harbor import load_spec, load_specs
 
     parser = argparse.ArgumentParser(prog="workbench harbor", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("action", choices=["check"])

@@ -42,11 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..tasks import Task
-from .child import Child, Failed, clip
-from .graded import Graded
-from .jail import Jail
-from .jail_host import reachable
+from workbench.tasks import Task
+from workbench.verify.child import Child, Failed, clip
+from workbench.verify.graded import Graded
+from workbench.verify.jail import Jail
+from workbench.verify.jail_host import reachable
 
 __all__ = ["Hook", "jail_options", "parse_hook", "run_hook"]
 

@@ -45,14 +45,14 @@ import time
 from pathlib import Path
 from typing import IO
 
-from ..bounded_copy import CopyLimits, copy_tree
-from ..paths import exposed_paths
-from ..procs import environ, kill_matching
-from ..sandbox_cleanup import force_remove
-from ..sandbox_files import exceeds
-from ..tasks import Limits
-from .jail_command import check_mount_points, command
-from .jail_host import Host, interpreter, reachable
+from workbench.bounded_copy import CopyLimits, copy_tree
+from workbench.paths import exposed_paths
+from workbench.procs import environ, kill_matching
+from workbench.sandbox_cleanup import force_remove
+from workbench.sandbox_files import exceeds
+from workbench.tasks import Limits
+from workbench.verify.jail_command import check_mount_points, command
+from workbench.verify.jail_host import Host, interpreter, reachable
 
 __all__ = ["Jail", "MARKER_VAR", "RUNNER", "BUDGET_POLL_S"]
 

@@ -18,11 +18,11 @@ import math
 import os
 from pathlib import Path
 
-from ..paths import private_paths
-from ..procs import processes
-from ..sandbox_command import mount, system_dirs, under
-from ..tasks import Limits, humaneval_path
-from .jail_host import Host, python_dirs
+from workbench.paths import private_paths
+from workbench.procs import processes
+from workbench.sandbox_command import mount, system_dirs, under
+from workbench.tasks import Limits, humaneval_path
+from workbench.verify.jail_host import Host, python_dirs
 
 __all__ = ["RESERVED", "check_mount_points", "command"]
 
