@@ -125,13 +125,12 @@ class TrainerRun(Protocol):
     recording: Any  # a `workbench.replay.Recording` when the run replays recorded rollouts, else None
     engine: Engine | None
     client: ProxyClient | None
+    dir: RunDir  # settable, as `workbench.policy_sync.SyncHost` asks
 
     @property
     def config(self) -> TrainConfig: ...
     @property
     def device(self) -> Device: ...
-    @property
-    def dir(self) -> RunDir: ...
     @property
     def weight_sync(self) -> Literal["lora", "merged", "nccl"]: ...
     @property
