@@ -10,7 +10,7 @@ statement's ``Examples:`` lines (and stay among the held-out tests, as in the or
 
 Order is the task id (``easy/N`` is line N): the first twelve are the original set, byte for byte;
 tasks 12-47 come in sibling pairs (``add_one`` / ``subtract_one``, ``upper`` / ``lower``, ...) so that
-the split in `workbench.tasks.easy_split` (odd ids from 12 on are evaluation tasks) puts one of each
+the split in `workbench.tasks.catalog.easy_split` (odd ids from 12 on are evaluation tasks) puts one of each
 pair on each side. Append new tasks at the end: inserting one would change the ids of the rest.
 """
 

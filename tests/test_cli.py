@@ -88,8 +88,8 @@ def test_the_standalone_parsers_refuse_abbreviations(module, function, runs, arg
 
     monkeypatch.setattr(mod, runs, ran)
     if module == "workbench.verify.harbor":  # it loads the tasks before checking them
-        monkeypatch.setattr("workbench.harbor.load_specs", ran)
-        monkeypatch.setattr("workbench.harbor.load_spec", ran)
+        monkeypatch.setattr("workbench.tasks.harbor.load_specs", ran)
+        monkeypatch.setattr("workbench.tasks.harbor.load_spec", ran)
     with pytest.raises(SystemExit) as exc:
         getattr(mod, function)(argv)
     assert exc.value.code == 2

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.tasks import EASY_PATH, easy_split, load_task, load_tasks
+from workbench.tasks.catalog import EASY_PATH, easy_split, load_task, load_tasks
 from workbench.verify import verify_many
 
 ROOT = Path(__file__).resolve().parents[1]

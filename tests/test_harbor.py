@@ -17,7 +17,7 @@ import pytest
 
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
-from workbench.harbor import REPO_TASKS, HarborError, load_harbor_task
+from workbench.tasks.harbor import REPO_TASKS, HarborError, load_harbor_task
 from workbench.rollout import run_rollout
 from workbench.rollout_types import RolloutConfig
 from workbench.sandbox import Sandbox

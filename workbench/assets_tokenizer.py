@@ -13,6 +13,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
+from workbench.paths import DATA
 
 __all__ = ["TokenizerCheck", "build_tokenizer", "chat_template", "check_tokenizer", "reference_corpus"]
 
@@ -115,5 +116,5 @@ def check_tokenizer(tok, texts: list[str]) -> TokenizerCheck:
 
 def reference_corpus() -> list[str]:
     """Mixed text for the tokenizer check: code, prose, numbers, unicode, odd whitespace."""
-    data = Path(__file__).parent / "data" / "tokenizer_corpus.txt"
+    data = DATA / "tokenizer_corpus.txt"
     return [block for block in data.read_text(encoding="utf-8").split("\n=====\n") if block]

@@ -37,6 +37,7 @@ from typing import Any, Sequence
 from workbench.turns_trace import Turn, derive_turns, load_trace
 from workbench.tokenizer import Tokenizer, decode_text
 from workbench.views_tokens import STYLE, token_texts
+from workbench.paths import DATA
 
 __all__ = ["diff_rollouts", "render_diff", "add_diff_arguments", "diff_from_args", "cli_diff", "VOLATILE"]
 
@@ -320,7 +321,7 @@ def _load_tokenizer(name: str | None) -> Tokenizer | None:
         except FileNotFoundError:
             if name == "tiny":
                 return assets.build_tokenizer()
-            return AutoTokenizer.from_pretrained(Path(__file__).parent / "data" / "rollouts" / "smollm2-tokenizer")
+            return AutoTokenizer.from_pretrained(DATA / "rollouts" / "smollm2-tokenizer")
     raise ValueError(f"--model {name!r}: expected {', '.join(assets.ASSET_NAMES)} or a tokenizer folder")
 
 

@@ -45,14 +45,14 @@ from typing import Any, Literal
 import httpx
 
 from workbench.assets import ModelAsset, load
-from workbench.paths import cache_dir, vllm_python
+from workbench.paths import DATA, cache_dir, vllm_python
 from workbench.procs import die_with_us, free_port, stop_group
 
 __all__ = ["EngineConfig", "Engine", "EngineError", "engine_threads", "KV_TOKENS", "TOOL_PARSER_PLUGIN"]
 
 KV_TOKENS = 65536  # two groups of 8 rollouts of ~3.5k tokens, with room: what the KV cache is sized for
 # vLLM's tool parser for calls written as bare or fenced JSON (``--tool-call-parser workbench_json``)
-TOOL_PARSER_PLUGIN = Path(__file__).resolve().parent / "data" / "vllm_plugins" / "json_tool_calls.py"
+TOOL_PARSER_PLUGIN = DATA / "vllm_plugins" / "json_tool_calls.py"
 
 
 class EngineError(RuntimeError):

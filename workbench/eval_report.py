@@ -44,7 +44,9 @@ def aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> 
     """eval.json's numbers from one record per rollout (task_id, status, reward, tool_calls, solution_written):
     counts by status, the rates with Wilson intervals, per-task means and the two-stage bootstrap of the mean
     over `task_ids`. Each record gains ``scored``, ``solved`` and ``used_tools`` (eval.json lists them)."""
-    from workbench.rollout_types import FAILED_STATUSES  # on first use: it brings workbench.tasks, which compare never needs
+    from workbench.rollout_types import (
+        FAILED_STATUSES,
+    )  # on first use: it brings workbench.tasks.catalog, which compare never needs
 
     def count(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
         return {v: sum(r[key] == v for r in rows) for v in sorted({r[key] for r in rows})}

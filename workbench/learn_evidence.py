@@ -15,10 +15,11 @@ from typing import Any
 
 from workbench.eval_stats import paired_bootstrap_ci, sign_flip_p
 from workbench.runs import RunDir
+from workbench.paths import DATA
 
 __all__ = ["SHIPPED", "headline", "rate_delta", "example_pair", "ship", "load_shipped"]
 
-SHIPPED = Path(__file__).resolve().parent / "data" / "learning_demo"
+SHIPPED = DATA / "learning_demo"
 
 
 def headline(e: dict[str, Any]) -> dict[str, Any]:

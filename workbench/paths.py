@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 
 __all__ = [
+    "DATA",
     "project_root",
     "cache_dir",
     "assets_dir",
@@ -24,6 +25,11 @@ __all__ = [
     "exposed_paths",
     "make_private",
 ]
+
+
+# The data shipped inside the package (task sets, the shipped rollouts and learning run, the vLLM plugin):
+# one folder for every stage, read through this name.
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def project_root() -> Path:

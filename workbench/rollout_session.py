@@ -45,7 +45,13 @@ from workbench.capture_client import ProxyClient, ProxyError
 from workbench.harnesses import HarnessOptions, HarnessRun, get_harness
 from workbench.paths import project_root
 from workbench.procs import exit_signal, signal_name
-from workbench.rollout_types import RolloutConfig, Status, agent_entries, refused_for_the_agents_output, trace_tool_calls
+from workbench.rollout_types import (
+    RolloutConfig,
+    Status,
+    agent_entries,
+    refused_for_the_agents_output,
+    trace_tool_calls,
+)
 from workbench.sandbox import Sandbox
 from workbench.sandbox_spec import SandboxError
 from workbench.tasks import Task

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from workbench.turns_trace import TraceError
+from workbench.paths import DATA
 
 __all__ = ["rollout_model", "tokenizer_for_rollout"]
 
-_SHIPPED_TOKENIZERS = Path(__file__).resolve().parent / "data" / "rollouts"
+_SHIPPED_TOKENIZERS = DATA / "rollouts"
 
 
 def rollout_model(rollout_dir: Path) -> str | None:

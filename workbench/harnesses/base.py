@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from workbench.capture_classify import CallInfo, Purpose
 from workbench.paths import harness_bin
-from workbench.task_record import WRITE_HINT
+from workbench.tasks import WRITE_HINT
 
 __all__ = ["CallInfo", "Purpose", "HarnessOptions", "Launch", "HarnessRun", "Harness", "json_events"]
 

@@ -1,7 +1,7 @@
 """Grade a finished workspace against a task's held-out tests: in a fresh copy, under limits, sandboxed.
 
     from pathlib import Path
-    from workbench.tasks import load_task
+    from workbench.tasks.catalog import load_task
     from workbench.verify import Shaping, sandbox_guards, shaped_reward, verify, verify_many
 
     result = verify(load_task("humaneval/0"), Path("runs/r1/workspace"))

@@ -10,7 +10,7 @@ hostile solution that attacks the grader and then tries to read the held-out tes
     hostile(task)                              # forks, spins, floods, then reads tests_file(task) for answers
     leaked(verify(task, ws_with_hostile))      # the tests it passed (only reading the answers passes them)
 
-Where the held-out tests are: `workbench.tasks` loads them from the task's data file (the easy set and the
+Where the held-out tests are: `workbench.tasks.catalog` loads them from the task's data file (the easy set and the
 DeepCoder fixture in workbench/data/, a user's JSONL) into the grader's memory, and `workbench.verify`
 gives the solution each test's arguments (or stdin) only, never the expected value. So a solution that
 wants the answers has to open that file. Under bubblewrap it is not mounted; without it, as root, the
@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from workbench.task_record import Task
+from workbench.tasks import Task
 from workbench.tasks import EASY_PATH, FIXTURE_PATH
 from workbench.verify import VerifyResult
 

@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    from workbench.harbor import load_spec, load_specs
+    from workbench.tasks import load_spec, load_specs
 
     parser = argparse.ArgumentParser(prog="workbench harbor", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("action", choices=["check"])

@@ -18,7 +18,7 @@ answers' folders (``workbench/data`` and the others of `paths.private_paths`) ma
 
 What a hook may import: the standard library, what the grading interpreter has installed (the
 venv's site-packages, read-only), its own package (or the folder of a ``PATH.py`` hook), and
-`workbench.tasks`; nothing else of the project, the run folders or the caches is there. What it
+`workbench.tasks.catalog`; nothing else of the project, the run folders or the caches is there. What it
 gets: the workspace path and the full `Task` (held-out tests included: they are the grader's).
 
 Results: a finite number in [0, 1], or a dict with such a ``reward`` (other numeric keys kept as
@@ -51,7 +51,7 @@ from workbench.verify.jail_host import reachable
 __all__ = ["Hook", "jail_options", "parse_hook", "run_hook"]
 
 _RUNNER = Path(__file__).resolve().with_name("hook_runner.py")
-_PACKAGE = _RUNNER.parent.parent  # the workbench package (for workbench.tasks in the jail)
+_PACKAGE = _RUNNER.parent.parent  # the workbench package (for workbench.tasks.catalog in the jail)
 _LIB_AT, _HOOK_AT = "/run/workbench/lib", "/run/verifier"
 
 

@@ -9,7 +9,7 @@ folder and the folder holding the ``workbench`` package (for `Task`).
 
 It answers one JSON line on its stdout, ``{"ok": true, "value": ...}`` or ``{"ok": false, "error":
 ...}``; the hook's own prints (and the workspace code's) go to stderr, its stdin reads EOF.
-Standard library only, apart from `workbench.tasks`.
+Standard library only, apart from `workbench.tasks.catalog`.
 """
 
 from __future__ import annotations

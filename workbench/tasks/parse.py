@@ -1,18 +1,18 @@
 """What a dataset row becomes: HumanEval problems and DeepCoder-schema rows (DeepCoder, the fixture, the
 easy set, your JSONL) parsed into `Task` records, with their instruction and visible examples.
 
-`workbench.tasks` reads the rows (the spec says from where) and calls these; nothing here reads a file
+`workbench.tasks.catalog` reads the rows (the spec says from where) and calls these; nothing here reads a file
 or the Hub, so the parsing is testable on a literal row:
 
-    from workbench.task_parse import Unusable, humaneval_task, row_task, usable_tasks
-    from workbench.task_record import Limits
+    from workbench.tasks.parse import Unusable, humaneval_task, row_task, usable_tasks
+    from workbench.tasks.record import Limits
     task = row_task({"problem": "Print 2.", "tests": [{"type": "stdin_stdout", "input": "", "output": "2"}]},
                     "mine/0", "jsonl", 12, Limits())
     tasks = usable_tasks([row, ...], "jsonl:/data/mine.jsonl#", "jsonl", 12, Limits(), "mine")  # warns what it skips
     humaneval_task(humaneval_row, Limits())   # a line of HumanEval.jsonl.gz, parsed
 
 The rules (which tests a row keeps, how the statement's examples become ``visible_tests``) are the ones
-`workbench.tasks` documents for the specs.
+`workbench.tasks.catalog` documents for the specs.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from workbench.task_record import WRITE_HINT, Limits, Task
+from workbench.tasks.record import WRITE_HINT, Limits, Task
 
 __all__ = ["Unusable", "humaneval_task", "row_task", "usable_tasks"]
 
@@ -94,7 +94,7 @@ def _humaneval_examples(prompt: str, entry: str) -> str:
 
 
 class Unusable(Exception):
-    """A row that cannot become a task (no usable test); the message says why. `workbench.tasks` turns it
+    """A row that cannot become a task (no usable test); the message says why. `workbench.tasks.catalog` turns it
     into a ValueError for one named task and into a skipped-row warning for a collection."""
 
 

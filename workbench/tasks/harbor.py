@@ -7,7 +7,7 @@ or ``reward.json``) and optionally ``solution/solve.sh`` (the oracle). We run it
 bubblewrap instead of a container: what can run that way loads, the rest is refused (`HarborError`,
 a ValueError naming the file and the field).
 
-    from workbench.tasks import load_task, load_tasks
+    from workbench.tasks.catalog import load_task, load_tasks
     load_tasks("harbor:/data/my-tasks")          # every task folder in it (refused ones skipped, warned)
     load_task("harbor:/data/my-tasks/fix-bug")   # one; its id is this spec
     load_tasks("repo-tasks")                     # the repository tasks shipped in workbench/data/repo_tasks
@@ -16,7 +16,7 @@ a ValueError naming the file and the field).
     workbench harbor check PATH                  # oracle -> 1.0 and the untouched start -> 0 (workbench.verify.harbor)
 
 What a task becomes: ``instruction`` = instruction.md; ``files`` = what the Dockerfile copies into /app
-(`workbench.harbor_dockerfile` says which instructions are honoured); ``test_kind`` = ``"harbor"`` with
+(`workbench.tasks.dockerfile` says which instructions are honoured); ``test_kind`` = ``"harbor"`` with
 one held-out test ``{"tests": {path: text}, "executable": [...], "env": {...}, "solution": {...},
 "solution_executable": [...], "solution_env": {...}}`` (never in the agent's sandbox; `workbench.verify`
 mounts the tests at /tests for grading only).
@@ -48,8 +48,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from workbench.harbor_dockerfile import HarborError, read_text_tree, starting_files
-from workbench.task_record import Limits, Task
+from workbench.tasks.dockerfile import HarborError, read_text_tree, starting_files
+from workbench.tasks.record import Limits, Task
+from workbench.paths import DATA
 
 __all__ = [
     "REPO_TASKS",
@@ -61,7 +62,7 @@ __all__ = [
     "load_specs",
 ]
 
-REPO_TASKS = Path(__file__).resolve().parent / "data" / "repo_tasks"
+REPO_TASKS = DATA / "repo_tasks"
 _DEADLINE_MARGIN_S = 60.0  # copy + start-up on top of test.sh's own timeout (a 5,000-file copy takes ~2 s)
 # Commands in a test.sh that need the network: Terminal-Bench 2's scripts fetch uv and pytest with curl.
 _NETWORK = re.compile(

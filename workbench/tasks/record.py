@@ -1,10 +1,10 @@
 """The task record: `Task` (what an agent is asked to do and how it is graded) and its grading `Limits`.
 
-Plain data, standard library only: every task source builds these (`workbench.tasks` for HumanEval,
-DeepCoder and JSONL rows, `workbench.harbor` for Harbor folders) and the grader reads them
+Plain data, standard library only: every task source builds these (`workbench.tasks.catalog` for HumanEval,
+DeepCoder and JSONL rows, `workbench.tasks.harbor` for Harbor folders) and the grader reads them
 (`workbench.verify`), so this module imports nothing of the project and any of them can import it.
 
-    from workbench.tasks import Limits, Task      # the usual import: workbench.tasks re-exports both
+    from workbench.tasks.catalog import Limits, Task      # the usual import: workbench.tasks.catalog re-exports both
     task = Task(id="mine/0", instruction="...", files={}, visible_tests="...",
                 held_out_tests=[{"input": "1\\n", "output": "2\\n"}], test_kind="stdin_stdout", entry_point=None)
     Task.from_json(task.to_json()) == task        # held_out_tests.json round-trips
@@ -74,7 +74,7 @@ class Task:
     - ``function_call``: ``{"input": [args...], "output": expected}``, ``entry_point(*args)`` is compared
       with ``expected`` (or ``expected[0]``, the dataset's wrapping);
     - ``humaneval``: ``{"prelude": prompt, "check": test_source}``, ``check(entry_point)`` must not raise;
-    - ``harbor``: one ``{"tests": {path: text}, ...}``: a Harbor task's tests/ folder (`workbench.harbor`).
+    - ``harbor``: one ``{"tests": {path: text}, ...}``: a Harbor task's tests/ folder (`workbench.tasks.harbor`).
 
     ``verifier``: a verifier hook (``module:function`` or ``PATH.py:function``) that grades instead of
     the held-out tests (`workbench.verify.hook`). ``agent_timeout_s``: the task's own wall clock for the
