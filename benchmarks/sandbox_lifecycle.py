@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sandbox_lifecycle.py             # 100 sessions per mode, ~1 min
     .venv/bin/python benchmarks/sandbox_lifecycle.py --sessions 20 --isolation none
 
-Each session is one `workbench.sandbox.Sandbox`: ``Sandbox.create`` (workspace with one task file, HOME/XDG
+Each session is one `workbench.sandbox.session.Sandbox`: ``Sandbox.create`` (workspace with one task file, HOME/XDG
 dirs, ``git init``) then one short process, ``sh -c 'sleep 60 & echo ready'``, which exits at once and leaves
 a background child running in the sandbox (as an agent's ``cmd &`` would), then ``close()``. Timed per
 session: create, spawn-to-exit of the short process (under ``isolation="none"`` it runs behind
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
 from run_file import host, new_run_file
 from workbench.sandbox import Sandbox
-from workbench.sandbox_spec import MARKER_ENV, bwrap_available
+from workbench.sandbox import MARKER_ENV, bwrap_available
 
 COMMAND = ["sh", "-c", "sleep 60 & echo ready"]
 

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/sandbox_relay.py --calls 500 --size 65536
 
 Under bubblewrap the agent has a network namespace of its own: its connections to the capture proxy go
-to `_sandbox_init`'s listener inside, over a Unix socket, through `workbench.sandbox_net`'s relay to the
+to `_sandbox_init`'s listener inside, over a Unix socket, through `workbench.sandbox.net`'s relay to the
 host's TCP port. In plain mode they go straight to the port. A host HTTP server answers each GET with
 `--size` bytes (about one streamed chunk, or one whole non-streamed answer); a client inside the
 sandbox makes `--calls` sequential requests on one keep-alive connection and times each. The two
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
 from run_file import host, new_run_file
 from workbench.sandbox import Sandbox
-from workbench.sandbox_spec import bwrap_available
+from workbench.sandbox import bwrap_available
 
 CLIENT = """
 import http.client, json, sys, time

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from workbench.paths import project_root
-from workbench.sandbox_spec import blocking_folder, bwrap_available
+from workbench.sandbox.spec import blocking_folder, bwrap_available
 
 __all__ = ["HARNESS_ISOLATIONS", "HARNESS_MODES"]
 

@@ -28,7 +28,7 @@ import pytest
 
 from scripted_upstream import ScriptedUpstream
 from workbench.paths import project_root
-from workbench.sandbox_spec import bwrap_available
+from workbench.sandbox import bwrap_available
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="a 0700 folder only locks out a fresh uid when we are root"),

@@ -24,16 +24,16 @@ import httpx
 import pytest
 
 from scripted_upstream import ScriptedUpstream
-from workbench.bounded_copy import CopyLimitError
+from workbench.sandbox import CopyLimitError
 from workbench.capture import CaptureProxy
 from workbench.paths import exposed_paths, private_paths, project_root
 from workbench.procs import processes
 from workbench.rollout import run_rollout
 from workbench.rollout_types import RolloutConfig
 from workbench.sandbox import Sandbox
-from workbench.sandbox_spec import SandboxLimits, bwrap_available
+from workbench.sandbox import SandboxLimits, bwrap_available
 from workbench.tasks import Limits, Task, load_task
-from workbench.sandbox_spec import check_isolation
+from workbench.sandbox import check_isolation
 from workbench.verify import verify, verify_many
 
 pytestmark = pytest.mark.skipif(
@@ -248,7 +248,7 @@ def test_sparse_and_deep_workspaces_cannot_sink_the_copy(base):
     with open(ws / "hole", "wb") as f:
         f.truncate(100 << 30)  # 100 GiB apparent, nothing allocated
     with pytest.raises(CopyLimitError, match="MiB"):
-        from workbench.bounded_copy import copy_tree
+        from workbench.sandbox import copy_tree
 
         copy_tree(ws, base / "copy")
 
@@ -489,7 +489,7 @@ def test_forged_harness_events_do_not_count(base, up, proxy):
 def test_notebook_probes_leave_nothing_on_the_host(base, mode):
     """Notebook 01's probes, in either mode: the write probe is refused (no root), and nothing it
     could have made stays."""
-    from workbench.sandbox_probes import run_probes
+    from workbench.sandbox import run_probes
 
     before = set(os.listdir("/usr"))
     with Sandbox.create({}, isolation=mode, base_dir=base) as sb:
@@ -511,7 +511,7 @@ def test_no_assert_guards_request_input():
         "capture_stream.py",
         "capture_upstream.py",
         "capture_ingest.py",
-        "sandbox_net.py",
+        "sandbox/net.py",
     ):
         tree = ast.parse((project_root() / "workbench" / module).read_text())
         asserts = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
@@ -521,7 +521,7 @@ def test_no_assert_guards_request_input():
 def test_removing_a_sandbox_tree_changes_no_mode_above_it(tmp_path):
     """A sweep and a close racing on one sandbox root once chmodded its parent (/tmp) to 0700, and every
     later sandbox's uid was refused its workspace. A tree the agent locked (000) still goes."""
-    from workbench.sandbox_cleanup import force_remove
+    from workbench.sandbox import force_remove
 
     base = tmp_path / "base"
     locked = base / "root" / "ws" / "locked"
@@ -598,7 +598,7 @@ def test_the_stale_sweep_leaves_folders_it_did_not_make(base, monkeypatch):
     whoever made it; with the swap of `_swap_for_link_on_first_unlink` inside a planted one, root
     chmodded the link's target (any directory) to 0700 and removed a file in it. Now only folders
     lstat shows are ours (our euid, a real directory) are swept."""
-    from workbench.sandbox_cleanup import remove_stale
+    from workbench.sandbox.cleanup import remove_stale
 
     victim = _victim(base)
     planted = base / "wb-sbx-999999999-1-planted"
@@ -621,7 +621,7 @@ def test_a_swept_folder_swapped_for_a_link_chmods_nothing_outside(base, monkeypa
     """Inside a folder that is ours, a subfolder swapped for a link mid-removal (the removal's error
     handler then chmodded and unlinked by path, through the link): nothing outside changes, and the
     whole tree, moved part included, still goes."""
-    from workbench.sandbox_cleanup import remove_stale
+    from workbench.sandbox.cleanup import remove_stale
 
     victim = _victim(base)
     ours = base / "wb-sbx-999999997-1-ours"
@@ -657,7 +657,7 @@ def test_the_grading_copy_reads_nothing_swapped_in_after_its_check(base, monkeyp
     copy; a FIFO swapped in was read (and, with no writer, blocked the copy forever). Now it opens
     relative to descriptors of the folders it checked, with O_NOFOLLOW|O_NONBLOCK, and copies only
     what fstat of that descriptor shows is a regular file."""
-    from workbench.bounded_copy import copy_tree
+    from workbench.sandbox import copy_tree
 
     host = base / "host"
     host.mkdir(mode=0o700)

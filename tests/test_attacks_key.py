@@ -22,13 +22,14 @@ import pytest
 
 from isolations import HARNESS_ISOLATIONS
 from scripted_upstream import ScriptedUpstream
-from workbench import _sandbox_init, sandbox_net
+from workbench.sandbox import _init as _sandbox_init
+from workbench.sandbox import net as sandbox_net
 from workbench.capture import CaptureProxy
 from workbench.rollout import run_rollout
 from workbench.rollout_types import RolloutConfig
 from workbench.sandbox import Sandbox
-from workbench.sandbox_command import SOCKET_INSIDE
-from workbench.sandbox_spec import bwrap_available
+from workbench.sandbox.command import SOCKET_INSIDE
+from workbench.sandbox import bwrap_available
 from workbench.tasks import load_task
 
 BWRAP = pytest.mark.skipif(not bwrap_available(), reason="bwrap is not installed (scripts/setup.sh installs it)")

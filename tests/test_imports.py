@@ -116,7 +116,9 @@ def test_workbench_modules_import_each_other_in_one_direction():
     """No import cycle among workbench modules at import time (a cycle makes the import order matter:
     whichever module is imported first sees the other half-initialised)."""
     graph = _module_level_imports()
-    assert {"workbench.tasks.harbor", "workbench.tasks.record"} <= graph["workbench.tasks.catalog"]  # the scan sees imports
+    assert {"workbench.tasks.harbor", "workbench.tasks.record"} <= graph[
+        "workbench.tasks.catalog"
+    ]  # the scan sees imports
     cycles, state = [], {}
 
     def visit(mod: str, path: list[str]) -> None:

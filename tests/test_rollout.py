@@ -17,7 +17,7 @@ from workbench.procs import group_alive
 from workbench.openenv_session import HarnessSessionFactory
 from workbench.rollout import run_rollout
 from workbench.rollout_types import RolloutConfig
-from workbench.sandbox_spec import bwrap_available
+from workbench.sandbox import bwrap_available
 from workbench.tasks import load_task
 
 pytestmark = [pytest.mark.engine, pytest.mark.opencode]

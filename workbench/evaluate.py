@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get
 from workbench.adapter_check import check_adapter
 from workbench.eval_report import aggregate, compare
 from workbench.runs import RunDir
-from workbench.sandbox_spec import Isolation, check_isolation
+from workbench.sandbox import Isolation, check_isolation
 
 if TYPE_CHECKING:
     from workbench.capture_client import ProxyClient

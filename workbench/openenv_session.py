@@ -41,7 +41,7 @@ from openenv.core.harness import VerifyResult as OpenEnvVerifyResult
 from workbench.capture_client import ProxyClient, ProxyError
 from workbench.rollout_session import HarnessSession
 from workbench.rollout_types import FAILED_STATUSES, RolloutConfig, agent_entries
-from workbench.sandbox_spec import SandboxError
+from workbench.sandbox import SandboxError
 from workbench.tasks import Task, load_task
 from workbench.train_types import TurnPolicy
 from workbench.turns import analyse

@@ -31,7 +31,7 @@ from typing import Any
 from workbench.capture_client import ProxyClient, ProxyError
 from workbench.rollout_session import HarnessSession, atomic_json
 from workbench.rollout_types import RolloutConfig, RolloutResult
-from workbench.sandbox_spec import SandboxError
+from workbench.sandbox import SandboxError
 from workbench.tasks import Task
 
 __all__ = ["run_rollout", "run_rollouts", "read_summaries", "nothing_answered", "why_missing"]

@@ -40,7 +40,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from workbench.bounded_copy import CopyLimitError
+from workbench.sandbox import CopyLimitError
 from workbench.capture_client import ProxyClient, ProxyError
 from workbench.harnesses import HarnessOptions, HarnessRun, get_harness
 from workbench.paths import project_root
@@ -53,7 +53,7 @@ from workbench.rollout_types import (
     trace_tool_calls,
 )
 from workbench.sandbox import Sandbox
-from workbench.sandbox_spec import SandboxError
+from workbench.sandbox import SandboxError
 from workbench.tasks import Task
 from workbench.verify import VerifyResult
 from workbench.verify import verify as verify_workspace

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from workbench.sandbox_spec import Isolation, SandboxLimits
+from workbench.sandbox import Isolation, SandboxLimits
 from workbench.tasks import Task
 
 __all__ = [
@@ -101,7 +101,7 @@ class RolloutConfig:
         max_output_tokens: per-call output cap (harness budget and proxy clamp).
         max_model_calls: the proxy ends the agent's loop after this many calls (0 = unlimited).
         timeout_s: wall-clock limit for the harness process.
-        isolation: ``auto`` (bwrap when installed), ``bwrap`` or ``none`` (unsafe: see `workbench.sandbox`).
+        isolation: ``auto`` (bwrap when installed), ``bwrap`` or ``none`` (unsafe: see `workbench.sandbox.session`).
         system_prompt / tools: harness options (None keeps the harness as shipped).
         few_shot: prefix the instruction with two worked tool-call turns in ChatML, in the harness's
             own tool schema (`Harness.few_shot_prompt`): what makes SmolLM2-135M call tools at all.

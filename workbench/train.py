@@ -48,7 +48,7 @@ from workbench.policy_sync import MergedSync, SharedFolder
 from workbench.rollout import run_rollouts
 from workbench.rollout_types import FAILED_STATUSES, RolloutOutcome
 from workbench.runs import RunDir
-from workbench.sandbox_spec import check_isolation
+from workbench.sandbox import check_isolation
 from workbench.tasks import load_task, load_tasks
 from workbench.train_config import TrainConfig, resolve_device, resolve_importance_sampling
 from workbench.train_resume import record_config

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.rollout_types import RolloutConfig, agent_prompt
-from workbench.sandbox_spec import Isolation, check_isolation
+from workbench.sandbox import Isolation, check_isolation
 
 if TYPE_CHECKING:
     from workbench.engine import EngineConfig
@@ -58,7 +58,7 @@ class TrainConfig:
             most this long), so the engine prefills the shared prompt once (`RolloutConfig.lead_s`).
         isolation: sandbox mode for the harness and the grading (``auto`` = bwrap, which set-up installs).
         unsafe_no_sandbox: allow ``isolation`` to be (or resolve to) ``none``: the agent then shares
-            the host's file system and network (see `workbench.sandbox`), so a policy can learn to read
+            the host's file system and network (see `workbench.sandbox.session`), so a policy can learn to read
             answers instead of solving. Refused unless set; recorded in config.json, summary.json and
             every metrics line.
         train_threads: torch threads for the optimizer step (0 = every core). Rollouts and the

@@ -66,7 +66,7 @@ _IGNORED = ("ARG", "LABEL", "MAINTAINER", "CMD", "ENTRYPOINT", "EXPOSE", "USER",
 MAX_FILES = 2000
 MAX_BYTES = 16 << 20
 _ARCHIVE = re.compile(r"\.(tar|tgz|tar\.gz|tar\.bz2|tbz2|tar\.xz|txz|tar\.zst)$")
-_AGENT_PYTHON = "/usr/bin/python3"  # what `python` is in the agent's sandbox (workbench.sandbox's default)
+_AGENT_PYTHON = "/usr/bin/python3"  # what `python` is in the agent's sandbox (workbench.sandbox.session's default)
 
 
 class HarborError(ValueError):

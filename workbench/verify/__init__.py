@@ -92,7 +92,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from workbench.bounded_copy import CopyLimitError
+from workbench.sandbox import CopyLimitError
 from workbench.tasks import Task
 from workbench.verify.grading import OUTCOMES, Graded, Outcome, grade
 from workbench.verify.harbor import jail_options as harbor_options

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.bounded_copy import CopyLimits, copy_tree
+from workbench.sandbox import CopyLimits, copy_tree
 from workbench.tasks import Limits, Task
 from workbench.verify.child import Child, Failed, clip
 from workbench.verify.graded import Graded

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from workbench.paths import private_paths
 from workbench.procs import processes
-from workbench.sandbox_command import mount, system_dirs, under
+from workbench.sandbox import mount, system_dirs, under
 from workbench.tasks import Limits, humaneval_path
 from workbench.verify.jail_host import Host, python_dirs
 

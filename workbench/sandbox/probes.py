@@ -20,8 +20,8 @@ import os
 import secrets
 from pathlib import Path
 
-from workbench.sandbox import Sandbox
-from workbench.sandbox_spec import Isolation, SandboxError, SandboxLimits
+from workbench.sandbox.session import Sandbox
+from workbench.sandbox.spec import Isolation, SandboxError, SandboxLimits
 
 __all__ = ["run_probes", "check_harness"]
 

@@ -1,6 +1,6 @@
 """A sandbox's folders: the task's files checked and written, handed to the sandbox uid, and measured.
 
-`workbench.sandbox.Sandbox` owns the layout (``ws/``, ``home/``, ``bin/``, ``tmp/``, ``logs/`` under its
+`workbench.sandbox.session.Sandbox` owns the layout (``ws/``, ``home/``, ``bin/``, ``tmp/``, ``logs/`` under its
 root) and calls these with its own paths; they hold what must be true of those folders: task paths stay
 inside the workspace, the four folders the agent may touch are 0700 and its uid's (links lchowned, never
 followed), a HOME file written later is its uid's too, and the total written stays within the quota.
@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Literal
 
-from workbench.sandbox_spec import SandboxError, SandboxLimits
+from workbench.sandbox.spec import SandboxError, SandboxLimits
 
 __all__ = ["check_task_files", "materialise", "write_home", "over_quota", "exceeds"]
 

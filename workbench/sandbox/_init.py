@@ -4,7 +4,7 @@ The sandbox has a network namespace of its own (loopback only), so the agent can
 the proxy's control plane or anything else on the host; the one endpoint it may reach (the capture
 proxy) is a Unix socket bind-mounted into it. Harnesses speak HTTP over TCP, so this process listens
 on ``127.0.0.1:PORT`` inside the namespace and forwards every connection to that socket (where the
-workbench's relay, `workbench.sandbox_net`, carries it to the proxy). Then it runs the command and
+workbench's relay, `workbench.sandbox.net`, carries it to the proxy). Then it runs the command and
 exits with its status (a signal death is re-raised, so bwrap reports 128 + N as without us).
 
     python -I -S _sandbox_init.py PORT SOCKET -- ARGV...     (bwrap runs this; standard library only)

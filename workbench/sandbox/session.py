@@ -18,7 +18,7 @@ whatever it did to its process group or environment. Two isolation modes:
   The network namespace has only its own loopback: the engine, the proxy's control traffic and
   every other port of the host are out of reach, and the one endpoint the sandbox may use (the
   capture proxy's agent routes, ``endpoint=``) is a Unix socket relayed to it by
-  `workbench.sandbox_net` (at most `SandboxLimits.max_connections` at a time). The harness still
+  `workbench.sandbox.net` (at most `SandboxLimits.max_connections` at a time). The harness still
   calls ``http://127.0.0.1:PORT``: `_sandbox_init` listens there inside and forwards.
 - ``none``: plain processes with the same env, limits and uid, sharing the host's network and file
   system. **Unsafe for training**: the agent reads whatever other users may read and reaches every
@@ -35,7 +35,7 @@ This module is the session (create, endpoint, env, spawn/run, snapshot, close); 
 modes, limits and error, `sandbox_files` the folders (task files, ownership, quota), `sandbox_process` a
 running process, `sandbox_command` the prlimit/setpriv/bwrap argv, `sandbox_cleanup` the kill and removal.
 
-    from workbench.sandbox_spec import SandboxLimits
+    from workbench.sandbox.spec import SandboxLimits
     sb = Sandbox.create({"README.md": "..."}, limits=SandboxLimits(wall_s=300), endpoint=proxy_url)
     proc = sb.spawn(["opencode", "run"], stdin=b"prompt", env={"OPENCODE_CONFIG_CONTENT": "..."})
     code = proc.wait(timeout_s=300)     # TimeoutError at the wall-clock limit
@@ -54,13 +54,13 @@ import urllib.parse
 import uuid
 from pathlib import Path
 
-from workbench.bounded_copy import CopyLimits, copy_tree
-from workbench.sandbox_cleanup import force_remove, kill_all, new_folder, remove_stale, strays
-from workbench.sandbox_command import wrap
-from workbench.sandbox_files import check_task_files, materialise, over_quota, write_home
-from workbench.sandbox_net import Relay, open_relay
-from workbench.sandbox_process import SandboxProcess, start
-from workbench.sandbox_spec import (
+from workbench.sandbox.bounded_copy import CopyLimits, copy_tree
+from workbench.sandbox.cleanup import force_remove, kill_all, new_folder, remove_stale, strays
+from workbench.sandbox.command import wrap
+from workbench.sandbox.files import check_task_files, materialise, over_quota, write_home
+from workbench.sandbox.net import Relay, open_relay
+from workbench.sandbox.process import SandboxProcess, start
+from workbench.sandbox.spec import (
     AGENT_HOME,
     AGENT_TMP,
     APP,

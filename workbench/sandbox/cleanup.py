@@ -1,6 +1,6 @@
 """Ending a sandbox: its processes killed wherever they went, its folders removed whatever was done to them.
 
-What `workbench.sandbox.Sandbox.close` (and a failed `Sandbox.create`) rely on, and the sweep of the
+What `workbench.sandbox.session.Sandbox.close` (and a failed `Sandbox.create`) rely on, and the sweep of the
 folders a runner left when it died without closing. Processes are found through `workbench.procs`
 (the one /proc scanner): by process group, by the sandbox's fresh uid, and by `MARKER_ENV` in their
 environment (what a process that left its group still carries).
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from workbench.procs import environ, group_alive, kill_group, kill_matching, proc_stat, processes
-from workbench.sandbox_spec import MARKER_ENV
+from workbench.sandbox.spec import MARKER_ENV
 
 __all__ = ["process_key", "new_folder", "remove_stale", "force_remove", "strays", "kill_all"]
 

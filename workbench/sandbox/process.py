@@ -1,6 +1,6 @@
 """A process running in a sandbox: how it is started (its own process group, fds opened by us) and waited on.
 
-`workbench.sandbox.Sandbox.spawn` builds the argv (`sandbox_command.wrap`) and the environment, then calls
+`workbench.sandbox.session.Sandbox.spawn` builds the argv (`sandbox_command.wrap`) and the environment, then calls
 `start`; callers get the `SandboxProcess` back and wait on it or kill its group. Killing everything a
 sandbox ever started (strays, the uid) is `sandbox_cleanup.kill_all`, not this.
 

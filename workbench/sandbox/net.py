@@ -1,6 +1,6 @@
 """The host side of a sandbox's one way out: a Unix socket relayed to one TCP endpoint.
 
-A bubblewrap sandbox has no network but its own loopback (`workbench.sandbox`). Whatever it may
+A bubblewrap sandbox has no network but its own loopback (`workbench.sandbox.session`). Whatever it may
 reach (the capture proxy's agent routes) it reaches through a Unix socket in the sandbox folder,
 bind-mounted into it; `_sandbox_init` forwards the harness's TCP connections to it, and this relay
 carries each connection on to the endpoint's host and port. So from inside a sandbox:

@@ -1,7 +1,7 @@
 """What a sandbox is allowed: its isolation modes (and what plain mode needs), limits, error type, inside paths.
 
 The vocabulary every sandbox module shares, and what callers configure a sandbox with (a rollout's
-`RolloutConfig`, `workbench train`, `workbench eval`); `workbench.sandbox` is the session itself.
+`RolloutConfig`, `workbench train`, `workbench eval`); `workbench.sandbox.session` is the session itself.
 
     mode = resolve_isolation("auto")                  # "bwrap" when bubblewrap is installed, else "none"
     check_plain_mode(root, python)                    # what "none" needs (SandboxError when it cannot hold)

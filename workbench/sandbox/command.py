@@ -1,6 +1,6 @@
 """The command line that runs one process in a sandbox: limits, the uid drop, and bwrap's namespaces.
 
-Pure argv building (it starts nothing): `workbench.sandbox.Sandbox.command` calls `wrap` with its own
+Pure argv building (it starts nothing): `workbench.sandbox.session.Sandbox.command` calls `wrap` with its own
 folders, and `Sandbox.spawn` runs the result. The layers, outermost first:
 
 1. ``prlimit`` sets `SandboxLimits` (prlimit rather than preexec_fn: the proxy runs in threads of
@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 
 from workbench.procs import die_with_us, processes
-from workbench.sandbox_spec import AGENT_HOME, AGENT_TMP, APP, MARKER_ENV, IsolationMode, SandboxLimits
+from workbench.sandbox.spec import AGENT_HOME, AGENT_TMP, APP, MARKER_ENV, IsolationMode, SandboxLimits
 
 __all__ = [
     "wrap",
@@ -47,7 +47,7 @@ __all__ = [
     "INIT_INSIDE",
 ]
 
-_INIT = Path(__file__).resolve().with_name("_sandbox_init.py")
+_INIT = Path(__file__).resolve().with_name("_init.py")
 SOCKET_INSIDE = "/run/workbench/endpoint.sock"  # where the relay's Unix socket is mounted inside
 INIT_INSIDE = "/run/workbench/init.py"
 # /etc entries a harness needs (dynamic loader, users, name resolution, TLS roots, time zone); the
