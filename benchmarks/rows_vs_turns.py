@@ -14,7 +14,7 @@ Conversations:
   samples); its prompt is the rendering of everything before it. They chain by construction, which the
   script checks (a fork would be reported, not hidden).
 
-Both layouts come from `workbench.turns`: `build_rows` (turns chained into rows) vs one row per turn
+Both layouts come from `workbench.turns.derive`: `build_rows` (turns chained into rows) vs one row per turn
 (``prompt_ids + output_ids``, mask 1 on the output). Every sampled token is trained here (``trained=True`` on
 every turn), so "trained tokens" = sampled tokens, equal in both layouts. Tokens forwarded per trained token
 = row tokens / trained tokens; the saving is per-turn tokens / chained tokens.
@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
 from run_file import host, new_run_file
-from workbench.turns_rows import Row, build_rows
-from workbench.turns_trace import Turn, derive_turns, load_trace
+from workbench.turns import Row, build_rows
+from workbench.turns import Turn, derive_turns, load_trace
 
 FIXTURES = ROOT / "workbench" / "data" / "rollouts"
 TOLERANCE = 1e-5

@@ -14,7 +14,7 @@ Columns, per mode, from the captured trace and the harness's own events: parseab
 first agent call came back with a tool call), tool calls opencode executed per rollout, solution.py written,
 solve rate (hidden tests), rows per rollout (one plus the forks: where a turn's prompt does not extend the
 previous prompt and output token for token, so training needs a new row), fork causes (classified by
-`workbench.turns`), first agent call's prompt tokens and seconds (8 rollouts in flight on 2 cores). Rollout
+`workbench.turns.derive`), first agent call's prompt tokens and seconds (8 rollouts in flight on 2 cores). Rollout
 folders stay under runs/; writes benchmarks/results/tool_call_modes/<date>_<host>.json (benchmarks/run_file.py).
 """
 

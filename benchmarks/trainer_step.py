@@ -92,8 +92,8 @@ from workbench import group_step, trl_trainer
 from workbench.assets import load
 from workbench.train import GRPORun, TrainConfig
 from workbench.turns import analyse
-from workbench.turns_rows import Row
-from workbench.turns_trace import load_trace
+from workbench.turns import Row
+from workbench.turns import load_trace
 
 FIXTURES = ROOT / "workbench" / "data" / "rollouts"
 MODELS = ("smollm2", "qwen-coder")

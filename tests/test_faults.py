@@ -51,7 +51,7 @@ from workbench.sandbox import bwrap_available
 from workbench.tasks import Limits, Task, load_task
 from workbench.train import FAILED_STATUSES, RolloutOutcome, hidden_test_reward
 from workbench.turns import write_turns
-from workbench.turns_trace import TraceError, load_trace, load_turns
+from workbench.turns.trace import TraceError, load_trace, load_turns
 from workbench.verify import verify
 
 ISOLATIONS = HARNESS_ISOLATIONS

@@ -27,8 +27,8 @@ from workbench.tasks import load_tasks
 from workbench.train import GRPORun, TrainConfig, hidden_test_reward
 from workbench.train_fields import step_fields
 from workbench.turns import analyse
-from workbench.turns_rows import Row
-from workbench.turns_trace import load_trace
+from workbench.turns import Row
+from workbench.turns import load_trace
 
 FIXTURES = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"
 T = 0.7

@@ -424,7 +424,7 @@ def test_shipped_long_capture_chains_into_one_row():
     from transformers import AutoTokenizer
 
     from workbench.turns import analyse
-    from workbench.turns_trace import load_trace
+    from workbench.turns import load_trace
 
     folder = Path(__file__).resolve().parents[1] / "workbench" / "data" / "rollouts" / "smollm2-forced-repo-task"
     tok = AutoTokenizer.from_pretrained(folder.parent / "smollm2-tokenizer")

@@ -16,7 +16,7 @@ import pytest
         "workbench.rollout",
         "workbench.capture_client",
         "workbench.evaluate",
-        "workbench.turns",
+        "workbench.turns.derive",
         "workbench.verify",
     ],
 )

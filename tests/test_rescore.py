@@ -13,7 +13,7 @@ import torch
 from workbench.assets import build
 from workbench.rescore import RescoreResult, delta_widget, render_delta, rescore, token_parts
 from workbench.turns import analyse
-from workbench.turns_trace import load_trace
+from workbench.turns import load_trace
 
 FIXTURES = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"
 EASY = FIXTURES / "smollm2-easy"  # two turns in one row: a write call (53 tokens, trained), a reply (14)

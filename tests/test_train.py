@@ -14,7 +14,7 @@ from workbench.capture import CaptureProxy
 from workbench.runs import RunDir
 from workbench.train import GRPORun, TrainConfig, rows_for_trl
 from workbench.train_config import resolve_importance_sampling
-from workbench.turns_trace import has_tool_call, load_trace
+from workbench.turns import has_tool_call, load_trace
 
 from test_turns import FIXTURES
 

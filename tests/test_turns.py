@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from workbench.assets import build_tokenizer
-from workbench.turns import rollout_report, write_turns
-from workbench.turns_drift import CAUSES, diagnose
-from workbench.turns_rows import build_rows
-from workbench.turns_trace import Turn, TraceError, derive_turns, has_tool_call, load_trace, load_turns
+from workbench.turns.derive import rollout_report, write_turns
+from workbench.turns.drift import CAUSES, diagnose
+from workbench.turns import build_rows
+from workbench.turns.trace import Turn, TraceError, derive_turns, has_tool_call, load_trace, load_turns
 from workbench.views import render_trace
 from workbench.views_tokens import render_drift, render_row, render_turn
 

@@ -94,8 +94,8 @@ def _cmd_turns(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from workbench.turns import run_report, write_turns
-    from workbench.turns_tokenizer import tokenizer_for_rollout
-    from workbench.turns_trace import TraceError
+    from workbench.turns import tokenizer_for_rollout
+    from workbench.turns import TraceError
 
     root = Path(args.path)
     dirs = [root] if (root / "trace.json").exists() else sorted(p.parent for p in root.rglob("trace.json"))
@@ -105,7 +105,7 @@ def _cmd_turns(args: argparse.Namespace) -> int:
     reports, broken = {}, []
     for d in dirs:
         try:
-            from workbench.turns_tokenizer import rollout_model
+            from workbench.turns import rollout_model
 
             name = args.model or rollout_model(d)
             if name not in tokenizers:

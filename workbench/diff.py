@@ -7,7 +7,7 @@
     workbench diff A B [--json] [--model smollm2] [--html out.html]    # once wired into cli.py
 
 Each folder is a rollout artefact (trace.json, summary.json, task.json). Per agent turn (the trace's
-agent calls, as `workbench.turns` derives them) the result holds both sides' call index, token counts,
+agent calls, as `workbench.turns.derive` derives them) the result holds both sides' call index, token counts,
 finish reason and tool calls (name and arguments), and two comparisons on the engine's own ids:
 
 - ``prompt``: the first diverging token (its index on each side), and every differing segment
@@ -34,8 +34,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from workbench.turns_trace import Turn, derive_turns, load_trace
-from workbench.tokenizer import Tokenizer, decode_text
+from workbench.turns import Turn, derive_turns, load_trace
+from workbench.turns import Tokenizer, decode_text
 from workbench.views_tokens import STYLE, token_texts
 from workbench.paths import DATA
 

@@ -75,7 +75,7 @@ from workbench._compat import GRPO_METRICS as _METRICS
 from workbench._compat import trl_use_triton
 from workbench._mlp_recompute import recompute_mlp_products, recomputing
 from workbench.group_pack import ATTENTION, plan  # importing it registers ATTENTION with transformers
-from workbench.turns_rows import Row
+from workbench.turns import Row
 
 __all__ = ["OWNER_FIELD", "GroupStep", "install", "every_row_fields"]
 
@@ -346,7 +346,7 @@ def every_row_fields(
 ) -> tuple[dict[str, list[object]], int]:
     """rollout_func fields (lever 5) for groups of rollouts, each rollout given as all its rows.
 
-    `groups[g][r]` holds rollout r's rows (workbench.turns.analyse(...).rows, budget-filtered), `rewards[g][r]`
+    `groups[g][r]` holds rollout r's rows (workbench.turns.derive.analyse(...).rows, budget-filtered), `rewards[g][r]`
     its reward. Each group fills exactly `slots` rows (GRPOConfig.num_generations = slots): first every rollout's
     lead row (most trained tokens: it carries the reward), then the other rows by trained tokens, then padding
     rows (one pad token, nothing trained, reward None). A rollout with no row (no call answered before the

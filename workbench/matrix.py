@@ -34,9 +34,9 @@ from workbench.rollout_types import RolloutConfig, RolloutResult, agent_prompt
 from workbench.stack import local_stack
 from workbench.runs import RunDir
 from workbench.tasks import load_tasks
-from workbench.tokenizer import Tokenizer
+from workbench.turns import Tokenizer
 from workbench.turns import analyse
-from workbench.turns_trace import TraceError, load_trace
+from workbench.turns import TraceError, load_trace
 from workbench.views import render_table
 
 __all__ = [

@@ -8,7 +8,7 @@ on `workbench.rollout_session.HarnessSession`, with the CPU route's training rul
 
 - **turn policy**: a turn ``train_turn_fn`` rejects (default `has_tool_call`, TrainConfig.train_turns) keeps
   its tokens as context, loss mask 0 (TRL's chaining then trains only the others);
-- **token budget**: a row (turns chained as `workbench.turns_rows.build_rows` chains them, which forks exactly
+- **token budget**: a row (turns chained as `workbench.turns.rows.build_rows` chains them, which forks exactly
   where TRL's lossless capture forks) longer than ``token_budget`` gets mask 0 everywhere, so TRL drops it;
 - **unscored failures**: `workbench.rollout_types.FAILED_STATUSES` verify to ``env_reward=None`` (left out of the
   group's baseline), never 0;
@@ -45,7 +45,7 @@ from workbench.sandbox import SandboxError
 from workbench.tasks import Task, load_task
 from workbench.train_types import TurnPolicy
 from workbench.turns import analyse
-from workbench.turns_trace import has_tool_call
+from workbench.turns import has_tool_call
 
 __all__ = ["OpenEnvSession", "HarnessSessionFactory", "ProxyAddress", "all_turns", "turn_policy"]
 

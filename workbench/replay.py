@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.rollout_types import RolloutResult
-from workbench.turns_trace import load_trace
+from workbench.turns import load_trace
 
 __all__ = ["Recording", "load_recording", "NOT_RECORDED"]
 

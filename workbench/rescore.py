@@ -1,6 +1,6 @@
 """Re-score one captured trace under two policies: which sampled tokens did training make more or less likely?
 
-The rows are the trainer's (`workbench.turns.analyse`: the engine's own ids, never re-tokenised); each
+The rows are the trainer's (`workbench.turns.derive.analyse`: the engine's own ids, never re-tokenised); each
 labelled position (mask 1: the sampled tokens of trained turns, or every sampled token with
 ``positions="sampled"``) is scored under policy A (the base model, or an adapter) and policy B (an
 adapter), in float32 on CPU with transformers + PEFT, at the temperature the trace was sampled at.
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from workbench.turns import analyse
-from workbench.turns_trace import load_trace
-from workbench.tokenizer import Tokenizer, decode_text
+from workbench.turns import load_trace
+from workbench.turns import Tokenizer, decode_text
 from workbench.views_tokens import STYLE, token_texts
 
 __all__ = [

@@ -54,7 +54,7 @@ from workbench.train_config import TrainConfig, resolve_device, resolve_importan
 from workbench.train_resume import record_config
 from workbench.train_fields import step_fields
 from workbench.train_rows import rows_for_trl
-from workbench.turns_trace import has_tool_call
+from workbench.turns import has_tool_call
 
 # TrainConfig and resolve_device are defined in workbench.train_config and re-exported here: the run and its
 # config are imported together (tests, notebooks, benchmarks: ``from workbench.train import GRPORun, TrainConfig``).

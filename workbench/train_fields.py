@@ -15,10 +15,10 @@ from typing import Any
 from workbench.rollout_types import FAILED_STATUSES, RolloutOutcome, RolloutResult
 from workbench.tasks import Task
 from workbench.train_rows import longest_row_fields, rollout_rows
-from workbench.tokenizer import Tokenizer, token_id
+from workbench.turns import Tokenizer, token_id
 from workbench.train_types import StepConfig
-from workbench.turns_rows import Row
-from workbench.turns_trace import load_trace
+from workbench.turns import Row
+from workbench.turns import load_trace
 
 __all__ = ["step_fields"]
 

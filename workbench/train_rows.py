@@ -1,6 +1,6 @@
 """From captured rollouts to the rows GRPOTrainer's `rollout_func` returns (TRL 1.16's contract).
 
-A rollout's trace gives rows (`workbench.turns.analyse`: turns chained wherever the next prompt extends
+A rollout's trace gives rows (`workbench.turns.derive.analyse`: turns chained wherever the next prompt extends
 the previous prompt + output token for token; a fork starts a new row). TRL wants, per input prompt,
 ``prompt_ids``, ``completion_ids``, ``logprobs`` (the generator's, one per completion token) and
 ``env_mask`` (1 = a sampled token we train, 0 = context), plus our ``wb_reward``. Two ways to fill them:
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workbench.tokenizer import Tokenizer
+from workbench.turns import Tokenizer
 from workbench.turns import analyse
-from workbench.turns_rows import Row
+from workbench.turns import Row
 
 __all__ = ["rollout_rows", "trl_row", "longest_row_fields", "rows_for_trl"]
 

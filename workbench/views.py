@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workbench.turns import analyse
-from workbench.turns_trace import load_trace
+from workbench.turns import load_trace
 from workbench.views_tokens import STYLE, render_drift, render_turn
 
 __all__ = ["render_table", "render_trace", "render_eval", "browser"]

@@ -6,7 +6,7 @@
     group_signal_figure(metrics)                  # per step: the group's reward std; groups that taught nothing
     save_figure(fig, run / "figures" / "curve.html")  # a page that draws offline (plotly.min.js beside it)
 
-`reports` are `workbench.turns.rollout_report`s by rollout name; `metrics` a run's metrics.jsonl records.
+`reports` are `workbench.turns.derive.rollout_report`s by rollout name; `metrics` a run's metrics.jsonl records.
 plotly is imported only when a figure is drawn.
 """
 

@@ -20,9 +20,9 @@ import html
 import math
 from typing import Any, Sequence
 
-from workbench.tokenizer import Tokenizer, decode_text
-from workbench.turns_rows import Fork, Row
-from workbench.turns_trace import Turn
+from workbench.turns import Tokenizer, decode_text
+from workbench.turns import Fork, Row
+from workbench.turns import Turn
 
 __all__ = ["STYLE", "token_texts", "render_tokens", "render_turn", "render_row", "render_drift"]
 

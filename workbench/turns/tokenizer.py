@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workbench.turns_trace import TraceError
+from workbench.turns.trace import TraceError
 from workbench.paths import DATA
 
 __all__ = ["rollout_model", "tokenizer_for_rollout"]

@@ -11,7 +11,7 @@ capture; title/compaction/subagent/failed calls are excluded **and counted**.
     turns = load_turns(run / "turns.json")       # ours or the seed's; the mask is re-derived and checked
 
 A trace without purpose tags (the seed's format) falls back to the seed's anchor: the system prompt of
-the first tool-enabled call. Rows (`workbench.turns_rows`) and the whole pipeline (`workbench.turns`)
+the first tool-enabled call. Rows (`workbench.turns.rows`) and the whole pipeline (`workbench.turns.derive`)
 build on these.
 """
 

@@ -1,6 +1,6 @@
 """Fork -> cause: why a turn's prompt stopped extending its row (drift diagnosis).
 
-At every fork (`workbench.turns_rows.build_rows`) the first diverging token, both sides decoded, and
+At every fork (`workbench.turns.rows.build_rows`) the first diverging token, both sides decoded, and
 the cause, one of `CAUSES`: a compaction or rewritten history (the divergence is inside the earlier
 context), or, inside the model's own reply as the harness replayed it, a BPE re-split, stripped
 reasoning, a rewritten or re-serialised tool call, or a re-rendered template.
@@ -15,9 +15,9 @@ import json
 import re
 from typing import Any
 
-from workbench.tokenizer import Tokenizer, decode_text, token_id
-from workbench.turns_rows import Fork
-from workbench.turns_trace import Turn
+from workbench.turns.protocol import Tokenizer, decode_text, token_id
+from workbench.turns.rows import Fork
+from workbench.turns.trace import Turn
 
 __all__ = ["CAUSES", "diagnose"]
 

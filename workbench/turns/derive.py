@@ -2,13 +2,13 @@
 
 The stage's steps each live in their own module; this one runs them and writes the files:
 
-- `workbench.turns_trace`: **turns**, the agent calls of a trace (`load_trace`, `derive_turns`,
+- `workbench.turns.trace`: **turns**, the agent calls of a trace (`load_trace`, `derive_turns`,
   `load_turns`, `Turn`, `TraceError`), title/compaction/subagent/failed calls excluded and counted.
-- `workbench.turns_rows`: **rows**, turns chained into training sequences with loss masks, and the
+- `workbench.turns.rows`: **rows**, turns chained into training sequences with loss masks, and the
   **forks** where a prompt stops extending its row (`build_rows`, `Row`, `Fork`).
-- `workbench.turns_drift`: **drift**, each fork's first diverging token, both sides decoded, and the
+- `workbench.turns.drift`: **drift**, each fork's first diverging token, both sides decoded, and the
   cause (`diagnose`, `CAUSES`).
-- `workbench.turns_tokenizer`: the tokenizer a rollout was captured with (`tokenizer_for_rollout`).
+- `workbench.turns.tokenizer`: the tokenizer a rollout was captured with (`tokenizer_for_rollout`).
 
     result = analyse(load_trace(run / "trace.json"), tokenizer)   # turns, rows, forks, excluded, report
     write_turns(run, tokenizer)                  # the same, written: turns.json + rows.json beside the trace
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.tokenizer import Tokenizer
-from workbench.turns_drift import diagnose
-from workbench.turns_rows import Fork, Row, build_rows
-from workbench.turns_trace import Turn, derive_turns, has_tool_call, load_trace
+from workbench.turns.protocol import Tokenizer
+from workbench.turns.drift import diagnose
+from workbench.turns.rows import Fork, Row, build_rows
+from workbench.turns.trace import Turn, derive_turns, has_tool_call, load_trace
 
 __all__ = ["rollout_report", "run_report", "RolloutTurns", "analyse", "write_turns"]
 

@@ -5,8 +5,8 @@ a new row (a **fork**) starts where it does not. Sampled tokens are never overwr
 text (TRL's REALIGN does that; we fork instead). In a row, trained turns' outputs have mask 1;
 everything else (the prompt, tool results, the outputs of untrained turns) has mask 0.
 
-    rows, forks = build_rows(turns)              # turns from workbench.turns_trace.derive_turns
-    diagnose(forks, turns, calls, tokenizer)     # workbench.turns_drift: fills each fork's cause
+    rows, forks = build_rows(turns)              # turns from workbench.turns.trace.derive_turns
+    diagnose(forks, turns, calls, tokenizer)     # workbench.turns.drift: fills each fork's cause
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workbench.turns_trace import Turn
+from workbench.turns.trace import Turn
 
 __all__ = ["Row", "Fork", "build_rows"]
 

@@ -1,0 +1,64 @@
+"""Turns: a captured rollout's calls made into trainable turns, rows and loss masks (notebook 03).
+
+    from workbench.turns import analyse, load_trace
+    trace = load_trace(run / "trace.json")      # the rollout artefact (docs/architecture.md: its format)
+    result = analyse(trace, tokenizer)          # turns, rows with loss masks, forks, what was excluded
+
+Private modules: ``derive`` (`analyse`), ``trace`` (the artefact reader), ``rows`` (turns to token rows with
+masks), ``drift`` (re-tokenisation checks), ``tokenizer`` (a rollout's tokenizer), ``protocol`` (what a
+tokenizer must offer).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from workbench._lazy import face
+
+__all__ = [
+    "analyse",
+    "run_report",
+    "write_turns",
+    "decode_text",
+    "token_id",
+    "Tokenizer",
+    "build_rows",
+    "Fork",
+    "Row",
+    "rollout_model",
+    "tokenizer_for_rollout",
+    "derive_turns",
+    "has_tool_call",
+    "load_trace",
+    "TraceError",
+    "Turn",
+]
+
+__getattr__, __dir__ = face(
+    __name__,
+    {
+        "analyse": "derive",
+        "run_report": "derive",
+        "write_turns": "derive",
+        "decode_text": "protocol",
+        "token_id": "protocol",
+        "Tokenizer": "protocol",
+        "build_rows": "rows",
+        "Fork": "rows",
+        "Row": "rows",
+        "rollout_model": "tokenizer",
+        "tokenizer_for_rollout": "tokenizer",
+        "derive_turns": "trace",
+        "has_tool_call": "trace",
+        "load_trace": "trace",
+        "TraceError": "trace",
+        "Turn": "trace",
+    },
+)
+
+if TYPE_CHECKING:
+    from workbench.turns.derive import analyse, run_report, write_turns
+    from workbench.turns.protocol import decode_text, token_id, Tokenizer
+    from workbench.turns.rows import build_rows, Fork, Row
+    from workbench.turns.tokenizer import rollout_model, tokenizer_for_rollout
+    from workbench.turns.trace import derive_turns, has_tool_call, load_trace, TraceError, Turn
