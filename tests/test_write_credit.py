@@ -45,7 +45,7 @@ def test_write_credit_is_bounded_and_off_by_default(tmp_path):
 
 
 def test_the_learning_curve_shows_the_test_reward_and_the_credited_one_apart():
-    from workbench.views_figures import learning_curve_figure
+    from workbench.views import learning_curve_figure
 
     plain = [{"step": 1, "rewards": [0.0, 1.0]}, {"step": 2, "rewards": [1.0, 1.0]}]
     assert [t.name for t in learning_curve_figure(plain).data] == [
@@ -59,7 +59,7 @@ def test_the_learning_curve_shows_the_test_reward_and_the_credited_one_apart():
 
 
 def test_the_group_signal_figure_shows_each_steps_spread_and_the_groups_that_taught_nothing():
-    from workbench.views_figures import group_signal_figure
+    from workbench.views import group_signal_figure
 
     metrics = [
         {"step": 1, "reward_std": 0.5, "frac_reward_zero_std": 0.0},

@@ -12,7 +12,7 @@ The stages, in the order data flows, and the module that implements each (the no
                                      (``workbench.verify`` is the package: call ``workbench.verify.verify``)
     train      workbench.train       GRPORun, TrainConfig               (05)      TRL's GRPO on those tokens
     evaluate   workbench.evaluate    run_eval, EvalConfig, compare      (05)      a policy on held-out tasks
-    views      workbench.views       render_* (HTML), widgets           (all)     what the notebooks show
+    views      workbench.views.tables       render_* (HTML), widgets           (all)     what the notebooks show
 
     from workbench import load_task, local_stack, run_rollout, RolloutConfig
     with local_stack("tiny") as (engine, proxy, client):

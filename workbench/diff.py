@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 from workbench.turns import Turn, derive_turns, load_trace
 from workbench.turns import Tokenizer, decode_text
-from workbench.views_tokens import STYLE, token_texts
+from workbench.views import STYLE, token_texts
 from workbench.paths import DATA
 
 __all__ = ["diff_rollouts", "render_diff", "add_diff_arguments", "diff_from_args", "cli_diff", "VOLATILE"]

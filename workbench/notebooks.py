@@ -41,7 +41,7 @@ from workbench.capture_client import ProxyClient
 from workbench.engine import Engine
 from workbench.paths import project_root
 from workbench.stack import local_stack
-from workbench.views_figures import save_figure
+from workbench.views import save_figure
 from workbench.runs import RunDir
 
 __all__ = [

@@ -36,7 +36,7 @@ from typing import Any, Literal, Sequence
 from workbench.turns import analyse
 from workbench.turns import load_trace
 from workbench.turns import Tokenizer, decode_text
-from workbench.views_tokens import STYLE, token_texts
+from workbench.views import STYLE, token_texts
 
 __all__ = [
     "TokenDelta",

@@ -10,8 +10,8 @@ returns the same view as static HTML, so executed notebooks keep it.
     HTML(render_eval(evidence))                   # a learning run's before/after table (eval.json)
     browser(run_dir, tokenizer)                   # every rollout folder under run_dir
 
-The token views it builds on are `workbench.views_tokens` (`render_turn`, `render_row`,
-`render_drift`); the plotly figures are `workbench.views_figures`.
+The token views it builds on are `workbench.views.tokens` (`render_turn`, `render_row`,
+`render_drift`); the plotly figures are `workbench.views.figures`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from workbench.turns import analyse
 from workbench.turns import load_trace
-from workbench.views_tokens import STYLE, render_drift, render_turn
+from workbench.views.tokens import STYLE, render_drift, render_turn
 
 __all__ = ["render_table", "render_trace", "render_eval", "browser"]
 
