@@ -44,7 +44,7 @@ def main() -> None:
     from scripted_upstream import ScriptedUpstream
 
     from workbench.capture import CaptureProxy
-    from workbench.harnesses.opencode import OpenCode
+    from workbench.harnesses import OpenCode
     from workbench.openenv_session import HarnessSessionFactory
     from workbench.rollout_types import RolloutConfig
     from workbench.tasks import load_task

@@ -472,7 +472,7 @@ def test_the_default_classifier_is_the_harnesses_and_capture_does_not_import_the
     proxy = CaptureProxy("http://127.0.0.1:9", "m")
     assert proxy.classify is classify_call
     code = (
-        "import sys, workbench.capture, workbench.capture_stream, workbench.capture_classify; "
+        "import sys, workbench.capture, workbench.capture_stream, workbench.harnesses.purpose; "
         "print(sorted(m for m in sys.modules if m.startswith('workbench.harnesses')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -7,7 +7,7 @@ validated on ingest, a session's sampling policy is pinned (``{"sampling": {"tem
 all seven knobs and overrides the harness), and a call budget ends runaway loops. The wrapper adds:
 
 - **every call recorded, in order, with a purpose tag** (agent / title / compaction / subagent /
-  other) decided at capture time by a classifier (`classify=`, a `workbench.capture_classify.Classifier`;
+  other) decided at capture time by a classifier (`classify=`, a `workbench.harnesses.purpose.Classifier`;
   by default the session's harness, `workbench.harnesses.classify_call`), including calls
   that failed upstream, were refused, or were answered by the budget stop: OpenEnv's
   ``/trace_entries`` lists agent calls only, and a failed call leaves no node at all;
@@ -53,7 +53,7 @@ import httpx
 from openenv.core.harness.capture.sessions import Session
 from starlette.types import Message, Receive, Scope, Send
 
-from workbench.capture_classify import Classifier
+from workbench.harnesses import Classifier, classify_call
 from workbench.capture_client import ProxyClient, ProxyError
 from workbench.capture_gate import DUPLICATE, body_problem, offered_key, route
 from workbench.capture_guard import ConnectionGuard, ConnectionLimits
@@ -150,9 +150,7 @@ class CaptureProxy:
         self.bookkeeping_max_tokens = dict(
             BOOKKEEPING_MAX_TOKENS if bookkeeping_max_tokens is None else bookkeeping_max_tokens
         )
-        if classify is None:  # the harnesses' own tags; imported here, not at the top (capture_classify says why)
-            from workbench.harnesses import classify_call
-
+        if classify is None:  # the harnesses' own tags (workbench.harnesses.purpose says why they live there)
             classify = classify_call
         self.log = CallLog(classify, lambda session_id: self.inner.state.registry.get(session_id))
         self.inner = build_app(

@@ -37,7 +37,7 @@ from openenv.core.harness.capture.sessions import Session
 from openenv.core.harness.capture.upstream import UpstreamRequestError
 from starlette.types import Message, Receive, Send
 
-from workbench.capture_classify import CallInfo, Classifier, Purpose
+from workbench.harnesses import CallInfo, Classifier, Purpose
 
 __all__ = ["CallRecord", "CallLog", "CallRecorder", "current_call"]
 

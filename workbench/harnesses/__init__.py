@@ -1,62 +1,60 @@
-"""Harness adapters: how to launch an unmodified coding agent headless, read its event stream, and
-recognise its own bookkeeping calls (title generation, compaction, subagents).
+"""Harnesses: how each unmodified coding agent is launched headless, read back, and its calls tagged by purpose.
 
-A harness is one small class: `launch()` returns the command, environment, stdin and config files
-for one rollout (pointed at the capture proxy with a per-rollout key), `parse_events()` reads what
-it printed, and `classify()` tags each captured model call with its purpose. The capture proxy asks
-`classify_call` (its default classifier, `workbench.capture_classify.Classifier`) as each call
-arrives and lands, so bookkeeping calls are kept, tagged, and counted, never hidden.
+    from workbench.harnesses import HarnessOptions, get_harness
+    launch = get_harness("opencode").launch(base_url=url, api_key=key, model="tiny", prompt=task.instruction,
+                                            options=HarnessOptions(max_output_tokens=512))
 
-    h = get_harness("opencode")
-    launch = h.launch(base_url=proxy_url + "/v1", api_key=key, model="tiny", prompt=task.instruction,
-                      options=HarnessOptions(max_output_tokens=512))
-    sandbox.spawn(launch.argv, stdin=launch.stdin, env=launch.env)
-
-Adding a harness: subclass `Harness` (`base.py`: the contract and its types) in a module of its own
-in this package (see `opencode.py`) and add it to `HARNESSES` below. Nothing else changes: the proxy, rollouts, turns and the matrix
-look harnesses up by name. See docs/harnesses.md, "Adding a harness".
+The purpose vocabulary (`Purpose`, `CallInfo`, `Classifier`) lives here, below the capture proxy: the proxy
+asks `classify_call` what each call is for, and the harness that made it answers. Private modules:
+``catalog`` (the harnesses by name), ``base`` (the contract), ``purpose``, one module per harness
+(``opencode``, ``pi``, ``codex``). docs/harnesses.md says how to add one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
-from workbench.harnesses.codex import Codex
-from workbench.harnesses.opencode import OpenCode
-from workbench.harnesses.pi import Pi
+from workbench._lazy import face
 
 __all__ = [
-    "CallInfo",
-    "Purpose",
-    "HarnessOptions",
-    "Launch",
-    "HarnessRun",
     "Harness",
-    "HARNESSES",
-    "get_harness",
+    "HarnessOptions",
+    "HarnessRun",
+    "json_events",
+    "Launch",
     "classify_call",
     "DEFAULT_HARNESS",
-    "json_events",
+    "get_harness",
+    "HARNESSES",
+    "OpenCode",
+    "CallInfo",
+    "Classifier",
+    "Purpose",
+    "PURPOSES",
 ]
 
-# A session that names no harness is opencode's (the rollout default, and OpenEnv's sessions minted
-# without metadata).
-DEFAULT_HARNESS = "opencode"
+__getattr__, __dir__ = face(
+    __name__,
+    {
+        "Harness": "base",
+        "HarnessOptions": "base",
+        "HarnessRun": "base",
+        "json_events": "base",
+        "Launch": "base",
+        "classify_call": "catalog",
+        "DEFAULT_HARNESS": "catalog",
+        "get_harness": "catalog",
+        "HARNESSES": "catalog",
+        "OpenCode": "opencode",
+        "CallInfo": "purpose",
+        "Classifier": "purpose",
+        "Purpose": "purpose",
+        "PURPOSES": "purpose",
+    },
+)
 
-HARNESSES: dict[str, Harness] = {"opencode": OpenCode(), "pi": Pi(), "codex": Codex()}
-
-
-def get_harness(name: str) -> Harness:
-    try:
-        return HARNESSES[name]
-    except KeyError:
-        raise ValueError(f"unknown harness {name!r}; available: {', '.join(HARNESSES)}") from None
-
-
-def classify_call(
-    harness: str | None, *, system: str, has_tools: bool, call: CallInfo, prior: Sequence[CallInfo]
-) -> Purpose:
-    """The capture proxy's default classifier (`workbench.capture_classify.Classifier`): the named
-    harness's own ``classify`` (`DEFAULT_HARNESS` when the session named none)."""
-    return get_harness(harness or DEFAULT_HARNESS).classify(system=system, has_tools=has_tools, call=call, prior=prior)
+if TYPE_CHECKING:
+    from workbench.harnesses.base import Harness, HarnessOptions, HarnessRun, json_events, Launch
+    from workbench.harnesses.catalog import classify_call, DEFAULT_HARNESS, get_harness, HARNESSES
+    from workbench.harnesses.opencode import OpenCode
+    from workbench.harnesses.purpose import CallInfo, Classifier, Purpose, PURPOSES

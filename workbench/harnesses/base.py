@@ -3,7 +3,7 @@
 A harness adapter launches an unmodified coding agent headless (`Launch`, from `HarnessOptions`),
 reads what it printed (`HarnessRun`, usually via `json_events`), and tags its own model calls with a
 `Purpose` (`classify`, from a `CallInfo` of the call and of the earlier ones). `CallInfo` and
-`Purpose` are the capture proxy's question (`workbench.capture_classify`), re-exported here. Subclasses live one per
+`Purpose` are the capture proxy's question (`workbench.harnesses.purpose`), re-exported here. Subclasses live one per
 module beside this one (`opencode.py`, `pi.py`, `codex.py`); the registry is in ``__init__.py``.
 
     from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from workbench.capture_classify import CallInfo, Purpose
+from workbench.harnesses.purpose import CallInfo, Purpose
 from workbench.paths import harness_bin
 from workbench.tasks import WRITE_HINT
 

@@ -5,12 +5,11 @@ keeps, counts and never trains on bookkeeping calls by mistake. Only the harness
 bookkeeping calls look like, so the proxy does not decide: it asks a `Classifier`, given the facts it
 has (the session's harness name, the call's system prompt, whether it offered tools, a `CallInfo` of
 the call and of those tagged before it). This module is that question and nothing else: plain types,
-no OpenEnv, no harness.
+no OpenEnv, no harness class.
 
-Direction of the imports: the proxy (`workbench.capture`) owns the question, the harnesses answer it.
-``workbench.harnesses`` imports these types and provides the default classifier,
-`workbench.harnesses.classify_call` (each harness's ``classify``, looked up by name); the proxy never
-imports a harness at module level: `CaptureProxy(classify=None)` fetches that default when it is built.
+Direction of the imports: the harnesses own the vocabulary and answer the question; the proxy
+(`workbench.capture`) asks it, importing this stage's face (`Classifier`, `classify_call`, each harness's
+``classify`` looked up by name), and no harness ever imports the proxy. A classifier of your own:
 
     def classify(harness, *, system, has_tools, call, prior) -> Purpose:
         return "title" if system.startswith("You are a title generator") else "agent"
