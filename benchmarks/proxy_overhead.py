@@ -8,7 +8,7 @@ speaks vLLM 0.32's dialect (streamed: a role chunk with ``prompt_token_ids``, on
 ``token_ids`` and ``logprobs.content`` entries ``token_id:N``, a usage chunk, ``[DONE]``; unstreamed:
 the same answer as one JSON body), and two `CaptureProxy` processes in front of it: ``openenv``
 (``stream_upstream=False``: OpenEnv's `CaptureServer` path, which asks the engine for the whole answer
-and replays it as one chunk) and ``streamed`` (the default: `workbench.capture_stream`). The request is
+and replays it as one chunk) and ``streamed`` (the default: `workbench.capture.stream`). The request is
 the real opencode agent call shipped in ``workbench/data/rollouts/tiny-humaneval`` (30 KB: the 9.6k-
 character system prompt, 9 tools), and the engine answers with that call's 7,097 prompt ids and its
 first ``--tokens`` sampled ids and logprobs. The engine is paced like a serving engine: the first token
@@ -303,7 +303,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from workbench.capture_client import ProxyClient
+    from workbench.capture import ProxyClient
 
     body = _request_body()
     call_s = (args.ttft_ms + (args.tokens - 1) * args.itl_ms) / 1000  # one call's length at the engine

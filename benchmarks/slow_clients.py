@@ -1,5 +1,5 @@
 """Slow clients against the capture proxy in a process with few file descriptors: the denial, with and without
-the guard (`workbench.capture_guard`).
+the guard (`workbench.capture.guard`).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/slow_clients.py     # 1.5-3 min on the 2-core machine, mostly 2 start-ups
     .venv/bin/python benchmarks/slow_clients.py --connections 400 --open-files 320 --seconds 20
@@ -41,7 +41,7 @@ from scripted_upstream import ScriptedUpstream
 import httpx
 
 from workbench.capture import CaptureProxy, ConnectionLimits
-from workbench.capture_client import ProxyClient
+from workbench.capture import ProxyClient
 
 SLOW_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: "  # never finished
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

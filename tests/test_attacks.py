@@ -503,14 +503,14 @@ def test_no_assert_guards_request_input():
     import ast
 
     for module in (
-        "capture.py",
-        "capture_gate.py",
-        "capture_openenv.py",
-        "capture_record.py",
-        "capture_relay.py",
-        "capture_stream.py",
-        "capture_upstream.py",
-        "capture_ingest.py",
+        "capture/proxy.py",
+        "capture/gate.py",
+        "capture/openenv.py",
+        "capture/record.py",
+        "capture/relay.py",
+        "capture/stream.py",
+        "capture/upstream.py",
+        "capture/ingest.py",
         "sandbox/net.py",
     ):
         tree = ast.parse((project_root() / "workbench" / module).read_text())

@@ -4,7 +4,7 @@ A sandbox reaches the proxy only through its relay, capped per sandbox (`test_at
 test_slow_connections_starve_only_their_own_sandbox`); the trainer, a notebook or any other local process
 connects to the port itself. A client sending a byte every few seconds used to keep its socket for as long as it
 liked: enough of them took every file descriptor of the proxy's process, and ``GET /health``, the trainer's
-control calls and the rollouts' model calls went unanswered. `workbench.capture_guard` closes a connection
+control calls and the rollouts' model calls went unanswered. `workbench.capture.guard` closes a connection
 whose request does not arrive in time and caps the waiting connections of one client address.
 """
 
@@ -20,7 +20,7 @@ import pytest
 
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy, ConnectionLimits
-from workbench.capture_guard import ConnectionGuard
+from workbench.capture.guard import ConnectionGuard
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 SLOW_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: "  # a head that is never finished

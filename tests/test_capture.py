@@ -1,6 +1,6 @@
 """The capture proxy against a scripted vLLM-dialect upstream: what is recorded equals what was sent.
 
-Every test using `stack` runs twice: with the streaming fast path (`workbench.capture_stream`, the
+Every test using `stack` runs twice: with the streaming fast path (`workbench.capture.stream`, the
 default) and with every call on OpenEnv's path (``stream_upstream=False``); the ``test_streamed_*``
 tests cover what only the fast path does (chunks relayed as they arrive, a stream cut mid-way).
 """
@@ -15,7 +15,7 @@ import pytest
 
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
-from workbench.capture_client import ProxyClient, ProxyError
+from workbench.capture import ProxyClient, ProxyError
 
 TOOLS = [
     {
@@ -463,7 +463,8 @@ def test_the_proxy_asks_the_classifier_it_is_given():
     assert ("my-harness", AGENT[0]["content"], True, "s1", ["title"]) in seen
 
 
-def test_the_default_classifier_is_the_harnesses_and_capture_does_not_import_them():
+def test_the_default_classifier_is_the_harnesses_and_no_harness_imports_the_proxy():
+    """The purpose vocabulary lives with the harnesses: the proxy asks them, they never import it."""
     import subprocess
     import sys
 
@@ -472,8 +473,8 @@ def test_the_default_classifier_is_the_harnesses_and_capture_does_not_import_the
     proxy = CaptureProxy("http://127.0.0.1:9", "m")
     assert proxy.classify is classify_call
     code = (
-        "import sys, workbench.capture, workbench.capture_stream, workbench.harnesses.purpose; "
-        "print(sorted(m for m in sys.modules if m.startswith('workbench.harnesses')))"
+        "import sys, workbench.harnesses.catalog, workbench.harnesses.purpose; "
+        "print(sorted(m for m in sys.modules if m.startswith('workbench.capture')), 'workbench.harnesses.pi' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "[] True"

@@ -1,4 +1,4 @@
-"""The SSE decoder (`workbench.capture_sse`): events are the same however the network cuts the bytes."""
+"""The SSE decoder (`workbench.capture.sse`): events are the same however the network cuts the bytes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from workbench.capture_sse import Event, SSEDecoder
+from workbench.capture.sse import Event, SSEDecoder
 
 
 def _decode(*reads: bytes) -> list[Event]:

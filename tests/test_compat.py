@@ -74,7 +74,7 @@ def test_openenv_inference_client_policy_and_post_seam():
 
     from openenv.core.harness.capture.upstream import InferenceClient
 
-    from workbench.capture_openenv import _CheckedClient
+    from workbench.capture.openenv import _CheckedClient
 
     policy = _compat.client_policy(InferenceClient)
     assert policy.max_attempts >= 1 and 503 in policy.retry_statuses and policy.backoff_s > 0
@@ -118,7 +118,7 @@ def test_quiet_known_noise_drops_exactly_trls_none_reward_line_and_the_checkpoin
 
 
 def test_uvicorns_protocol_has_the_hooks_the_capture_guard_extends():
-    """workbench.capture_guard subclasses uvicorn's httptools protocol: each method it extends exists with the
+    """workbench.capture.guard subclasses uvicorn's httptools protocol: each method it extends exists with the
     parameters it overrides, the answer's end reaches `on_response_complete` through `self` (so the override is
     the one called), and another uvicorn is refused by name."""
     from uvicorn.protocols.http import httptools_impl

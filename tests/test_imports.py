@@ -14,7 +14,7 @@ import pytest
     [
         "workbench.train",
         "workbench.rollout",
-        "workbench.capture_client",
+        "workbench.capture.client",
         "workbench.evaluate",
         "workbench.turns.derive",
         "workbench.verify",

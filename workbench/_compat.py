@@ -62,7 +62,7 @@ GRPO_LAST_LOADED_STEP = "_last_loaded_step"  # set by GRPOTrainer's vLLM init, w
 # trl.experimental.async_grpo.openenv_harness._HarnessRolloutLoop: what its spawned worker runs per rollout
 ASYNC_RUN_SESSION = "_run_session"  # (prompt, group_id=) -> (result, metrics)
 
-# OpenEnv 0.10.0's capture helpers the streaming relay reuses (workbench.capture_stream), by module:
+# OpenEnv 0.10.0's capture helpers the streaming relay reuses (workbench.capture.stream), by module:
 OPENENV_PRIVATE: dict[str, tuple[str, str]] = {
     "budget_stop_response": ("openenv.core.harness.capture.server", "_budget_stop_response"),
     "system_digest": ("openenv.core.harness.capture.server", "_system_digest"),
@@ -70,8 +70,8 @@ OPENENV_PRIVATE: dict[str, tuple[str, str]] = {
 }
 
 # openenv.core.harness.capture.upstream.InferenceClient (0.10.0): the method every engine POST goes through
-# (workbench.capture_openenv overrides it to count a non-JSON reply as an upstream error), and its retry policy,
-# kept as private class attributes, which the streamed relay (workbench.capture_upstream) follows too.
+# (workbench.capture.openenv overrides it to count a non-JSON reply as an upstream error), and its retry policy,
+# kept as private class attributes, which the streamed relay (workbench.capture.upstream) follows too.
 OPENENV_CLIENT_POST = "_post_with_retries"  # async (self, path, body, *, headers=None) -> the reply's JSON
 _CLIENT_POLICY = {
     "max_attempts": "_MAX_ATTEMPTS",
@@ -83,7 +83,7 @@ _CLIENT_POLICY = {
 }
 
 
-# uvicorn 0.54.0 (requirements/main.lock) has no deadline for a request still arriving: workbench.capture_guard
+# uvicorn 0.54.0 (requirements/main.lock) has no deadline for a request still arriving: workbench.capture.guard
 # subclasses uvicorn.protocols.http.httptools_impl.HttpToolsProtocol and extends these methods, each calling
 # uvicorn's first: asyncio's connection callbacks, httptools' parser callbacks, and uvicorn's own
 # `on_response_complete` (what each request's RequestResponseCycle calls once its answer is sent).
@@ -99,11 +99,11 @@ UVICORN_PROTOCOL_HOOKS: dict[str, tuple[str, ...]] = {  # method -> its paramete
 
 
 def check_uvicorn(installed: Callable[[str], str] = importlib.metadata.version) -> None:
-    """RuntimeError unless the installed uvicorn is the pinned one (workbench.capture_guard extends its protocol)."""
+    """RuntimeError unless the installed uvicorn is the pinned one (workbench.capture.guard extends its protocol)."""
     have = installed("uvicorn")
     if have != UVICORN_VERSION:
         raise RuntimeError(
-            f"workbench.capture_guard extends uvicorn {UVICORN_VERSION}'s HttpToolsProtocol (workbench/_compat.py); "
+            f"workbench.capture.guard extends uvicorn {UVICORN_VERSION}'s HttpToolsProtocol (workbench/_compat.py); "
             f"{have} is installed: pip install uvicorn=={UVICORN_VERSION}"
         )
 

@@ -1,4 +1,4 @@
-"""Stage faces that load their modules on first use: ``import workbench.capture`` costs nothing until a name is read.
+"""Stage faces that load their modules on first use: ``import workbench.capture.proxy`` costs nothing until a name is read.
 
 Every stage's ``__init__`` is its public face: it names what the stage offers (``__all__``), which private module
 holds each name, and imports that module only when the name is first read (PEP 562's module ``__getattr__``):
@@ -6,8 +6,8 @@ holds each name, and imports that module only when the name is first read (PEP 5
     __all__ = ["CaptureProxy", "ProxyClient"]
     __getattr__, __dir__ = face(__name__, {"CaptureProxy": "proxy", "ProxyClient": "client"})
     if TYPE_CHECKING:  # what the type checker reads; tests/test_imports.py checks both lists agree
-        from workbench.capture.proxy import CaptureProxy
-        from workbench.capture.client import ProxyClient
+        from workbench.capture.proxy.proxy import CaptureProxy
+        from workbench.capture.proxy.client import ProxyClient
 
 Why lazy: the light clients stay light (the rollout runner imports ``ProxyClient``, not OpenEnv's server the proxy
 needs, ~3,400 modules and 7-10 s here), and a stage's face never forces its heavy helpers (torch, TRL) on a caller

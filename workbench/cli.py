@@ -47,7 +47,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from workbench.assets import prompting
-    from workbench.capture_client import ProxyClient
+    from workbench.capture import ProxyClient
     from workbench.rollout import run_rollouts
     from workbench.rollout_types import RolloutConfig, agent_prompt
     from workbench.stack import local_stack

@@ -52,7 +52,7 @@ from workbench.runs import RunDir
 from workbench.sandbox import Isolation, check_isolation
 
 if TYPE_CHECKING:
-    from workbench.capture_client import ProxyClient
+    from workbench.capture import ProxyClient
     from workbench.engine import Engine
 
 # compare is defined in workbench.eval_report (with aggregate, eval.json's numbers) and re-exported here: an

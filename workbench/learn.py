@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from workbench.assets import DISCLOSURE
-from workbench.capture_client import ProxyClient
+from workbench.capture import ProxyClient
 from workbench.engine import Engine
 from workbench.evaluate import EvalConfig, compare, run_eval
 from workbench.learn_evidence import SHIPPED, example_pair, headline, load_shipped, rate_delta, ship

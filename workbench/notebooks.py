@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.capture_client import ProxyClient
+from workbench.capture import ProxyClient
 from workbench.engine import Engine
 from workbench.paths import project_root
 from workbench.stack import local_stack

@@ -38,7 +38,7 @@ from typing import Any
 from openenv.core.harness import ResourceSession, ResourceSessionFactory, TrainingTrace
 from openenv.core.harness import VerifyResult as OpenEnvVerifyResult
 
-from workbench.capture_client import ProxyClient, ProxyError
+from workbench.capture import ProxyClient, ProxyError
 from workbench.rollout_session import HarnessSession
 from workbench.rollout_types import FAILED_STATUSES, RolloutConfig, agent_entries
 from workbench.sandbox import SandboxError

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from workbench.sync_probe import SyncProbe, engine_prompt_logprobs, model_logprobs
 
 if TYPE_CHECKING:
-    from workbench.capture_client import ProxyClient
+    from workbench.capture import ProxyClient
     from workbench.engine import Engine
     from workbench.runs import RunDir
 

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from workbench.capture_client import ProxyClient, ProxyError
+from workbench.capture import ProxyClient, ProxyError
 from workbench.rollout_session import HarnessSession, atomic_json
 from workbench.rollout_types import RolloutConfig, RolloutResult
 from workbench.sandbox import SandboxError

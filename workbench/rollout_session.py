@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.sandbox import CopyLimitError
-from workbench.capture_client import ProxyClient, ProxyError
+from workbench.capture import ProxyClient, ProxyError
 from workbench.harnesses import HarnessOptions, HarnessRun, get_harness
 from workbench.paths import project_root
 from workbench.procs import exit_signal, signal_name

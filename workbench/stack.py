@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator
 
 from workbench.capture import CaptureProxy
-from workbench.capture_client import ProxyClient
+from workbench.capture import ProxyClient
 from workbench.engine import Engine, EngineConfig
 
 __all__ = ["local_stack"]

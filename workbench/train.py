@@ -42,7 +42,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from workbench.capture_client import ProxyClient
+from workbench.capture import ProxyClient
 from workbench.engine import Engine
 from workbench.policy_sync import MergedSync, SharedFolder
 from workbench.rollout import run_rollouts

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 if TYPE_CHECKING:
-    from workbench.capture_client import ProxyClient
+    from workbench.capture import ProxyClient
     from workbench.engine import Engine
     from workbench.policy_sync import SharedFolder
     from workbench.rollout_types import RolloutConfig

@@ -8,7 +8,7 @@ the call and of those tagged before it). This module is that question and nothin
 no OpenEnv, no harness class.
 
 Direction of the imports: the harnesses own the vocabulary and answer the question; the proxy
-(`workbench.capture`) asks it, importing this stage's face (`Classifier`, `classify_call`, each harness's
+(`workbench.capture.proxy`) asks it, importing this stage's face (`Classifier`, `classify_call`, each harness's
 ``classify`` looked up by name), and no harness ever imports the proxy. A classifier of your own:
 
     def classify(harness, *, system, has_tools, call, prior) -> Purpose:

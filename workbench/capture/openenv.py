@@ -1,9 +1,9 @@
 """OpenEnv's capture app as the workbench serves it: `build_app` makes it, with our parts swapped in.
 
 OpenEnv 0.10.0's `create_app` (`openenv.core.harness.capture.server`) is used as is, with these of its
-parts replaced (`workbench.capture.CaptureProxy` serves the result behind its front door and recorder):
+parts replaced (`workbench.capture.proxy.CaptureProxy` serves the result behind its front door and recorder):
 
-- the session registry: every new session gets a call log (`workbench.capture_record.CallLog`) and a
+- the session registry: every new session gets a call log (`workbench.capture.record.CallLog`) and a
   rollout graph that attaches each new turn to the call being served and tags it;
 - the dialect transforms: keys the engine must not see (``seed``) are dropped from every request;
 - the engine client: a 200 whose body is not a JSON object is an upstream error, not a 500;
@@ -32,7 +32,7 @@ from openenv.core.harness.capture.upstream import InferenceClient, UpstreamHTTPE
 from starlette.requests import Request
 
 from workbench._compat import OPENENV_CLIENT_POST
-from workbench.capture_record import CallLog, current_call
+from workbench.capture.record import CallLog, current_call
 
 __all__ = ["Upstream", "build_app"]
 

@@ -41,7 +41,7 @@ __all__ = ["ConnectionLimits", "ConnectionGuard", "GuardedProtocol", "Phase"]
 
 _compat.check_uvicorn()  # GuardedProtocol extends uvicorn's methods named in _compat.UVICORN_PROTOCOL_HOOKS
 
-logger = logging.getLogger("workbench.capture")
+logger = logging.getLogger("workbench.capture.proxy")
 
 
 @dataclass(frozen=True)

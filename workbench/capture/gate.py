@@ -2,7 +2,7 @@
 
 Decided from the method, the path and the headers alone, before a byte of the body is read, so a
 caller without a key costs the proxy nothing (an unauthenticated 28 MB body used to be read and
-parsed before its 401). Pure functions; `workbench.capture` applies them.
+parsed before its 401). Pure functions; `workbench.capture.proxy` applies them.
 
 - `route`: a closed list. Model calls are exactly ``POST /v1/chat/completions`` and
   ``POST /v1/responses`` (the dialects our harnesses speak); control routes exactly OpenEnv's

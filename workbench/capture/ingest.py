@@ -1,7 +1,7 @@
 """OpenEnv's ``_ingest`` for one chat completion, copied: a finished response becomes a `TurnNode`.
 
 OpenEnv 0.10.0 records a turn inside `create_app` (server.py, ``_ingest`` at the ``tokens`` capture level),
-a closure nothing outside can call. The streamed relay (`workbench.capture_stream`) assembles the same
+a closure nothing outside can call. The streamed relay (`workbench.capture.stream`) assembles the same
 non-streaming response OpenEnv's path would have received and records it here, so a turn captured on
 either path carries the same node fields, findings, counters and ``last_turn_at``. Keep it in step with
 OpenEnv's on an upgrade (the version is pinned in `workbench._compat`).
@@ -27,7 +27,7 @@ from workbench._compat import system_digest  # OpenEnv 0.10.0's private helper
 
 __all__ = ["ingest"]
 
-logger = logging.getLogger("workbench.capture")
+logger = logging.getLogger("workbench.capture.proxy")
 
 
 def ingest(

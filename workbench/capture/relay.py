@@ -1,6 +1,6 @@
 """One relayed stream's two sides: what the harness receives (`Reply`) and what is kept (`StreamedTurn`).
 
-The streamed relay (`workbench.capture_stream`) hands every engine chunk to `StreamedTurn.feed`, which
+The streamed relay (`workbench.capture.stream`) hands every engine chunk to `StreamedTurn.feed`, which
 folds it into the non-streaming response OpenEnv's path would have received (prompt ids, sampled ids,
 logprobs, the assembled message: content, reasoning, tool-call fragments by index) and rewrites the
 chunk in place into what OpenEnv's replay would have written for the harness. `Reply` sends it: SSE

@@ -1,7 +1,7 @@
 """The capture proxy's call log: every model call of a session, in order, with its purpose and outcome.
 
 OpenEnv's ``/trace_entries`` lists agent turns only, and a call that failed leaves no node at all; the
-proxy (`workbench.capture.CaptureProxy`) keeps its own record of every call here:
+proxy (`workbench.capture.proxy.CaptureProxy`) keeps its own record of every call here:
 
 - `CallRecord`: one call as the proxy saw it (OpenEnv's `TurnNode` attached when it produced a turn);
   `CallRecord.to_json` is its trace.json record.
@@ -116,7 +116,7 @@ def _render(call: CallRecord) -> dict[str, Any]:
 
 
 # The call being served in this task: OpenEnv's graph adds a node without saying for which request, so
-# the node is matched to its call through the context (`workbench.capture_openenv`).
+# the node is matched to its call through the context (`workbench.capture.openenv`).
 current_call: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("wb_call", default=None)
 
 

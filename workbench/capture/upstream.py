@@ -1,6 +1,6 @@
 """The streamed relay's connection to the engine: one pooled aiohttp session, with OpenEnv's client policy.
 
-OpenEnv's `InferenceClient` (httpx) asks the engine for whole answers; the relay (`workbench.capture_stream`)
+OpenEnv's `InferenceClient` (httpx) asks the engine for whole answers; the relay (`workbench.capture.stream`)
 needs the engine's stream as it arrives. `StreamingUpstream.open` posts a prepared chat completion and
 returns the engine's 2xx streaming response after the same policy OpenEnv's client applies: its auth header,
 connect and liveness timeouts, transient statuses retried with backoff (``Retry-After`` honoured), a 400
@@ -43,7 +43,7 @@ from workbench._compat import client_policy, retry_after_seconds  # OpenEnv 0.10
 
 __all__ = ["StreamingUpstream", "UPSTREAM_ERRORS", "transport_error"]
 
-logger = logging.getLogger("workbench.capture")
+logger = logging.getLogger("workbench.capture.proxy")
 POLICY = client_policy(InferenceClient)
 
 # What a read of the engine's connection raises; `transport_error` turns them into OpenEnv's errors.

@@ -1,6 +1,6 @@
 """A server-sent events decoder: bytes in, events out, one network read at a time. Pure (no I/O).
 
-The capture proxy reads the engine's streamed reply as it arrives (`workbench.capture_stream`); a read
+The capture proxy reads the engine's streamed reply as it arrives (`workbench.capture.stream`); a read
 ends wherever the network cut it, in the middle of a line or between the ``\\r`` and ``\\n`` of one
 line end. This decoder keeps what is incomplete and follows the WHATWG parsing rules
 (html.spec.whatwg.org, "server-sent events", event stream interpretation):

@@ -18,11 +18,11 @@ all seven knobs and overrides the harness), and a call budget ends runaway loops
   trust boundary. Without the key nobody can mint sessions or read traces. A random key is made
   when none is given; a non-loopback bind requires an explicit one;
 - a loopback bind by default (the stock ``CaptureServer.start()`` binds 0.0.0.0);
-- **slow clients closed** (`workbench.capture_guard`): a request's head must arrive within 10 s and its body
+- **slow clients closed** (`workbench.capture.guard`): a request's head must arrive within 10 s and its body
   within 60 s, and one client address keeps at most 256 connections waiting; nothing is timed while an answer
-  streams (``connection_limits=``, a `workbench.capture_guard.ConnectionLimits`).
+  streams (``connection_limits=``, a `workbench.capture.guard.ConnectionLimits`).
 - **streamed calls forwarded streamed**: OpenEnv asks the engine for the whole answer and replays it
-  as one chunk (time to first chunk = the whole generation); `workbench.capture_stream` relays a
+  as one chunk (time to first chunk = the whole generation); `workbench.capture.stream` relays a
   streamed chat completion chunk by chunk and records the same turn (``stream_upstream=False``: off).
 
     proxy = CaptureProxy("http://127.0.0.1:8011", "tiny").start()
@@ -34,9 +34,9 @@ all seven knobs and overrides the harness), and a call budget ends runaway loops
 
 `workbench proxy --upstream URL --model NAME [--host H] [--port N] [--admin-key-file FILE]` runs it alone.
 
-This module is the ASGI app and its lifecycle: the front door (`workbench.capture_gate`), bodies read and
-capped, the output cap by purpose, then each model call recorded (`workbench.capture_record`) around
-OpenEnv's app (`workbench.capture_openenv`) or the streamed relay (`workbench.capture_stream`).
+This module is the ASGI app and its lifecycle: the front door (`workbench.capture.gate`), bodies read and
+capped, the output cap by purpose, then each model call recorded (`workbench.capture.record`) around
+OpenEnv's app (`workbench.capture.openenv`) or the streamed relay (`workbench.capture.stream`).
 """
 
 from __future__ import annotations
@@ -54,16 +54,16 @@ from openenv.core.harness.capture.sessions import Session
 from starlette.types import Message, Receive, Scope, Send
 
 from workbench.harnesses import Classifier, classify_call
-from workbench.capture_client import ProxyClient, ProxyError
-from workbench.capture_gate import DUPLICATE, body_problem, offered_key, route
-from workbench.capture_guard import ConnectionGuard, ConnectionLimits
-from workbench.capture_openenv import Upstream, build_app
-from workbench.capture_record import CallLog, CallRecord, CallRecorder
-from workbench.capture_stream import StreamingPath
+from workbench.capture.client import ProxyClient, ProxyError
+from workbench.capture.gate import DUPLICATE, body_problem, offered_key, route
+from workbench.capture.guard import ConnectionGuard, ConnectionLimits
+from workbench.capture.openenv import Upstream, build_app
+from workbench.capture.record import CallLog, CallRecord, CallRecorder
+from workbench.capture.stream import StreamingPath
 
 __all__ = ["CaptureProxy", "ProxyClient", "ProxyError", "CallRecord", "ConnectionLimits", "BOOKKEEPING_MAX_TOKENS"]
 
-logger = logging.getLogger("workbench.capture")
+logger = logging.getLogger("workbench.capture.proxy")
 
 # Output caps by purpose for calls that are never trained: a title is a few words.
 BOOKKEEPING_MAX_TOKENS: dict[str, int] = {"title": 32}
@@ -115,12 +115,12 @@ class CaptureProxy:
     Request bodies larger than `max_body_bytes` are answered 413 without being held in memory
     (opencode's requests are ~30-300 KB; the default leaves two orders of magnitude of room).
     With `stream_upstream` (the default), streamed chat completions are forwarded streamed and relayed
-    chunk by chunk (`workbench.capture_stream`); False keeps every call on OpenEnv's path.
+    chunk by chunk (`workbench.capture.stream`); False keeps every call on OpenEnv's path.
     `bookkeeping_max_tokens` caps the output of calls by purpose, decided from the request before it is
     forwarded (default `BOOKKEEPING_MAX_TOKENS`: opencode's title call, never trained, used to sample up
     to the whole output budget beside the agent's call); the trace records ``clamped_max_tokens``.
     `classify` tags each call with its purpose (default: `workbench.harnesses.classify_call`, the
-    session's harness decides). `log` holds every session's calls (`workbench.capture_record.CallLog`).
+    session's harness decides). `log` holds every session's calls (`workbench.capture.record.CallLog`).
     `connection_limits` (default `ConnectionLimits()`) closes connections whose request arrives too slowly and
     caps the waiting connections of one client address; `connection_guard` counts what it closed.
     """
@@ -183,7 +183,7 @@ class CaptureProxy:
     # -- serving ---------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI entry: the front door (`workbench.capture_gate`) first, from the headers alone; then
+        """ASGI entry: the front door (`workbench.capture.gate`) first, from the headers alone; then
         model calls are recorded around OpenEnv's app (or the streamed relay)."""
         if scope["type"] != "http":  # lifespan is off; websockets are not served
             return await self.inner(scope, receive, send) if scope["type"] == "lifespan" else None
@@ -236,7 +236,7 @@ class CaptureProxy:
         recorder = CallRecorder(self.log, call, session, receive, send)
         with recorder.serving():
             # The streaming fast path takes a streamed chat completion it can serve exactly as OpenEnv
-            # would (workbench.capture_stream); every other call, and every refusal, is OpenEnv's.
+            # would (workbench.capture.stream); every other call, and every refusal, is OpenEnv's.
             streaming = self._streaming
             prepared = streaming.prepare(scope, session, body) if streaming is not None else None
             if streaming is not None and prepared is not None:
@@ -316,7 +316,7 @@ class CaptureProxy:
             log_level="warning",
             timeout_keep_alive=75,
             lifespan="off",
-            http=self.connection_guard.protocol(),  # slow clients closed (workbench.capture_guard)
+            http=self.connection_guard.protocol(),  # slow clients closed (workbench.capture.guard)
             ws="none",  # no websocket route; an upgrade would hand the socket to a protocol the guard does not see
         )
         self._server = uvicorn.Server(config)

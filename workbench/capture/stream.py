@@ -39,9 +39,9 @@ Everything else (other dialects, unstreamed calls, a session over its call budge
 engine, eval sessions, constrained decoding, anything OpenEnv would refuse) takes OpenEnv's path:
 `CaptureProxy` asks `StreamingPath.prepare` first and falls back when it returns None.
 
-This module decides and drives; the pieces live beside it: `workbench.capture_upstream` (the pooled
-engine connection and OpenEnv's retry policy), `workbench.capture_relay` (the harness's reply and the
-turn folded from the chunks), `workbench.capture_ingest` (the copy of OpenEnv's ``_ingest``).
+This module decides and drives; the pieces live beside it: `workbench.capture.upstream` (the pooled
+engine connection and OpenEnv's retry policy), `workbench.capture.relay` (the harness's reply and the
+turn folded from the chunks), `workbench.capture.ingest` (the copy of OpenEnv's ``_ingest``).
 
     path = StreamingPath(app.state)                     # CaptureProxy(..., stream_upstream=True) does this
     prepared = path.prepare(scope, session, body)        # the body as the front door parsed it
@@ -80,15 +80,15 @@ from openenv.core.harness.capture.upstream import (
 from starlette.types import Receive, Scope, Send
 
 from workbench._compat import budget_stop_response  # OpenEnv 0.10.0's private helper
-from workbench.capture_ingest import ingest
-from workbench.capture_record import current_call
-from workbench.capture_relay import Reply, StreamedTurn
-from workbench.capture_sse import SSEDecoder
-from workbench.capture_upstream import UPSTREAM_ERRORS, StreamingUpstream, transport_error
+from workbench.capture.ingest import ingest
+from workbench.capture.record import current_call
+from workbench.capture.relay import Reply, StreamedTurn
+from workbench.capture.sse import SSEDecoder
+from workbench.capture.upstream import UPSTREAM_ERRORS, StreamingUpstream, transport_error
 
 __all__ = ["Prepared", "StreamingPath"]
 
-logger = logging.getLogger("workbench.capture")
+logger = logging.getLogger("workbench.capture.proxy")
 
 _PATH = "/v1/chat/completions"
 # Request keys whose handling (refusal under a pinned policy, constrained logits) is OpenEnv's: a call
