@@ -38,9 +38,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_harbor(args: argparse.Namespace) -> int:
-    from workbench.verify.harbor import main as harbor_main
+    from workbench.verify import harbor_cli
 
-    return harbor_main([args.action, args.spec])
+    return harbor_cli([args.action, args.spec])
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:

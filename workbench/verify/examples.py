@@ -27,7 +27,7 @@ from pathlib import Path
 
 from workbench.tasks import Task
 from workbench.tasks import EASY_PATH, FIXTURE_PATH
-from workbench.verify import VerifyResult
+from workbench.verify.reward import VerifyResult
 
 __all__ = ["answer_key", "cannot_show", "hostile", "leaked", "tests_file", "KINDS"]
 

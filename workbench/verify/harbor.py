@@ -55,7 +55,7 @@ __all__ = [
     "jail_options",
     "oracle_check",
     "run_solution",
-    "main",
+    "harbor_cli",
 ]
 
 TESTS_AT, LOGS_AT, SOLUTION_AT, BIN_AT, APP = "/tests", "/logs/verifier", "/solution", "/run/workbench/bin", "/app"
@@ -215,7 +215,7 @@ def run_solution(task: Task, dest: Path, *, sandbox: str = "auto") -> tuple[str,
 
 def oracle_check(task: Task, *, sandbox: str = "auto") -> dict[str, Any]:
     """The oracle's reward (solve.sh, then grading; must be 1.0) and the untouched start's (should be 0)."""
-    from workbench.verify import verify
+    from workbench.verify.reward import verify
 
     with tempfile.TemporaryDirectory(prefix="wb-harbor-oracle-") as tmp:
         start = Path(tmp) / "start"
@@ -244,7 +244,7 @@ def _write_files(root: Path, files: dict[str, str]) -> None:
         (root / rel).write_text(text, encoding="utf-8")
 
 
-def main(argv: list[str] | None = None) -> int:
+def harbor_cli(argv: list[str] | None = None) -> int:
     """``workbench harbor check PATH|repo-tasks``: per task, the oracle's reward (solve.sh on the
     starting files; must be 1.0) and the untouched start's (should be 0)."""
     import argparse
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from workbench.tasks import load_spec, load_specs
 
-    parser = argparse.ArgumentParser(prog="workbench harbor", description=main.__doc__, allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="workbench harbor", description=harbor_cli.__doc__, allow_abbrev=False)
     parser.add_argument("action", choices=["check"])
     parser.add_argument("spec", help="a Harbor task folder, a folder of them, or repo-tasks")
     parser.add_argument("--sandbox", choices=["auto", "bwrap"], default="auto")
