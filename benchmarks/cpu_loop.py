@@ -138,7 +138,7 @@ def child_rollouts(name: str, out: Path) -> dict[str, Any]:
     """One rollout-phase configuration: its own engine, 8 rollouts of the task, timed."""
     from workbench.engine import EngineConfig
     from workbench.rollout import run_rollouts
-    from workbench.stack import local_stack
+    from workbench.engine import local_stack
     from workbench.tasks import load_task
     from workbench.train import TrainConfig
 

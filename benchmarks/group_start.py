@@ -54,7 +54,7 @@ def main() -> None:
 
     from workbench.engine import EngineConfig
     from workbench.evaluate import EvalConfig, run_eval
-    from workbench.stack import local_stack
+    from workbench.engine import local_stack
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--settings", default="lead,all-at-once")

@@ -7,7 +7,7 @@ Conversations:
 - the captured multi-turn opencode rollouts shipped in ``workbench/data/rollouts`` (SmolLM2 through the real
   harness and proxy; two of the three forked), plus any folder given with ``--rollouts``;
 - synthetic 5/10/20-turn agent conversations rendered with the real Qwen2.5 tokenizer and the qwen2_5 tool
-  template (`workbench.assets.build_tokenizer`, as tests/test_turns.py does): opencode's real system prompt
+  template (`workbench.engine.assets.build_tokenizer`, as tests/test_turns.py does): opencode's real system prompt
   and 9 tools (7,097 tokens, from the ``tiny-humaneval`` capture), the task, then per turn one assistant tool
   call (``write``/``bash``/``read``/``edit``, 100-300 tokens) and its tool result (50-400 tokens). A turn's
   output ids are the template's rendering of its assistant message up to ``<|im_end|>`` (what the model
@@ -234,7 +234,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from workbench.assets import build_tokenizer
+    from workbench.engine import build_tokenizer
 
     started = dt.datetime.now(dt.timezone.utc)
     model = None
@@ -242,10 +242,10 @@ def main() -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from workbench.assets import build
+        from workbench.engine import build_asset
 
         torch.manual_seed(args.seed)
-        model = AutoModelForCausalLM.from_pretrained(build("tiny").path, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(build_asset("tiny").path, dtype=torch.float32).eval()
     tok = build_tokenizer()
     folders = sorted(p for p in FIXTURES.iterdir() if (p / "trace.json").exists()) + list(args.rollouts)
     conversations = captured(folders) + [synthetic(tok, n, args.seed) for n in args.turns]

@@ -50,9 +50,9 @@ def measure(asset_name: str, dtype: str, folder: Path) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workbench.assets import build
+    from workbench.engine import build_asset
 
-    path = build(asset_name).path
+    path = build_asset(asset_name).path
     torch.manual_seed(0)
     peft = get_peft_model(
         AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),

@@ -89,7 +89,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
 from run_file import host, new_run_file
 from workbench import group_step, trl_trainer
-from workbench.assets import load
+from workbench.engine import load_asset
 from workbench.train import GRPORun, TrainConfig
 from workbench.turns import analyse
 from workbench.turns import Row
@@ -150,7 +150,7 @@ def group() -> list[tuple[list[int], list[int], list[int]]]:
     if MODEL != "smollm2":  # the same texts in the model's own tokens (module docstring)
         from transformers import AutoTokenizer
 
-        src, dst = (AutoTokenizer.from_pretrained(load(m).path) for m in ("smollm2", MODEL))
+        src, dst = (AutoTokenizer.from_pretrained(load_asset(m).path) for m in ("smollm2", MODEL))
         prefix = retokenise(prefix, [0] * len(prefix), src, dst)[0]
         batch = [(prefix, *retokenise(c, m, src, dst)) for _, c, m in batch]
     keep = int(os.environ.get("WB_PREFIX_TOKENS", 10**9))
@@ -172,7 +172,7 @@ def build_trainer(tmp: Path, **config: object):
         train_threads=THREADS,
         **config,
     )
-    trainer = GRPORun(cfg, run_dir=tmp / "run")._build_trainer(load(MODEL).path)
+    trainer = GRPORun(cfg, run_dir=tmp / "run")._build_trainer(load_asset(MODEL).path)
 
     class NoSync:
         def sync_weights(self) -> None:

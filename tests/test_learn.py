@@ -137,7 +137,7 @@ def test_a_stopped_run_resumes_where_it_stopped_and_refuses_another_config(monke
     def no_engine(**kw):
         raise AssertionError("a finished run started an engine")
 
-    monkeypatch.setattr("workbench.stack.local_stack", no_engine)
+    monkeypatch.setattr("workbench.engine.stack.local_stack", no_engine)
     calls.evals = []
     again = run_learning(_config(), run_dir=tmp_path / "r", resume=True)
     assert calls.evals == [] and again["train_pool_solve_delta"] == ev["train_pool_solve_delta"]

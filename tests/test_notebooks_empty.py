@@ -102,7 +102,7 @@ def test_04_refuses_a_rollout_without_workspace_before_grading_anything(tmp_path
 @pytest.fixture(scope="module")
 def shared(engine):
     """The parameters `workbench notebooks run` passes: one engine and one capture proxy for every notebook."""
-    from workbench.stack import local_stack
+    from workbench.engine import local_stack
 
     with local_stack(engine=engine) as (eng, proxy, _):
         yield {

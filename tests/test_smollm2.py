@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from workbench.assets import build
+from workbench.engine import build_asset
 from workbench.rollout import run_rollout
 from workbench.rollout_types import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig
-from workbench.stack import local_stack
+from workbench.engine import local_stack
 from workbench.tasks import load_task
 
 pytestmark = [pytest.mark.engine, pytest.mark.opencode, pytest.mark.slow]
@@ -19,7 +19,7 @@ def test_smollm2_writes_solution_with_opencodes_write_tool(tmp_path):
     """Up to 5 rollouts of easy/0 at T=0.3 (few-shot, short agent prompt); at least one must have
     opencode's `write` tool create solution.py: in opencode's own events, in the workspace, and as a
     tool call in the engine's captured answer."""
-    build("smollm2")
+    build_asset("smollm2")
     config = RolloutConfig(
         temperature=0.3,
         max_output_tokens=256,

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from workbench.assets import build
-from workbench.engine import TOOL_PARSER_PLUGIN, Engine, EngineConfig
+from workbench.engine import build_asset
+from workbench.engine.vllm import TOOL_PARSER_PLUGIN, Engine, EngineConfig
 from workbench.paths import vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ TOOLS = [
 
 def test_parser_cases_in_the_engines_venv():
     """tests/tool_parser_cases.py: bare, fenced, tagged and streamed calls; every non-call comes back unchanged."""
-    tiny = build("tiny")
+    tiny = build_asset("tiny")
     r = subprocess.run(
         [str(vllm_python()), str(ROOT / "tests" / "tool_parser_cases.py"), str(TOOL_PARSER_PLUGIN), str(tiny.path)],
         capture_output=True,
@@ -42,7 +42,7 @@ def test_parser_cases_in_the_engines_venv():
 
 @pytest.mark.engine
 def test_an_engine_with_the_plugin_streams_every_token():
-    build("tiny")
+    build_asset("tiny")
     with Engine(EngineConfig(model="tiny", tool_parser="json")) as engine:
         command = engine.command()
         assert command[command.index("--tool-call-parser") + 1] == "workbench_json"

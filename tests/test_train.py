@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.assets import build
+from workbench.engine import build_asset
 from workbench.capture import CaptureProxy
 from workbench.runs import RunDir
 from workbench.train import GRPORun, TrainConfig, rows_for_trl
@@ -46,7 +46,7 @@ def test_importance_sampling_auto_follows_the_trainers_and_the_engines_dtype(tmp
     config = TrainConfig.baseline(
         model="tiny", tasks="easy[:1]", steps=1, device="cpu", engine_dtype="bfloat16", importance_sampling="auto"
     )
-    trainer = GRPORun(config, run_dir=tmp_path / "run")._build_trainer(build("tiny").path)
+    trainer = GRPORun(config, run_dir=tmp_path / "run")._build_trainer(build_asset("tiny").path)
     assert trainer.vllm_importance_sampling_mode == "token_truncate"
 
 
@@ -79,7 +79,7 @@ class _NoSync:
 def test_advantages_and_loss_match_a_direct_computation(tmp_path, levers):
     """Three groups of three: one with a failed (unscorable) rollout, one with zero variance. TRL's own
     step and the step with the speed levers (workbench.group_step) give the same loss."""
-    asset = build("tiny")
+    asset = build_asset("tiny")
     make = TrainConfig.baseline if levers == "baseline" else TrainConfig
     config = make(
         model="tiny",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.assets import build_tokenizer
+from workbench.engine import build_tokenizer
 from workbench.turns.derive import rollout_report, write_turns
 from workbench.turns.drift import CAUSES, diagnose
 from workbench.turns import build_rows

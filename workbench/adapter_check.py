@@ -59,7 +59,7 @@ def check_adapter(path: str | Path, model: str, *, max_rank: int = 16) -> dict[s
     """Refuse (`AdapterMismatch`) a LoRA folder that does not fit `model`'s asset: rank above the
     engine's `max_rank`, a target module the model lacks, a layer index past its depth, or any LoRA
     matrix of the wrong shape. Returns what was checked (recorded in eval.json)."""
-    from workbench.assets import ASSET_NAMES, load
+    from workbench.engine import ASSET_NAMES, load_asset
 
     folder = Path(path).expanduser()
     cfg_file, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
@@ -71,7 +71,7 @@ def check_adapter(path: str | Path, model: str, *, max_rank: int = 16) -> dict[s
     cfg = json.loads(cfg_file.read_text())
     if cfg.get("peft_type") != "LORA":
         raise AdapterMismatch(f"{folder}: peft_type {cfg.get('peft_type')!r}, only LORA adapters are served")
-    model_cfg = json.loads((load(model).path / "config.json").read_text())
+    model_cfg = json.loads((load_asset(model).path / "config.json").read_text())
     base = str(cfg.get("base_model_name_or_path") or "")
     if Path(base).name in ASSET_NAMES and Path(base).name != model:
         raise AdapterMismatch(f"{folder} was trained on {Path(base).name!r} ({base}), not {model!r}")

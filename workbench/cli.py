@@ -46,11 +46,11 @@ def _cmd_harbor(args: argparse.Namespace) -> int:
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from workbench.assets import prompting
+    from workbench.engine import prompting
     from workbench.capture import ProxyClient
     from workbench.rollout import run_rollouts
     from workbench.rollout_types import RolloutConfig, agent_prompt
-    from workbench.stack import local_stack
+    from workbench.engine import local_stack
     from workbench.tasks import load_task
 
     task = load_task(args.task)
@@ -179,7 +179,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     given = given_fields(args, TrainConfig)
     config = TrainConfig.baseline(**given) if args.baseline else TrainConfig(**given)
     if args.upstream:
-        from workbench.stack import local_stack
+        from workbench.engine import local_stack
 
         key = read_secret(args.upstream_key_file) if args.upstream_key_file else None
         with local_stack(
@@ -233,9 +233,9 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
 
 
 def _asset_path(name: str) -> str:
-    from workbench.assets import load
+    from workbench.engine import load_asset
 
-    return str(load(name).path)
+    return str(load_asset(name).path)
 
 
 def build_parser() -> argparse.ArgumentParser:

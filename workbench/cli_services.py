@@ -65,23 +65,27 @@ def add_service_commands(add: AddCommand) -> None:
 
 
 def _cmd_assets(args: argparse.Namespace) -> int:
-    from workbench import assets
+    from workbench.engine import (
+        build_asset,
+        build_tokenizer,
+        check_tokenizer,
+        file_hashes,
+        reference_corpus,
+        verify_asset,
+    )
 
     if args.action == "build":
         for name in args.names:
-            asset = assets.build(name, force=args.force)
+            asset = build_asset(name, force=args.force)
             print(f"{name}: {asset.path}")
     else:  # check
-        tok = assets.build_tokenizer()
-        check = assets.check_tokenizer(tok, assets.reference_corpus())
+        tok = build_tokenizer()
+        check = check_tokenizer(tok, reference_corpus())
         print(f"tokenizer: {check.texts} texts, {check.tokens} tokens, mismatched {check.mismatched or 'none'}")
         ok = check.ok
         for name in args.names:
-            problems = assets.verify(name)
-            print(
-                f"{name}: {len(assets.file_hashes(name))} files, "
-                + ("hashes ok" if not problems else "; ".join(problems))
-            )
+            problems = verify_asset(name)
+            print(f"{name}: {len(file_hashes(name))} files, " + ("hashes ok" if not problems else "; ".join(problems)))
             ok = ok and not problems
         return 0 if ok else 1
     return 0

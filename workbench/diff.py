@@ -311,18 +311,18 @@ def _load_tokenizer(name: str | None) -> Tokenizer | None:
         return None
     from transformers import AutoTokenizer
 
-    from workbench import assets
+    from workbench.engine import ASSET_NAMES, build_tokenizer, load_asset
 
     if Path(name).is_dir():
         return AutoTokenizer.from_pretrained(name)
-    if name in assets.ASSET_NAMES:
+    if name in ASSET_NAMES:
         try:
-            return AutoTokenizer.from_pretrained(assets.load(name).path)
+            return AutoTokenizer.from_pretrained(load_asset(name).path)
         except FileNotFoundError:
             if name == "tiny":
-                return assets.build_tokenizer()
+                return build_tokenizer()
             return AutoTokenizer.from_pretrained(DATA / "rollouts" / "smollm2-tokenizer")
-    raise ValueError(f"--model {name!r}: expected {', '.join(assets.ASSET_NAMES)} or a tokenizer folder")
+    raise ValueError(f"--model {name!r}: expected {', '.join(ASSET_NAMES)} or a tokenizer folder")
 
 
 def add_diff_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -341,7 +341,7 @@ def add_diff_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def diff_from_args(args: argparse.Namespace) -> int:
     """The ``workbench diff`` handler: 0 when the two rollouts are identical, 1 when they differ."""
-    from workbench.assets import ASSET_NAMES
+    from workbench.engine import ASSET_NAMES
 
     model = args.model or _json(Path(args.a) / "summary.json").get("model")
     result = diff_rollouts(

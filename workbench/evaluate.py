@@ -147,11 +147,11 @@ def run_eval(
 
     The engine and proxy are started here (`local_stack`) unless both are given. Everything that can be
     refused (adapter, isolation, tasks, agent prompt) is checked before any of them starts."""
-    from workbench.assets import load, prompting
+    from workbench.engine import load_asset, prompting
     from workbench.engine import EngineConfig, engine_threads
     from workbench.rollout import run_rollouts
     from workbench.rollout_types import RolloutConfig, agent_prompt
-    from workbench.stack import local_stack
+    from workbench.engine import local_stack
     from workbench.tasks import load_tasks
 
     if (engine is None) != (client is None):
@@ -184,7 +184,7 @@ def run_eval(
     run.write_config(
         {
             "eval": asdict(config),
-            "asset": str(load(config.model).path),
+            "asset": str(load_asset(config.model).path),
             "isolation": mode,
             "adapter": adapter,
             "prompting": {"few_shot": few_shot, "agent_prompt": prompt_name},  # as resolved for this model
@@ -212,7 +212,7 @@ def run_eval(
         )
     else:
         stack = contextlib.nullcontext((engine, None, client))
-    asset_path = load(config.model).path
+    asset_path = load_asset(config.model).path
     with stack as (eng, _, cli):
         previous = cli.model
         name = f"eval-{uuid.uuid4().hex[:8]}" if adapter and not merged else None

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from workbench.assets import DISCLOSURE
+from workbench.engine import DISCLOSURE
 from workbench.capture import ProxyClient
 from workbench.engine import Engine
 from workbench.evaluate import EvalConfig, compare, run_eval
@@ -188,7 +188,7 @@ def run_learning(
 ) -> dict[str, Any]:
     """Run the stages of the module docstring (with `resume`, those not finished in `run_dir` yet: its config.json
     must be this config); returns (and writes) eval.json."""
-    from workbench.stack import local_stack
+    from workbench.engine import local_stack
 
     if (engine is None) != (client is None):
         raise ValueError("pass both engine and client (the proxy in front of that engine), or neither")

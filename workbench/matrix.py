@@ -26,12 +26,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from workbench.assets import prompting
+from workbench.engine import prompting
 from workbench.engine import Engine, EngineError
 from workbench.harnesses import get_harness
 from workbench.rollout import run_rollouts
 from workbench.rollout_types import RolloutConfig, RolloutResult, agent_prompt
-from workbench.stack import local_stack
+from workbench.engine import local_stack
 from workbench.runs import RunDir
 from workbench.tasks import load_tasks
 from workbench.turns import Tokenizer

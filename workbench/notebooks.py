@@ -40,7 +40,7 @@ from typing import Any, Callable
 from workbench.capture import ProxyClient
 from workbench.engine import Engine
 from workbench.paths import project_root
-from workbench.stack import local_stack
+from workbench.engine import local_stack
 from workbench.views import save_figure
 from workbench.runs import RunDir
 

@@ -8,7 +8,7 @@ leads: the others wait until its first agent call is at the engine (`RolloutConf
 they find their shared prompt in the engine's prefix cache.
 
     from workbench.rollout_types import RolloutConfig
-    client = proxy.client()                  # or workbench.stack.local_stack(model) -> (engine, proxy, client)
+    client = proxy.client()                  # or workbench.engine.stack.local_stack(model) -> (engine, proxy, client)
     result = run_rollout(load_task("humaneval/0"), client, RolloutConfig(), out_dir=Path("runs/x/r0"))
     results = run_rollouts([(task, out) for ...], client, config, parallel=2)
     why = nothing_answered(read_summaries(Path("runs/x")))  # None, or why no agent call was answered

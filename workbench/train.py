@@ -221,13 +221,13 @@ class GRPORun:
         """Run, or resume from the run folder's last checkpoint (TRL restores the adapter, the optimizer and
         scheduler state, the RNG and the step count; config.json is kept: `train_resume.record_config` refuses
         another config); returns the summary."""
-        from workbench.assets import load
+        from workbench.engine import load_asset
 
         if self.config.trainer == "async":
             from workbench.train_async import train_async
 
             return train_async(self, resume=resume)
-        asset = load(self.config.model)
+        asset = load_asset(self.config.model)
         checkpoint = self._last_checkpoint() if resume else None
         record = {
             "train": asdict(self.config),
@@ -241,7 +241,7 @@ class GRPORun:
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
             if self.engine is None and self.recording is None:
-                from workbench.stack import local_stack  # the capture proxy (fastapi): not needed to replay
+                from workbench.engine import local_stack  # the capture proxy (fastapi): not needed to replay
 
                 cfg = self.config
                 self.engine, _, self.client = stack.enter_context(

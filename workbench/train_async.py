@@ -148,7 +148,7 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo.openenv_harness import HarnessRolloutWorker
 
-    from workbench.assets import load
+    from workbench.engine import load_asset
 
     cfg = run.config
     if run.device != "cuda":
@@ -161,7 +161,7 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
             "trainer 'async' trains against a running vLLM (VLLM_SERVER_DEV_MODE=1, --enable-lora): "
             "pass --upstream URL and --upstream-key-file"
         )
-    asset = load(cfg.model)
+    asset = load_asset(cfg.model)
     checkpoint = run._last_checkpoint() if resume else None
     record = {
         "train": asdict(cfg),

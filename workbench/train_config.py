@@ -255,7 +255,7 @@ class TrainConfig:
             raise ValueError("from_rollouts replays recorded groups through GRPOTrainer: use trainer 'grpo'")
 
     def rollout_config(self) -> RolloutConfig:
-        from workbench.assets import prompting
+        from workbench.engine import prompting
 
         few_shot, prompt_name = prompting(self.model, self.few_shot, self.agent_prompt)
         return RolloutConfig(

@@ -51,7 +51,7 @@ def _same_behaviour(saved: dict[str, Any], changed: dict[str, tuple[Any, Any]]) 
     """`changed` without what only looks different: a field added since the run was made, now at its default (the
     run had that behaviour before the field existed), and prompting spelled otherwise that resolves the same for
     the run's model (``few_shot`` False then, unset now: the model's own, `assets.prompting`)."""
-    from workbench.assets import prompting
+    from workbench.engine import prompting
 
     train = saved.get("train") or {}
     defaults = json.loads(json.dumps({f.name: f.default for f in fields(TrainConfig)}, default=str))

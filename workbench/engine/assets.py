@@ -16,8 +16,8 @@ Three assets, each a Hugging Face-format folder that both vLLM and transformers 
 All are reproducible: `build` records the sha256 of every file in ``manifest.json`` and compares it
 with the hashes pinned below, so the same bytes land on every machine.
 
-    from workbench.assets import build, load
-    asset = build("tiny")           # idempotent: seconds when already built
+    from workbench.engine.assets import build_asset, load_asset
+    asset = build_asset("tiny")           # idempotent: seconds when already built
     asset.path, asset.served_name   # .cache/assets/tiny, "tiny"
     python -m workbench assets build smollm2
 """
@@ -33,8 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from workbench.assets_tokenizer import TokenizerCheck, build_tokenizer, chat_template, check_tokenizer, reference_corpus
-from workbench.assets_gguf import (
+from workbench.engine.assets_tokenizer import (
+    TokenizerCheck,
+    build_tokenizer,
+    chat_template,
+    check_tokenizer,
+    reference_corpus,
+)
+from workbench.engine.assets_gguf import (
     QWEN_CODER_CHUNKS,
     QWEN_CODER_GGUF_SHA256,
     assemble_chunks,
@@ -47,8 +53,8 @@ from workbench.paths import assets_dir
 __all__ = [
     "ModelAsset",
     "ASSET_NAMES",
-    "build",
-    "load",
+    "build_asset",
+    "load_asset",
     "prompting",
     "build_tokenizer",
     "check_tokenizer",
@@ -237,7 +243,7 @@ def prompting(name: str, few_shot: bool | None, agent_prompt: str | None) -> tup
     )
 
 
-def load(name: str) -> ModelAsset:
+def load_asset(name: str) -> ModelAsset:
     """An already-built asset; a clear error if it is not built yet."""
     asset = _asset(name)
     if not _is_built(asset.path, name):
@@ -245,7 +251,7 @@ def load(name: str) -> ModelAsset:
     return asset
 
 
-def build(name: str, *, force: bool = False) -> ModelAsset:
+def build_asset(name: str, *, force: bool = False) -> ModelAsset:
     """Build `name` into the cache (atomically: a failed build leaves nothing behind)."""
     asset = _asset(name)
     if not force and _is_built(asset.path, name):
@@ -270,10 +276,10 @@ def build(name: str, *, force: bool = False) -> ModelAsset:
     return asset
 
 
-def verify(name: str) -> list[str]:
+def verify_asset(name: str) -> list[str]:
     """What is wrong with a built asset, recomputed from its bytes: a file missing, changed since the build wrote
     its manifest, or different from the pinned hashes every machine must produce. Empty: the asset is intact."""
-    asset = load(name)
+    asset = load_asset(name)
     manifest = json.loads((asset.path / "manifest.json").read_text())["files"]
     have = file_hashes(name)
     problems = [f"{f}: missing" for f in manifest if f not in have]
@@ -289,5 +295,5 @@ def verify(name: str) -> list[str]:
 
 def file_hashes(name: str) -> dict[str, str]:
     """sha256 of every file of a built asset, recomputed (for reproducibility checks)."""
-    asset = load(name)
+    asset = load_asset(name)
     return {p.name: sha256_file(p) for p in sorted(asset.path.iterdir()) if p.is_file() and p.name != "manifest.json"}

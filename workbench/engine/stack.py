@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from workbench.capture import CaptureProxy
 from workbench.capture import ProxyClient
-from workbench.engine import Engine, EngineConfig
+from workbench.engine.vllm import Engine, EngineConfig
 
 __all__ = ["local_stack"]
 

