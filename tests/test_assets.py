@@ -136,7 +136,7 @@ def test_each_model_brings_its_prompting_and_explicit_settings_win():
 
 
 def test_train_and_eval_configs_resolve_the_models_prompting():
-    from workbench.rollout_types import SHORT_AGENT_PROMPT
+    from workbench.rollout.types import SHORT_AGENT_PROMPT
     from workbench.train_config import TrainConfig
 
     qwen = TrainConfig(model="qwen-coder").rollout_config()

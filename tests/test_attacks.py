@@ -29,7 +29,7 @@ from workbench.capture import CaptureProxy
 from workbench.paths import exposed_paths, private_paths, project_root
 from workbench.procs import processes
 from workbench.rollout import run_rollout
-from workbench.rollout_types import RolloutConfig
+from workbench.rollout import RolloutConfig
 from workbench.sandbox import Sandbox
 from workbench.sandbox import SandboxLimits, bwrap_available
 from workbench.tasks import Limits, Task, load_task

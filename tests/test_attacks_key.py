@@ -26,7 +26,7 @@ from workbench.sandbox import _init as _sandbox_init
 from workbench.sandbox import net as sandbox_net
 from workbench.capture import CaptureProxy
 from workbench.rollout import run_rollout
-from workbench.rollout_types import RolloutConfig
+from workbench.rollout import RolloutConfig
 from workbench.sandbox import Sandbox
 from workbench.sandbox.command import SOCKET_INSIDE
 from workbench.sandbox import bwrap_available

@@ -383,7 +383,7 @@ def recompute_learning_eval(e: dict) -> int:
     """Assert that every rate, mean, interval and p-value of a learning eval.json (`workbench.learn.run_learning`'s,
     as `ship` writes it) follows from its ``rollouts`` records through `workbench.eval_stats`; returns how many
     numbers were checked. Independent of `aggregate`/`compare`: only the records and the statistics are used."""
-    from workbench.rollout_types import FAILED_STATUSES
+    from workbench.rollout import FAILED_STATUSES
 
     seed, permutations = e["bootstrap"]["seed"], e["bootstrap"]["permutations"]
     checked = 0

@@ -45,7 +45,7 @@ from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.paths import harness_bin, project_root
 from workbench.rollout import run_rollout, run_rollouts
-from workbench.rollout_types import STATUSES, RolloutConfig, refused_for_the_agents_output
+from workbench.rollout.types import STATUSES, RolloutConfig, refused_for_the_agents_output
 from workbench.sandbox import Sandbox
 from workbench.sandbox import bwrap_available
 from workbench.tasks import Limits, Task, load_task
@@ -936,7 +936,7 @@ def test_soak_parallel_rollouts_leak_nothing(tmp_path, tmp_base):
 def test_verification_that_raises_still_writes_the_artefact(tmp_path, tmp_base, upstream, proxy, monkeypatch):
     """The grader itself failing (ours, not the agent's) leaves the rollout unscored as `verify_error`
     with its reason, and trace.json and the rest of the artefact are written all the same."""
-    import workbench.rollout_session as rollout_session
+    import workbench.rollout.session as rollout_session
 
     def broken(*args, **kwargs):
         raise RuntimeError("the grader broke")

@@ -22,7 +22,7 @@ import torch
 
 from workbench import _compat, group_pack, group_step
 from workbench.engine import build_asset, load_asset
-from workbench.rollout_types import RolloutResult
+from workbench.rollout import RolloutResult
 from workbench.tasks import load_tasks
 from workbench.train import GRPORun, TrainConfig, hidden_test_reward
 from workbench.train_fields import step_fields

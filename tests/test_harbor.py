@@ -19,7 +19,7 @@ from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.tasks.harbor import REPO_TASKS, HarborError, load_harbor_task
 from workbench.rollout import run_rollout
-from workbench.rollout_types import RolloutConfig
+from workbench.rollout import RolloutConfig
 from workbench.sandbox import Sandbox
 from workbench.tasks import Limits, Task, load_task, load_tasks
 from workbench.verify import sandbox_guards, verify

@@ -11,7 +11,7 @@ from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.harnesses import HARNESSES, HarnessOptions, get_harness
 from workbench.rollout import run_rollout
-from workbench.rollout_types import RolloutConfig
+from workbench.rollout import RolloutConfig
 from workbench.tasks import load_task
 
 NEW_HARNESSES = ["pi", "codex"]

@@ -13,7 +13,7 @@ import pytest
     "module",
     [
         "workbench.train",
-        "workbench.rollout",
+        "workbench.rollout.run",
         "workbench.capture.client",
         "workbench.evaluate",
         "workbench.turns.derive",

@@ -15,7 +15,7 @@ from workbench.matrix import (
     run_matrix,
     summarise_cell,
 )
-from workbench.rollout_types import RolloutConfig
+from workbench.rollout import RolloutConfig
 
 
 @pytest.mark.engine
@@ -70,7 +70,7 @@ def _record(status="ok", turns=0, forks=0, causes=None, tool_turns=0, **kw):
 
 
 def test_each_model_gets_its_own_prompting_unless_one_is_given():
-    from workbench.rollout_types import SHORT_AGENT_PROMPT
+    from workbench.rollout.types import SHORT_AGENT_PROMPT
 
     shared = RolloutConfig(temperature=0.5)
     auto = MatrixConfig(models=("tiny", "qwen-coder"), rollout=shared)

@@ -16,7 +16,7 @@ from workbench.capture import CaptureProxy
 from workbench.procs import group_alive
 from workbench.openenv_session import HarnessSessionFactory
 from workbench.rollout import run_rollout
-from workbench.rollout_types import RolloutConfig
+from workbench.rollout import RolloutConfig
 from workbench.sandbox import bwrap_available
 from workbench.tasks import load_task
 

@@ -8,7 +8,7 @@ import pytest
 
 from workbench.engine import build_asset
 from workbench.rollout import run_rollout
-from workbench.rollout_types import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig
+from workbench.rollout.types import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig
 from workbench.engine import local_stack
 from workbench.tasks import load_task
 

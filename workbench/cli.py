@@ -49,7 +49,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from workbench.engine import prompting
     from workbench.capture import ProxyClient
     from workbench.rollout import run_rollouts
-    from workbench.rollout_types import RolloutConfig, agent_prompt
+    from workbench.rollout import RolloutConfig, agent_prompt
     from workbench.engine import local_stack
     from workbench.tasks import load_task
 
@@ -149,7 +149,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from workbench.matrix import MatrixConfig, markdown_table, run_matrix
-    from workbench.rollout_types import RolloutConfig
+    from workbench.rollout import RolloutConfig
 
     rollout = RolloutConfig(
         temperature=args.temperature,

@@ -44,7 +44,7 @@ def aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> 
     """eval.json's numbers from one record per rollout (task_id, status, reward, tool_calls, solution_written):
     counts by status, the rates with Wilson intervals, per-task means and the two-stage bootstrap of the mean
     over `task_ids`. Each record gains ``scored``, ``solved`` and ``used_tools`` (eval.json lists them)."""
-    from workbench.rollout_types import (
+    from workbench.rollout import (
         FAILED_STATUSES,
     )  # on first use: it brings workbench.tasks.catalog, which compare never needs
 

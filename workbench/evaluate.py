@@ -22,7 +22,7 @@ them (tests/test_evaluate.py does). The statistics (`workbench.eval_stats`; eval
   interval that takes the rollouts as independent: too narrow, since a task's rollouts share its difficulty.
 - `compare`: per-task differences, a one-stage paired bootstrap over tasks and an exact sign-flip p (up to 16
   tasks); it keeps both evaluations' rollout records (``rollouts``) so a shipped comparison recomputes too.
-- Rollouts whose status is in `workbench.rollout.FAILED_STATUSES` (the infrastructure failed, not the
+- Rollouts whose status is in `workbench.rollout.run.FAILED_STATUSES` (the infrastructure failed, not the
   agent) or that have no reward are unscored: excluded from every statistic and counted by status.
 
 An adapter is checked against the model before anything starts (`workbench.adapter_check`): its rank,
@@ -150,7 +150,7 @@ def run_eval(
     from workbench.engine import load_asset, prompting
     from workbench.engine import EngineConfig, engine_threads
     from workbench.rollout import run_rollouts
-    from workbench.rollout_types import RolloutConfig, agent_prompt
+    from workbench.rollout import RolloutConfig, agent_prompt
     from workbench.engine import local_stack
     from workbench.tasks import load_tasks
 

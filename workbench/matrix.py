@@ -30,7 +30,7 @@ from workbench.engine import prompting
 from workbench.engine import Engine, EngineError
 from workbench.harnesses import get_harness
 from workbench.rollout import run_rollouts
-from workbench.rollout_types import RolloutConfig, RolloutResult, agent_prompt
+from workbench.rollout import RolloutConfig, RolloutResult, agent_prompt
 from workbench.engine import local_stack
 from workbench.runs import RunDir
 from workbench.tasks import load_tasks

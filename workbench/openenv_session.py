@@ -4,13 +4,13 @@ TRL's `HarnessRolloutWorker(harness_session_factory=..., harness_adapter=None)` 
 ``factory(sampling=...)`` and then, per rollout, ``create(prompt, seed, episode_id)``,
 ``wait_for_completion()``, ``fetch_training_trace()``, ``verify(...)`` and ``close()``. These classes
 put OpenEnv's `ResourceSession`/`ResourceSessionFactory` (and its `TrainingTrace`, `VerifyResult`)
-on `workbench.rollout_session.HarnessSession`, with the CPU route's training rules (`workbench.train`):
+on `workbench.rollout.session.HarnessSession`, with the CPU route's training rules (`workbench.train`):
 
 - **turn policy**: a turn ``train_turn_fn`` rejects (default `has_tool_call`, TrainConfig.train_turns) keeps
   its tokens as context, loss mask 0 (TRL's chaining then trains only the others);
 - **token budget**: a row (turns chained as `workbench.turns.rows.build_rows` chains them, which forks exactly
   where TRL's lossless capture forks) longer than ``token_budget`` gets mask 0 everywhere, so TRL drops it;
-- **unscored failures**: `workbench.rollout_types.FAILED_STATUSES` verify to ``env_reward=None`` (left out of the
+- **unscored failures**: `workbench.rollout.types.FAILED_STATUSES` verify to ``env_reward=None`` (left out of the
   group's baseline), never 0;
 - **artefacts**: each rollout writes the seed-format folder under ``out_root`` (`HarnessSession.write_artefact`,
   with the rows' counters in summary.json's ``train``), also for a failed set-up (summary.json only).
@@ -39,8 +39,8 @@ from openenv.core.harness import ResourceSession, ResourceSessionFactory, Traini
 from openenv.core.harness import VerifyResult as OpenEnvVerifyResult
 
 from workbench.capture import ProxyClient, ProxyError
-from workbench.rollout_session import HarnessSession
-from workbench.rollout_types import FAILED_STATUSES, RolloutConfig, agent_entries
+from workbench.rollout import HarnessSession
+from workbench.rollout import FAILED_STATUSES, RolloutConfig, agent_entries
 from workbench.sandbox import SandboxError
 from workbench.tasks import Task, load_task
 from workbench.train_types import TurnPolicy

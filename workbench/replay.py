@@ -1,6 +1,6 @@
 """Training from recorded rollouts: captured groups replayed through the same GRPOTrainer step, off-policy.
 
-A recording is any folder holding rollout folders (``trace.json`` + ``summary.json``, as `workbench.rollout`
+A recording is any folder holding rollout folders (``trace.json`` + ``summary.json``, as `workbench.rollout.run`
 writes them: a training run's ``rollouts/``, an eval run, copies of ``workbench/data/rollouts/``). Rollouts are
 grouped by ``summary.json``'s ``task_id`` in folder order; their recorded rewards are the rewards
 (`FAILED_STATUSES` unscored). ``TrainConfig.from_rollouts`` makes `workbench.train.GRPORun` draw each step's group
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.rollout_types import RolloutResult
+from workbench.rollout import RolloutResult
 from workbench.turns import load_trace
 
 __all__ = ["Recording", "load_recording", "NOT_RECORDED"]

@@ -46,7 +46,7 @@ from workbench.capture import ProxyClient
 from workbench.engine import Engine
 from workbench.policy_sync import MergedSync, SharedFolder
 from workbench.rollout import run_rollouts
-from workbench.rollout_types import FAILED_STATUSES, RolloutOutcome
+from workbench.rollout import FAILED_STATUSES, RolloutOutcome
 from workbench.runs import RunDir
 from workbench.sandbox import check_isolation
 from workbench.tasks import load_task, load_tasks

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from workbench.rollout_types import RolloutConfig, agent_prompt
+from workbench.rollout import RolloutConfig, agent_prompt
 from workbench.sandbox import Isolation, check_isolation
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class TrainConfig:
         epsilon: PPO clip range.
         token_budget: rows longer than this are dropped (and counted).
         max_output_tokens / max_model_calls / rollout_timeout_s: per-rollout limits.
-        few_shot / agent_prompt: prompting for small models (see `workbench.rollout`); unset: the model's own
+        few_shot / agent_prompt: prompting for small models (see `workbench.rollout.run`); unset: the model's own
             (`assets.prompting`: short + few-shot for qwen-coder, as shipped for the others).
         train_turns: ``tool_calls`` (the seed's `has_tool_call`) or ``all``.
         parallel_rollouts: rollouts run concurrently (2 cores: 2).

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workbench.rollout_types import FAILED_STATUSES, RolloutOutcome, RolloutResult
+from workbench.rollout import FAILED_STATUSES, RolloutOutcome, RolloutResult
 from workbench.tasks import Task
 from workbench.train_rows import longest_row_fields, rollout_rows
 from workbench.turns import Tokenizer, token_id

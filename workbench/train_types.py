@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from workbench.capture import ProxyClient
     from workbench.engine import Engine
     from workbench.policy_sync import SharedFolder
-    from workbench.rollout_types import RolloutConfig
+    from workbench.rollout import RolloutConfig
     from workbench.runs import RunDir
     from workbench.tasks import Task
     from workbench.train_config import TrainConfig

@@ -59,7 +59,7 @@ class CallRecord:
     status: str = "pending"  # ok | upstream_error | rejected | budget_stop | client_disconnected
     # The engine's HTTP status when it refused the call (None: it answered, or failed with none: a lost
     # connection, a cut stream, a reply that is not JSON). A 4xx about the request is the agent's doing
-    # (`workbench.rollout_types.refused_for_the_agents_output`): the rollout is scored, not left out.
+    # (`workbench.rollout.types.refused_for_the_agents_output`): the rollout is scored, not left out.
     upstream_status: int | None = None
     t_end: float | None = None
     clamped_max_tokens: int | None = None  # the output cap its purpose set (capture.BOOKKEEPING_MAX_TOKENS)

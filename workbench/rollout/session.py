@@ -3,7 +3,7 @@
 task -> sandbox -> harness (unmodified opencode) <-> capture proxy <-> engine -> verify -> artefact.
 
 `HarnessSession` is the unit: create it (sandbox + proxy session + the harness started), wait for
-the agent to exit, read its calls, grade the workspace, write the artefact, close. `workbench.rollout`
+the agent to exit, read its calls, grade the workspace, write the artefact, close. `workbench.rollout.run`
 drives it (one rollout that never raises for its own failures, N in parallel); OpenEnv's harness
 protocols over it (so TRL's `HarnessRolloutWorker(harness_adapter=None)` can drive these sessions)
 are in `workbench.openenv_session`. Nothing of OpenEnv's is imported here (its capture server alone
@@ -45,7 +45,7 @@ from workbench.capture import ProxyClient, ProxyError
 from workbench.harnesses import HarnessOptions, HarnessRun, get_harness
 from workbench.paths import project_root
 from workbench.procs import exit_signal, signal_name
-from workbench.rollout_types import (
+from workbench.rollout.types import (
     RolloutConfig,
     Status,
     agent_entries,

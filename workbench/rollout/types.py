@@ -1,7 +1,7 @@
 """The vocabulary of a rollout: its config, its statuses, its result and outcome, and readers of its calls.
 
 What callers build a rollout with and get back, without the machinery that runs one (that is
-`workbench.rollout_session` and `workbench.rollout`): the trainer, the evaluator and the reward
+`workbench.rollout.session` and `workbench.rollout.run`): the trainer, the evaluator and the reward
 functions import this alone.
 
     config = RolloutConfig(timeout_s=120, **agent_prompt("short"))

@@ -2,12 +2,12 @@
 
 A rollout's failure (the sandbox could not be made, the agent crashed, the grader broke) is recorded
 in its folder and its `RolloutResult`, never raised; only Ctrl-C is (after the agent is stopped and
-the artefact written). The session itself is `workbench.rollout_session.HarnessSession`; the config,
-statuses and result types are `workbench.rollout_types`. In a group the first rollout of each task
+the artefact written). The session itself is `workbench.rollout.session.HarnessSession`; the config,
+statuses and result types are `workbench.rollout.types`. In a group the first rollout of each task
 leads: the others wait until its first agent call is at the engine (`RolloutConfig.lead_s`), so
 they find their shared prompt in the engine's prefix cache.
 
-    from workbench.rollout_types import RolloutConfig
+    from workbench.rollout.types import RolloutConfig
     client = proxy.client()                  # or workbench.engine.stack.local_stack(model) -> (engine, proxy, client)
     result = run_rollout(load_task("humaneval/0"), client, RolloutConfig(), out_dir=Path("runs/x/r0"))
     results = run_rollouts([(task, out) for ...], client, config, parallel=2)
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.capture import ProxyClient, ProxyError
-from workbench.rollout_session import HarnessSession, atomic_json
-from workbench.rollout_types import RolloutConfig, RolloutResult
+from workbench.rollout.session import HarnessSession, atomic_json
+from workbench.rollout.types import RolloutConfig, RolloutResult
 from workbench.sandbox import SandboxError
 from workbench.tasks import Task
 

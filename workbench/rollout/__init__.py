@@ -1,0 +1,61 @@
+"""Rollout: one unmodified agent run on one task, through the capture proxy, written as the artefact (notebook 02).
+
+    from workbench.rollout import RolloutConfig, run_rollout
+    result = run_rollout(load_task("easy/3"), client, RolloutConfig(harness="opencode"), Path("runs/r0"))
+    result.reward, result.status               # graded by the hidden tests; trace.json holds every call
+
+Private modules: ``run`` (`run_rollout`, `run_rollouts`: one or many, in parallel), ``types``
+(`RolloutConfig`, `RolloutResult`, what a rollout's status can be), ``session`` (the sandbox, the
+harness process and the proxy session of one run, stopped whatever happens).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from workbench._lazy import face
+
+__all__ = [
+    "nothing_answered",
+    "read_summaries",
+    "run_rollout",
+    "run_rollouts",
+    "why_missing",
+    "HarnessSession",
+    "agent_entries",
+    "agent_prompt",
+    "FAILED_STATUSES",
+    "RolloutConfig",
+    "RolloutOutcome",
+    "RolloutResult",
+]
+
+__getattr__, __dir__ = face(
+    __name__,
+    {
+        "nothing_answered": "run",
+        "read_summaries": "run",
+        "run_rollout": "run",
+        "run_rollouts": "run",
+        "why_missing": "run",
+        "HarnessSession": "session",
+        "agent_entries": "types",
+        "agent_prompt": "types",
+        "FAILED_STATUSES": "types",
+        "RolloutConfig": "types",
+        "RolloutOutcome": "types",
+        "RolloutResult": "types",
+    },
+)
+
+if TYPE_CHECKING:
+    from workbench.rollout.run import nothing_answered, read_summaries, run_rollout, run_rollouts, why_missing
+    from workbench.rollout.session import HarnessSession
+    from workbench.rollout.types import (
+        agent_entries,
+        agent_prompt,
+        FAILED_STATUSES,
+        RolloutConfig,
+        RolloutOutcome,
+        RolloutResult,
+    )
