@@ -14,7 +14,7 @@ opencode, few-shot, short agent prompt, one ``easy`` task, a group of 8 rollouts
    with every bwrap sandbox at /app a group's prompts now share all but the task), ``lead_s`` (8 at once,
    the group's first rollout ahead of the rest so its prompt is prefilled once). Rollouts/min, the
    prefix-cache hit rate (vLLM's /metrics counters), tokens sampled.
-2. **Full steps**: `workbench.train.GRPORun` with `TrainConfig.baseline()` (every lever off: the path
+2. **Full steps**: `workbench.train.grpo.GRPORun` with `TrainConfig.baseline()` (every lever off: the path
    before issue 14) for one step, and with the defaults (every lever on) for three steps. Per step, from
    metrics.jsonl: rollout phase s, train phase s, sync s, step s, row tokens vs tokens forwarded vs
    trained tokens, trainer tokens/s, the trainer/engine logprob gap, IS ratios and the masked fraction,
@@ -181,7 +181,7 @@ def child_rollouts(name: str, out: Path) -> dict[str, Any]:
 
 def child_full(name: str, out: Path, steps: int = 0) -> dict[str, Any]:
     from workbench.train import GRPORun, TrainConfig
-    from workbench.train_config import resolve_importance_sampling
+    from workbench.train import resolve_importance_sampling
 
     preset, default_steps, overrides = FULL[name]
     make = TrainConfig.baseline if preset == "baseline" else TrainConfig

@@ -10,7 +10,7 @@ streaming fast path on) serve both parts:
    sandbox; harness: opencode's run; verify: hidden tests on a copy of the workspace) and its ``trace.json``
    (each captured call's latency at the proxy; opencode's start-up = harness start to its first model call;
    the wall time left over = writing the artefact and closing the sandbox).
-2. **GRPO step**: `workbench.train.GRPORun` with ``TrainConfig(model="tiny", tasks="easy", steps=1,
+2. **GRPO step**: `workbench.train.grpo.GRPORun` with ``TrainConfig(model="tiny", tasks="easy", steps=1,
    group_size=4)`` on the same engine and proxy: 4 rollouts (2 at a time), hidden-test rewards, one TRL step on
    the LoRA, the adapter hot-loaded into vLLM. Stages from its ``metrics.jsonl`` (rollout_s, sync_s, train_s,
    step_s; verify_s summed over the rollouts, inside rollout_s) plus the final sync ``train()`` makes.

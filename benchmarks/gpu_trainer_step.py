@@ -19,9 +19,9 @@ its peak memory (torch.cuda.max_memory_allocated, weights and optimizer state in
   naive       HF forward → full [T, V] logits → float32 → log_softmax → gather; HF gradient checkpointing;
               AdamW(foreach)
   chunked     hidden states only, LM head + float32 logsumexp on the mask-1 positions, in chunks, with a
-              recomputing backward (workbench.experimental.fused_logprobs)
+              recomputing backward (workbench.train.experimental.fused_logprobs)
   sac         selective checkpointing: every layer checkpointed but the attention outputs kept
-              (workbench.experimental.checkpointing); "alternate" = every other layer; "no-ckpt" = none
+              (workbench.train.experimental.checkpointing); "alternate" = every other layer; "no-ckpt" = none
   fused-adam  AdamW(fused=True)
   compiled-layers  torch.compile of each decoder layer (one graph shared by all layers), which fuses the
               elementwise work of the forward, backward and checkpoint replay; its first step compiles
@@ -69,8 +69,8 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the device runs it from a bare checkout
-from workbench.experimental.checkpointing import CheckpointMode, enable_checkpointing
-from workbench.experimental.fused_logprobs import chunked_logprobs, grpo_loss, naive_logprobs
+from workbench.train.experimental.checkpointing import CheckpointMode, enable_checkpointing
+from workbench.train.experimental.fused_logprobs import chunked_logprobs, grpo_loss, naive_logprobs
 
 # Hugging Face renamed gradient_checkpointing_* after the device's version; the old names work in both.
 warnings.filterwarnings("ignore", category=FutureWarning)

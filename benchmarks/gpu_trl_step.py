@@ -19,8 +19,8 @@ smoke test (a tiny shape and short rows; its timings mean nothing):
    start near 1.
 2. **The model.** A random-init Qwen3 of the real 0.6B shape (Qwen/Qwen3-0.6B's config.json), built from its
    config on the device in bf16 (no hub), seed 0 for every variant; the tokenizer is the tiny asset's (Qwen2.5's,
-   151,665 tokens). PEFT LoRA r=16 on every linear layer, as `workbench.train` trains.
-3. **Each variant** is `workbench.train.GRPORun` with ``from_rollouts`` (the replay path: no engine) on
+   151,665 tokens). PEFT LoRA r=16 on every linear layer, as `workbench.train.grpo` trains.
+3. **Each variant** is `workbench.train.grpo.GRPORun` with ``from_rollouts`` (the replay path: no engine) on
    ``device`` cuda: TRL 1.16's GRPOTrainer, bf16 mixed precision, its fused Triton LM head (labelled positions
    only, in chunks), `importance_sampling="token_truncate"` everywhere (bf16 noise over ~2k tokens would mask
    whole rows under sequence_mask; the work is the same), ``every_row=False`` (the rows do not fork). Timed:
@@ -30,14 +30,14 @@ smoke test (a tiny shape and short rows; its timings mean nothing):
 
   trl              TrainConfig.baseline(): TRL's own step (HF checkpointing of every layer, TRL's extra no-grad
                    forward for the vLLM IS ratio)
-  trl+reuse        + the IS ratio from the loss pass (workbench.group_step, reuse_logps)
+  trl+reuse        + the IS ratio from the loss pass (workbench.train.group_step, reuse_logps)
   trl+sac          + selective checkpointing: every layer checkpointed, attention outputs kept
-                   (workbench.experimental.checkpointing, through TRL's gradient_checkpointing_kwargs)
+                   (workbench.train.experimental.checkpointing, through TRL's gradient_checkpointing_kwargs)
   trl+reuse+sac    both
   trl+reuse+nockpt reuse_logps, checkpointing off
   trl+shared+reuse group_step's shared prefix (packed tree attention: blockwise SDPA with a dense bool mask for
                    the segments) + reuse_logps: TrainConfig()'s levers
-The chunked logprobs of workbench.experimental.fused_logprobs are not a variant: on CUDA TRL 1.16's own fused
+The chunked logprobs of workbench.train.experimental.fused_logprobs are not a variant: on CUDA TRL 1.16's own fused
 head already scores only labelled positions in chunks without materialising [T, V] logits (what the chunked
 module was written to avoid); what it would add, scoring only the sampled (mask-1) positions instead of every
 completion position, needs the tool mask inside group_step's pack labels (not wired).
@@ -219,9 +219,9 @@ def run_variant(
 ) -> dict[str, Any]:
     from transformers import TrainerCallback
 
-    from workbench.experimental.checkpointing import selective_checkpointing_kwargs
+    from workbench.train.experimental.checkpointing import selective_checkpointing_kwargs
     from workbench.train import GRPORun, TrainConfig
-    from workbench.trl_trainer import build_trainer
+    from workbench.train import build_trainer
 
     spec = dict(VARIANTS[name])
     sac = spec.pop("sac", False)

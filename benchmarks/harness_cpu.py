@@ -45,7 +45,7 @@ def main() -> None:
 
     from workbench.capture import CaptureProxy
     from workbench.harnesses import OpenCode
-    from workbench.openenv_session import HarnessSessionFactory
+    from workbench.train import HarnessSessionFactory
     from workbench.rollout import RolloutConfig
     from workbench.tasks import load_task
 

@@ -20,7 +20,7 @@ every turn), so "trained tokens" = sampled tokens, equal in both layouts. Tokens
 = row tokens / trained tokens; the saving is per-turn tokens / chained tokens.
 
 Loss agreement: the ``tiny`` asset (random-init Qwen3 shape, float32) scores every sampled token in both
-layouts (`workbench.experimental.fused_logprobs.sampled_logprobs`: hidden states, LM head on the sampled
+layouts (`workbench.train.experimental.fused_logprobs.sampled_logprobs`: hidden states, LM head on the sampled
 positions only), and GRPO's clipped surrogate (ε = 0.2, no KL) is taken as a token-mean over the
 conversation's sampled tokens (`grpo_loss`, the per-turn rows' sums divided by the conversation's total),
 with one advantage per conversation (+1.0) and logp_old = the model's own logprobs plus N(0, 0.2) noise
@@ -160,7 +160,7 @@ def _logprobs(model: Any, rows: list[Row]) -> list[Any]:
     """Per row: the float32 logprob of each mask-1 token, in row order."""
     import torch
 
-    from workbench.experimental.fused_logprobs import sampled_logprobs
+    from workbench.train.experimental.fused_logprobs import sampled_logprobs
 
     out = []
     with torch.no_grad():
@@ -176,7 +176,7 @@ def loss_agreement(model: Any, turns: list[Turn], seed: int) -> dict[str, Any]:
     """GRPO token-mean loss over the chained rows vs over one row per turn, same advantages and logp_old."""
     import torch
 
-    from workbench.experimental.fused_logprobs import grpo_loss
+    from workbench.train.experimental.fused_logprobs import grpo_loss
 
     chained, _ = build_rows(turns)
     t0 = time.perf_counter()

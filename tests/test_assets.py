@@ -137,7 +137,7 @@ def test_each_model_brings_its_prompting_and_explicit_settings_win():
 
 def test_train_and_eval_configs_resolve_the_models_prompting():
     from workbench.rollout.types import SHORT_AGENT_PROMPT
-    from workbench.train_config import TrainConfig
+    from workbench.train import TrainConfig
 
     qwen = TrainConfig(model="qwen-coder").rollout_config()
     assert qwen.few_shot and qwen.system_prompt == SHORT_AGENT_PROMPT

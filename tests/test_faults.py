@@ -49,7 +49,7 @@ from workbench.rollout.types import STATUSES, RolloutConfig, refused_for_the_age
 from workbench.sandbox import Sandbox
 from workbench.sandbox import bwrap_available
 from workbench.tasks import Limits, Task, load_task
-from workbench.train import FAILED_STATUSES, RolloutOutcome, hidden_test_reward
+from workbench.train.grpo import FAILED_STATUSES, RolloutOutcome, hidden_test_reward
 from workbench.turns import write_turns
 from workbench.turns.trace import TraceError, load_trace, load_turns
 from workbench.verify import verify

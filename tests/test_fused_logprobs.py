@@ -12,8 +12,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config
 
-from workbench.experimental.checkpointing import ATTENTION_OPS, enable_checkpointing
-from workbench.experimental.fused_logprobs import (
+from workbench.train.experimental.checkpointing import ATTENTION_OPS, enable_checkpointing
+from workbench.train.experimental.fused_logprobs import (
     chunked_logprobs,
     grpo_loss,
     naive_logprobs,

@@ -31,8 +31,8 @@ from workbench.engine import build_asset
 from workbench.capture import CaptureProxy
 from workbench.engine import Engine
 from workbench.harnesses import get_harness
-from workbench.openenv_session import ProxyAddress
-from workbench.policy_sync import LoraSync, MergedSync, NcclSync, SharedFolder, authenticated_vllm_client
+from workbench.train.openenv_session import ProxyAddress
+from workbench.train.policy_sync import LoraSync, MergedSync, NcclSync, SharedFolder, authenticated_vllm_client
 from workbench.runs import RunDir
 from workbench.tasks import load_task
 from workbench.train import GRPORun, TrainConfig
@@ -209,7 +209,7 @@ def test_missing_shared_folder_is_a_clear_error_before_training(tmp_path):
 
 
 def test_async_engine_client_publishes_into_the_shared_folder(tmp_path, shared):
-    from workbench.train_async import EngineClient
+    from workbench.train.async_grpo import EngineClient
 
     actual, remote = shared
     adapters = tmp_path / "adapters"
@@ -309,7 +309,7 @@ def _harness_loop(factory: functools.partial, group_size: int) -> Any:
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo.openenv_harness import _HarnessRolloutLoop
 
-    from workbench.train_async import harness_reward
+    from workbench.train.async_grpo import harness_reward
 
     assert trl.__version__ == "1.16.0"
     tok = AutoTokenizer.from_pretrained(build_asset("tiny").path)
@@ -338,7 +338,7 @@ def _harness_loop(factory: functools.partial, group_size: int) -> Any:
 def async_rollouts(tmp_path_factory):
     """Five rollouts through TRL's worker code: the same scripted agent (a write call, then an answer) under
     each turn policy, with a tiny token budget, few-shot, and one whose engine call fails."""
-    from workbench.train_async import session_factory
+    from workbench.train.async_grpo import session_factory
 
     out = tmp_path_factory.mktemp("async")
     up = ScriptedUpstream().start()

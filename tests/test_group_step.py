@@ -1,4 +1,4 @@
-"""The shared-prefix GRPO step (workbench.group_step) computes TRL 1.16's own step, on real captured rows.
+"""The shared-prefix GRPO step (workbench.train.group_step) computes TRL 1.16's own step, on real captured rows.
 
 Rows come from the shipped SmolLM2 traces (workbench/data/rollouts/smollm2-*): a 2-turn chained row with interior
 <|im_end|> tokens, and two forked rollouts whose rows share a prefix that runs ~40 tokens into the sampled reply.
@@ -24,8 +24,8 @@ from workbench import _compat, group_pack, group_step
 from workbench.engine import build_asset, load_asset
 from workbench.rollout import RolloutResult
 from workbench.tasks import load_tasks
-from workbench.train import GRPORun, TrainConfig, hidden_test_reward
-from workbench.train_fields import step_fields
+from workbench.train.grpo import GRPORun, TrainConfig, hidden_test_reward
+from workbench.train.fields import step_fields
 from workbench.turns import analyse
 from workbench.turns import Row
 from workbench.turns import load_trace
@@ -55,13 +55,13 @@ BATCH = [trl_row(EASY[0], 3065)] + [trl_row(r, 3066) for r in BPE] + [trl_row(r,
 
 
 def make_trainer(tmp: Path, model_dir: Path, group_size: int, tokenizer_dir: Path | None = None) -> object:
-    asset = tmp / "asset"  # the model with SmolLM2's tokenizer, built exactly as workbench.train builds it
+    asset = tmp / "asset"  # the model with SmolLM2's tokenizer, built exactly as workbench.train.grpo builds it
     asset.mkdir()
     for f in ("config.json", "model.safetensors"):
         (asset / f).symlink_to(model_dir / f)
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy((tokenizer_dir or FIXTURES / "smollm2-tokenizer") / f, asset / f)
-    # TRL's own step (every lever off), as workbench.train builds it; the tests install the levers themselves
+    # TRL's own step (every lever off), as workbench.train.grpo builds it; the tests install the levers themselves
     config = TrainConfig.baseline(
         model="tiny",
         tasks="easy[:1]",
@@ -344,7 +344,7 @@ class _Mallinfo2(ctypes.Structure):
 def _mapped_bytes_of_a_2mib_block(set_threshold: bool, out: multiprocessing.queues.Queue) -> None:
     """In a fresh process (glibc serves a block from its heap whenever a free chunk there fits, so only a process
     with a known heap shows the threshold): the bytes glibc mmapped for a 2 MiB block after a 16 MiB one was freed."""
-    from workbench.trl_trainer import return_large_frees_to_the_os
+    from workbench.train.trl_trainer import return_large_frees_to_the_os
 
     libc = ctypes.CDLL(None)
     libc.mallinfo2.restype = _Mallinfo2
@@ -359,7 +359,7 @@ def _mapped_bytes_of_a_2mib_block(set_threshold: bool, out: multiprocessing.queu
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="a glibc setting")
 def test_large_blocks_get_their_own_mapping_so_that_their_frees_go_back_to_the_os():
-    """What the CPU trainer sets (workbench.trl_trainer.build_trainer): without it, a 2 MiB block comes from the heap,
+    """What the CPU trainer sets (workbench.train.trl_trainer.build_trainer): without it, a 2 MiB block comes from the heap,
     where a freed block stays resident; with it, from its own mapping, unmapped when freed."""
     ctx = multiprocessing.get_context("spawn")
     got = {}
@@ -479,7 +479,7 @@ def test_a_scored_rollout_without_rows_counts_in_its_groups_baseline(tmp_path, e
         for p, c, lp, t in zip(fields["prompt_ids"], fields["completion_ids"], fields["logprobs"], trained)
     ]
     trainer.rollout_func = lambda prompts, trainer_: {**fields, "logprobs": logprobs}
-    if every_row or packed:  # as workbench.train installs it (every_row always goes through group_step)
+    if every_row or packed:  # as workbench.train.grpo installs it (every_row always goes through group_step)
         group_step.install(trainer, shared_prefix=packed)
     out, loss, grads = one_step(trainer, rows=cfg.slots)
 

@@ -12,7 +12,7 @@ import pytest
 @pytest.mark.parametrize(
     "module",
     [
-        "workbench.train",
+        "workbench.train.grpo",
         "workbench.rollout.run",
         "workbench.capture.client",
         "workbench.evaluate",
@@ -56,7 +56,7 @@ def test_the_package_names_its_stages_and_loads_them_on_first_use():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     before, names = out.stdout.splitlines()
     assert before == "[]"
-    assert "'load_task': 'workbench.tasks.catalog'" in names and "'GRPORun': 'workbench.train'" in names
+    assert "'load_task': 'workbench.tasks.catalog'" in names and "'GRPORun': 'workbench.train.grpo'" in names
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         import workbench
 

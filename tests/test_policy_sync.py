@@ -1,6 +1,6 @@
 """`weight_sync="merged"`: the adapter merged into a copy of the weights, under the checkpoint's names, and vLLM
 reloading them in place (the CPU's fast serving path: no LoRA layers in the engine), every reload checked by the
-weight probe (`workbench.sync_probe`)."""
+weight probe (`workbench.train.sync_probe`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from workbench.engine import Engine, EngineConfig, EngineError
-from workbench.policy_sync import MergedSync, merged_state_dict
+from workbench.train.policy_sync import MergedSync, merged_state_dict
 from workbench.runs import RunDir
-from workbench.sync_probe import FP32, SyncProbe, WeightSyncError, engine_prompt_logprobs, model_logprobs
+from workbench.train.sync_probe import FP32, SyncProbe, WeightSyncError, engine_prompt_logprobs, model_logprobs
 from workbench.train import TrainConfig
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -124,7 +124,7 @@ def test_merged_sync_refuses_an_engine_that_did_not_reload(monkeypatch, tmp_path
     ~3e-4, within the fp32 tolerance (the engine's answer did not change to the bit while the trainer's did);
     an engine that reloads passes both, and the metrics record the probe."""
     monkeypatch.setattr(
-        "workbench.policy_sync.engine_prompt_logprobs", lambda engine, ids: model_logprobs(engine.model, ids)
+        "workbench.train.policy_sync.engine_prompt_logprobs", lambda engine, ids: model_logprobs(engine.model, ids)
     )
     for reloads in (True, False):
         torch.manual_seed(0)  # the adapter's A matrices: the step's size on the probe is then fixed
@@ -180,7 +180,7 @@ def test_a_fresh_adapter_merges_to_the_base_weights_exactly():
 
 
 def test_auto_weight_sync_serves_merged_weights_only_where_it_can():
-    from workbench.train import resolve_weight_sync
+    from workbench.train.grpo import resolve_weight_sync
 
     own, here = TrainConfig(), Engine(EngineConfig(model="tiny", dev_routes=True))
     assert resolve_weight_sync(own, None, "cpu") == "merged"  # the run starts its own engine

@@ -14,7 +14,7 @@ from isolations import HARNESS_ISOLATIONS
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.procs import group_alive
-from workbench.openenv_session import HarnessSessionFactory
+from workbench.train import HarnessSessionFactory
 from workbench.rollout import run_rollout
 from workbench.rollout import RolloutConfig
 from workbench.sandbox import bwrap_available

@@ -12,8 +12,8 @@ import torch
 from workbench.engine import build_asset
 from workbench.capture import CaptureProxy
 from workbench.runs import RunDir
-from workbench.train import GRPORun, TrainConfig, rows_for_trl
-from workbench.train_config import resolve_importance_sampling
+from workbench.train.grpo import GRPORun, TrainConfig, rows_for_trl
+from workbench.train import resolve_importance_sampling
 from workbench.turns import has_tool_call, load_trace
 
 from test_turns import FIXTURES
@@ -78,7 +78,7 @@ class _NoSync:
 @pytest.mark.parametrize("levers", ["baseline", "shared_prefix+reuse_logps"])
 def test_advantages_and_loss_match_a_direct_computation(tmp_path, levers):
     """Three groups of three: one with a failed (unscorable) rollout, one with zero variance. TRL's own
-    step and the step with the speed levers (workbench.group_step) give the same loss."""
+    step and the step with the speed levers (workbench.train.group_step) give the same loss."""
     asset = build_asset("tiny")
     make = TrainConfig.baseline if levers == "baseline" else TrainConfig
     config = make(

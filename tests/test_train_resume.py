@@ -8,8 +8,8 @@ from dataclasses import asdict
 import pytest
 
 from workbench.runs import RunDir
-from workbench.train_config import TrainConfig
-from workbench.train_resume import record_config
+from workbench.train import TrainConfig
+from workbench.train.resume import record_config
 
 
 def saved_run(tmp_path, train: dict) -> RunDir:

@@ -6,7 +6,7 @@ import pytest
 
 from workbench.rollout import RolloutOutcome, RolloutResult
 from workbench.tasks import load_tasks
-from workbench.train import GRPORun, TrainConfig, hidden_test_reward, write_credit_reward
+from workbench.train.grpo import GRPORun, TrainConfig, hidden_test_reward, write_credit_reward
 
 
 def _outcome(status: str, reward: float | None, written: bool) -> RolloutOutcome:

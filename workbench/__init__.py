@@ -10,7 +10,7 @@ The stages, in the order data flows, and the module that implements each (the no
     turns      workbench.turns.derive       analyse; turns_trace.load_trace    (03)      turns, rows, masks, forks
     verify     workbench.verify      verify, VerifyResult               (04)      the hidden-test reward
                                      (``workbench.verify`` is the package: call ``workbench.verify.verify``)
-    train      workbench.train       GRPORun, TrainConfig               (05)      TRL's GRPO on those tokens
+    train      workbench.train.grpo       GRPORun, TrainConfig               (05)      TRL's GRPO on those tokens
     evaluate   workbench.evaluate    run_eval, EvalConfig, compare      (05)      a policy on held-out tasks
     views      workbench.views.tables       render_* (HTML), widgets           (all)     what the notebooks show
 

@@ -52,13 +52,15 @@ __all__ = [
 TRL_VERSION = "1.16.0"
 OPENENV_VERSION = "0.10.0"
 
-# GRPOTrainer (trl 1.16.0) methods workbench.group_step replaces or wraps, and attributes it reads:
+# GRPOTrainer (trl 1.16.0) methods workbench.train.group_step replaces or wraps, and attributes it reads:
 GRPO_GET_LOGPS = "_get_per_token_logps_and_entropies"  # (model, input_ids, attention_mask, logits_to_keep,
 #     batch_size, compute_entropy, compute_aux_loss, **multimodal) -> (logps, entropies, aux_loss)
 GRPO_GENERATE = "_generate_and_score_completions"  # (inputs) -> the batch dict; reads the IS flag
 GRPO_COMPUTE_LOSS = "_compute_loss"  # (model, inputs) -> loss; reads inputs["importance_sampling_ratio"]
 GRPO_METRICS = "_metrics"  # {"train"|"eval": {name: [values]}}, averaged by GRPOTrainer.log
-GRPO_LAST_LOADED_STEP = "_last_loaded_step"  # set by GRPOTrainer's vLLM init, which we skip (workbench.trl_trainer)
+GRPO_LAST_LOADED_STEP = (
+    "_last_loaded_step"  # set by GRPOTrainer's vLLM init, which we skip (workbench.train.trl_trainer)
+)
 # trl.experimental.async_grpo.openenv_harness._HarnessRolloutLoop: what its spawned worker runs per rollout
 ASYNC_RUN_SESSION = "_run_session"  # (prompt, group_id=) -> (result, metrics)
 
@@ -176,9 +178,9 @@ def quiet_known_noise() -> None:
 
     - TRL's "All reward functions returned None for the following kwargs: ... Please ensure ..." (with the
       row's decoded completion): GRPOTrainer logs it for each row whose reward is None, and ours are None on
-      purpose (padding rows, and rollouts unscored through no fault of the agent's: `workbench.train`).
+      purpose (padding rows, and rollouts unscored through no fault of the agent's: `workbench.train.grpo`).
     - transformers' FutureWarnings that `gradient_checkpointing` (and ``_kwargs``, and the model's
-      `is_gradient_checkpointing`, which PEFT reads) are deprecated: `workbench.trl_trainer` passes the old
+      `is_gradient_checkpointing`, which PEFT reads) are deprecated: `workbench.train.trl_trainer` passes the old
       name on purpose (the GPU host's transformers 5.17 has no new one).
     """
     warnings.filterwarnings("ignore", message=CHECKPOINTING_DEPRECATED, category=FutureWarning)

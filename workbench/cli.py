@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         _cmd_train,
         "a short GRPO run: real rollouts -> verify -> rows -> TRL step -> LoRA hot-loaded into vLLM",
     )
-    from workbench.train_config import TrainConfig
+    from workbench.train import TrainConfig
 
     add_config_arguments(
         p,

@@ -218,7 +218,7 @@ def run_eval(
         name = f"eval-{uuid.uuid4().hex[:8]}" if adapter and not merged else None
         try:
             if merged:  # whatever the engine served before (a trained policy), it serves this policy's weights now
-                from workbench.policy_sync import merge_adapter_folder
+                from workbench.train import merge_adapter_folder
 
                 eng.reload_weights(
                     merge_adapter_folder(asset_path, Path(adapter["path"]), run.path / "merged")

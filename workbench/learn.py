@@ -10,7 +10,7 @@ checkpoint, through `GRPORun.train(resume=True)`):
    rewards, nothing to learn from).
 3. ``eval-base-pool/`` and ``eval-base/``: the base model on the pool (``pool_eval_n`` fresh rollouts a task: the
    probe's own rollouts chose the pool, so they would overstate its failures) and on the held-out ``eval_tasks``.
-4. ``grpo/``: `workbench.train.GRPORun` on the pool, one task per step, a group of ``group_size``.
+4. ``grpo/``: `workbench.train.grpo.GRPORun` on the pool, one task per step, a group of ``group_size``.
 5. ``eval-trained-pool/`` and ``eval-trained/``: the final adapter on the same two sets.
 
 Each comparison is paired by task (`workbench.evaluate.compare`: 95% paired-bootstrap interval over tasks,

@@ -339,7 +339,7 @@ class Engine:
         """Hot-load a PEFT LoRA folder under `name` (names are single-use per server lifetime).
 
         vLLM opens the folder itself: `path` (resolved here) is right for an engine on this host; an engine on
-        another host is sent `engine_path`, the folder as that host sees it (verbatim; `workbench.policy_sync`)."""
+        another host is sent `engine_path`, the folder as that host sees it (verbatim; `workbench.train.policy_sync`)."""
         if name in self._names_used:
             raise EngineError(f"adapter name {name!r} was already used on this server; vLLM refuses reloads")
         r = httpx.post(

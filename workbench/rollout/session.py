@@ -6,7 +6,7 @@ task -> sandbox -> harness (unmodified opencode) <-> capture proxy <-> engine ->
 the agent to exit, read its calls, grade the workspace, write the artefact, close. `workbench.rollout.run`
 drives it (one rollout that never raises for its own failures, N in parallel); OpenEnv's harness
 protocols over it (so TRL's `HarnessRolloutWorker(harness_adapter=None)` can drive these sessions)
-are in `workbench.openenv_session`. Nothing of OpenEnv's is imported here (its capture server alone
+are in `workbench.train.openenv_session`. Nothing of OpenEnv's is imported here (its capture server alone
 brings ~3,400 modules): the trainer, the notebooks and the CLI import it cheaply.
 
 Each rollout writes the seed artefact's folder (`../shared/seeds/004_*`):

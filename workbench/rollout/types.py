@@ -142,7 +142,7 @@ class RolloutResult:
 
     rollout_id: str
     task_id: str
-    # A `FinalStatus` when made here; str because `workbench.replay` also builds these from recorded
+    # A `FinalStatus` when made here; str because `workbench.train.replay` also builds these from recorded
     # summary.json files and marks slots a recording lacks with its own "not_recorded".
     status: str
     reason: str | None

@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.train_config import TrainConfig
+from workbench.train.config import TrainConfig
 
 if TYPE_CHECKING:
     from workbench.runs import RunDir

@@ -1,6 +1,6 @@
 """Checking that the engine serves the weights the trainer just synced, after every reload.
 
-`workbench.policy_sync.MergedSync` reloads the merged weights in place under the engine's fixed name: the served
+`workbench.train.policy_sync.MergedSync` reloads the merged weights in place under the engine's fixed name: the served
 name never changes, so ``stale_calls`` cannot tell a reload that did not take, and vLLM answers 200 either way.
 After each reload the engine is asked for the logprobs of a fixed probe prompt (`PROBE_TEXT`, 20 tokens with
 Qwen2.5's tokenizer; vLLM computes prompt logprobs without its prefix cache), the trainer computes the same

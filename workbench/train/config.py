@@ -1,12 +1,12 @@
 """`TrainConfig`: every knob of a short GRPO run (what config.json records), checked as it is built, with
 `TrainConfig.baseline()` (every speed lever off) and `resolve_device`.
 
-The run itself is `workbench.train.GRPORun`; the config lives apart from it because it is read on its own:
+The run itself is `workbench.train.grpo.GRPORun`; the config lives apart from it because it is read on its own:
 ``workbench train``'s flags are generated from this dataclass and its docstring (`workbench.config_cli`), and the
-trainer modules are typed against what they read of it (`workbench.train_types`). `workbench.train` re-exports
-`TrainConfig` and `resolve_device`, so ``from workbench.train import GRPORun, TrainConfig`` stays the usual import.
+trainer modules are typed against what they read of it (`workbench.train.types`). `workbench.train.grpo` re-exports
+`TrainConfig` and `resolve_device`, so ``from workbench.train.grpo import GRPORun, TrainConfig`` stays the usual import.
 
-    from workbench.train_config import TrainConfig
+    from workbench.train.config import TrainConfig
     config = TrainConfig(model="smollm2", tasks="easy", steps=10, group_size=4)   # ValueError when inconsistent
     TrainConfig.baseline(steps=2)          # the path before the speed levers (issue 14), for side-by-side runs
     config.rollout_config()                # the RolloutConfig every rollout of the run gets
@@ -39,7 +39,7 @@ class TrainConfig:
         verifier: reward every task with this verifier hook (``module:function`` or ``PATH.py:function``,
             run in the grading jail) instead of its own tests; unset: each task's (Harbor tasks may name one).
         write_credit: training-only credit for a rollout that wrote solution.py (``credit + (1 - credit) x`` the
-            fraction of tests passed; `workbench.train.write_credit_reward`); 0 = the plain hidden-test reward.
+            fraction of tests passed; `workbench.train.grpo.write_credit_reward`); 0 = the plain hidden-test reward.
         tasks_per_step: distinct tasks per optimizer step.
         group_size: rollouts per task (the GRPO group; advantages are relative within it).
         steps: optimizer steps.
@@ -70,7 +70,7 @@ class TrainConfig:
     ``benchmarks/trainer_step.py``; `TrainConfig.baseline()` turns them all off, as before):
         shared_prefix: compute a group's shared prefix (system prompt, tools, few-shot turns, task:
             ~2.8k of ~3.1k tokens per row) once in the forward and the backward, exactly
-            (`workbench.group_step`). ``auto``: on for the CPU trainer (14.2x with reuse_logps, see
+            (`workbench.train.group_step`). ``auto``: on for the CPU trainer (14.2x with reuse_logps, see
             benchmarks/trainer_step.py), off on CUDA, where its packed attention with a dense mask
             measured 4.6x slower than TRL's per-row step on the H200 (benchmarks/gpu_trl_step.py).
         reuse_logps: take the importance-sampling ratio from the loss pass instead of TRL's extra

@@ -7,7 +7,7 @@ the previous prompt + output token for token; a fork starts a new row). TRL want
 
 - `longest_row_fields` (one row per rollout, the old path): a forked rollout gives only its row with the
   most trained tokens; the rest are counted as ``rows_dropped_fork``.
-- `workbench.group_step.every_row_fields` (``TrainConfig.every_row``): every row of every rollout, in
+- `workbench.train.group_step.every_row_fields` (``TrainConfig.every_row``): every row of every rollout, in
   fixed per-group slots, each rollout's advantage on all its rows.
 
     rows, counts = rollout_rows(calls, has_tool_call, token_budget=16384, tokenizer=tok)

@@ -4,7 +4,7 @@ TRL's `HarnessRolloutWorker(harness_session_factory=..., harness_adapter=None)` 
 ``factory(sampling=...)`` and then, per rollout, ``create(prompt, seed, episode_id)``,
 ``wait_for_completion()``, ``fetch_training_trace()``, ``verify(...)`` and ``close()``. These classes
 put OpenEnv's `ResourceSession`/`ResourceSessionFactory` (and its `TrainingTrace`, `VerifyResult`)
-on `workbench.rollout.session.HarnessSession`, with the CPU route's training rules (`workbench.train`):
+on `workbench.rollout.session.HarnessSession`, with the CPU route's training rules (`workbench.train.grpo`):
 
 - **turn policy**: a turn ``train_turn_fn`` rejects (default `has_tool_call`, TrainConfig.train_turns) keeps
   its tokens as context, loss mask 0 (TRL's chaining then trains only the others);
@@ -43,7 +43,7 @@ from workbench.rollout import HarnessSession
 from workbench.rollout import FAILED_STATUSES, RolloutConfig, agent_entries
 from workbench.sandbox import SandboxError
 from workbench.tasks import Task, load_task
-from workbench.train_types import TurnPolicy
+from workbench.train.types import TurnPolicy
 from workbench.turns import analyse
 from workbench.turns import has_tool_call
 

@@ -1,12 +1,12 @@
-"""GRPOTrainer as a `workbench.train.TrainConfig` wants it (TRL 1.16.0).
+"""GRPOTrainer as a `workbench.train.grpo.TrainConfig` wants it (TRL 1.16.0).
 
 TRL's GRPOConfig per device (CPU: fp32 and `use_cpu`, with `score_only_labelled_positions_on_cpu` and
 `return_large_frees_to_the_os`; CUDA: TRL's GPU settings, bf16 mixed precision), a PEFT LoRA or full fine-tuning,
 our `rollout_func`, the seam that feeds the engine's logprobs to TRL's IS correction and syncs the policy
-(`trainer.use_vllm = True`, `trainer.vllm_generation = <a workbench.policy_sync object>`), the `workbench.group_step`
+(`trainer.use_vllm = True`, `trainer.vllm_generation = <a workbench.train.policy_sync object>`), the `workbench.train.group_step`
 levers, and the callback that writes metrics.jsonl.
 
-    trainer = build_trainer(run, asset.path)     # run: a workbench.train.GRPORun (typed as train_types.TrainerRun)
+    trainer = build_trainer(run, asset.path)     # run: a workbench.train.grpo.GRPORun (typed as train_types.TrainerRun)
     trainer.train()
 """
 
@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from workbench._compat import GRPO_LAST_LOADED_STEP, quiet_known_noise
-from workbench.policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync
+from workbench.train.policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync
 
 if TYPE_CHECKING:
     from trl import GRPOTrainer
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from workbench.train_types import TrainerRun
+    from workbench.train.types import TrainerRun
 
 __all__ = ["build_trainer", "return_large_frees_to_the_os", "score_only_labelled_positions_on_cpu"]
 
@@ -72,7 +72,7 @@ def build_trainer(
 ) -> GRPOTrainer:
     """The trainer for `run` (its config, device, recording, shared folder). `model`: a model object to train
     instead of the asset's; the tokenizer is the asset's either way. `checkpointing_kwargs`: TRL's
-    ``gradient_checkpointing_kwargs`` (e.g. `workbench.experimental.checkpointing.selective_checkpointing_kwargs`)."""
+    ``gradient_checkpointing_kwargs`` (e.g. `workbench.train.experimental.checkpointing.selective_checkpointing_kwargs`)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -163,7 +163,7 @@ def build_trainer(
     setattr(trainer, GRPO_LAST_LOADED_STEP, -1)  # what TRL's vLLM init would set
     shared = cfg.shared_prefix == "on" or (cfg.shared_prefix == "auto" and cpu)  # TrainConfig.shared_prefix says why
     if shared or cfg.reuse_logps or (cpu and cfg.precision == "bf16") or cfg.every_row:
-        from workbench.group_step import install
+        from workbench.train.group_step import install
 
         install(
             trainer, shared_prefix=shared, reuse_logps=cfg.reuse_logps, bf16=cpu and cfg.precision == "bf16"

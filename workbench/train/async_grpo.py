@@ -1,8 +1,8 @@
 """``workbench train --trainer async``: TRL's AsyncGRPOTrainer + HarnessRolloutWorker over our sessions.
 
-The same `workbench.train.TrainConfig` drives it (typed here as `workbench.train_types.AsyncTrainConfig`: this
-module never imports workbench.train, which dispatches to it): TRL's loop-owning worker (``harness_adapter=None``)
-runs our OpenEnv sessions (`workbench.openenv_session`) through the capture proxy, with the CPU route's turn policy
+The same `workbench.train.grpo.TrainConfig` drives it (typed here as `workbench.train.types.AsyncTrainConfig`: this
+module never imports workbench.train.grpo, which dispatches to it): TRL's loop-owning worker (``harness_adapter=None``)
+runs our OpenEnv sessions (`workbench.train.openenv_session`) through the capture proxy, with the CPU route's turn policy
 (``train_turns``), token budget, few-shot prompt, `FAILED_STATUSES` unscored and one seed-format artefact folder
 per rollout under ``<run>/rollouts/``. TRL chains the sessions' turns into rows, computes the group advantages
 and trains PPO-clip against the engine's logprobs; metrics.jsonl gets every TRL log line.
@@ -37,17 +37,17 @@ import requests
 import trl
 from trl.experimental.async_grpo.vllm_client import VLLMClient as AsyncVLLMClient
 
-from workbench.openenv_session import HarnessSessionFactory, ProxyAddress
-from workbench.policy_sync import SharedFolder
-from workbench.train_resume import record_config
-from workbench.train_types import AsyncRun, AsyncTrainConfig
+from workbench.train.openenv_session import HarnessSessionFactory, ProxyAddress
+from workbench.train.policy_sync import SharedFolder
+from workbench.train.resume import record_config
+from workbench.train.types import AsyncRun, AsyncTrainConfig
 
 if TYPE_CHECKING:
     from trl.experimental.async_grpo.openenv_harness import HarnessRolloutOutcome
 
 __all__ = ["EngineClient", "harness_reward", "session_factory", "train_async", "MAX_STALENESS"]
 
-assert trl.__version__ == "1.16.0", f"workbench.train_async is written against trl 1.16.0, not {trl.__version__}"
+assert trl.__version__ == "1.16.0", f"workbench.train.async_grpo is written against trl 1.16.0, not {trl.__version__}"
 # -- private TRL 1.16.0 names used here ------------------------------------------------------------------------
 _LORA_DIR = "_lora_dir"  # AsyncGRPOTrainer: where `_sync_weight_lora` saves `<name>-v<N>` (read by the server)
 _LORA_NAME = "_lora_name"  # AsyncGRPOTrainer: the adapter name prefix (always "trl-policy": not unique per run)

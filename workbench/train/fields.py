@@ -1,8 +1,8 @@
 """One optimizer step's rollouts -> the rows GRPOTrainer trains and the step's counters.
 
-Shared by the live path (rollouts run this step, `workbench.train.GRPORun.rollout_func`) and the replay path
-(rollouts recorded earlier, `workbench.replay`): the same rewards (`FAILED_STATUSES` unscored), the same rows
-(`workbench.train_rows` / `workbench.group_step.every_row_fields`), the same counters in metrics.jsonl.
+Shared by the live path (rollouts run this step, `workbench.train.grpo.GRPORun.rollout_func`) and the replay path
+(rollouts recorded earlier, `workbench.train.replay`): the same rewards (`FAILED_STATUSES` unscored), the same rows
+(`workbench.train.rows` / `workbench.train.group_step.every_row_fields`), the same counters in metrics.jsonl.
 
     fields, stats = step_fields(cfg, tasks, results, reward_fn, train_turn_fn, tokenizer, policy="policy-x-step3")
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 from workbench.rollout import FAILED_STATUSES, RolloutOutcome, RolloutResult
 from workbench.tasks import Task
-from workbench.train_rows import longest_row_fields, rollout_rows
+from workbench.train.rows import longest_row_fields, rollout_rows
 from workbench.turns import Tokenizer, token_id
-from workbench.train_types import StepConfig
+from workbench.train.types import StepConfig
 from workbench.turns import Row
 from workbench.turns import load_trace
 
@@ -115,9 +115,9 @@ def step_fields(
 def _every_row_fields(
     per_rollout: list[list[Row]], rewards: list[float | None], g: int, slots: int, pad_id: int
 ) -> tuple[dict[str, list[Any]], int]:
-    """`workbench.group_step.every_row_fields` over the step's groups of `g` rollouts (it types its columns as
+    """`workbench.train.group_step.every_row_fields` over the step's groups of `g` rollouts (it types its columns as
     ``list[object]``; they are the same TRL columns as `longest_row_fields`')."""
-    from workbench.group_step import every_row_fields
+    from workbench.train.group_step import every_row_fields
 
     return every_row_fields(
         [per_rollout[i : i + g] for i in range(0, len(per_rollout), g)],

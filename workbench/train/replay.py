@@ -3,9 +3,9 @@
 A recording is any folder holding rollout folders (``trace.json`` + ``summary.json``, as `workbench.rollout.run`
 writes them: a training run's ``rollouts/``, an eval run, copies of ``workbench/data/rollouts/``). Rollouts are
 grouped by ``summary.json``'s ``task_id`` in folder order; their recorded rewards are the rewards
-(`FAILED_STATUSES` unscored). ``TrainConfig.from_rollouts`` makes `workbench.train.GRPORun` draw each step's group
+(`FAILED_STATUSES` unscored). ``TrainConfig.from_rollouts`` makes `workbench.train.grpo.GRPORun` draw each step's group
 from here instead of running rollouts; rows, the loss and the metrics are the live path's
-(`workbench.train_fields`).
+(`workbench.train.fields`).
 
 Off-policy: the recorded logprobs are the behaviour policy (whatever model and adapter sampled them), so TRL's
 vLLM importance-sampling correction weighs each row by exp(log pi_theta - log mu) under

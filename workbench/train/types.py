@@ -1,9 +1,9 @@
 """What the trainer modules read from a run, as Protocols: they are typed against these, never against
-`workbench.train`.
+`workbench.train.grpo`.
 
-`workbench.train_config` owns `TrainConfig`, `workbench.train` owns `GRPORun` and dispatches to the trainers
-(`workbench.train_async`);
-those, and the step helpers (`workbench.train_fields`), take a `StepConfig` / `AsyncTrainConfig` / `AsyncRun`,
+`workbench.train.config` owns `TrainConfig`, `workbench.train.grpo` owns `GRPORun` and dispatches to the trainers
+(`workbench.train.async_grpo`);
+those, and the step helpers (`workbench.train.fields`), take a `StepConfig` / `AsyncTrainConfig` / `AsyncRun`,
 which TrainConfig and GRPORun satisfy structurally (mypy checks it at the dispatch). The imports go one way:
 train -> train_async -> train_types, train -> train_fields -> train_types, train -> trl_trainer -> train_types.
 
@@ -20,21 +20,21 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 if TYPE_CHECKING:
     from workbench.capture import ProxyClient
     from workbench.engine import Engine
-    from workbench.policy_sync import SharedFolder
+    from workbench.train.policy_sync import SharedFolder
     from workbench.rollout import RolloutConfig
     from workbench.runs import RunDir
     from workbench.tasks import Task
-    from workbench.train_config import TrainConfig
+    from workbench.train.config import TrainConfig
 
 __all__ = ["TurnPolicy", "WeightSync", "Device", "StepConfig", "AsyncTrainConfig", "AsyncRun", "TrainerRun"]
 
 TurnPolicy = Literal["tool_calls", "all"]  # TrainConfig.train_turns: which agent turns are trained
 WeightSync = Literal["auto", "lora", "merged", "nccl"]  # TrainConfig.weight_sync: how the policy reaches the engine
-Device = Literal["cpu", "cuda"]  # a run's resolved trainer device (`workbench.train.resolve_device`)
+Device = Literal["cpu", "cuda"]  # a run's resolved trainer device (`workbench.train.grpo.resolve_device`)
 
 
 class StepConfig(Protocol):
-    """What `workbench.train_fields.step_fields` reads of a TrainConfig."""
+    """What `workbench.train.fields.step_fields` reads of a TrainConfig."""
 
     @property
     def group_size(self) -> int: ...
@@ -47,7 +47,7 @@ class StepConfig(Protocol):
 
 
 class AsyncTrainConfig(Protocol):
-    """What `workbench.train_async` reads of a TrainConfig (a dataclass: its config.json is ``asdict`` of it)."""
+    """What `workbench.train.async_grpo` reads of a TrainConfig (a dataclass: its config.json is ``asdict`` of it)."""
 
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
@@ -90,7 +90,7 @@ class AsyncTrainConfig(Protocol):
 
 
 class AsyncRun(Protocol):
-    """What `workbench.train_async.train_async` reads of a GRPORun, and the one thing it sets (``trainer``)."""
+    """What `workbench.train.async_grpo.train_async` reads of a GRPORun, and the one thing it sets (``trainer``)."""
 
     trainer: object  # set to the trainer it builds (the run's callers read it back)
 
@@ -115,17 +115,17 @@ class AsyncRun(Protocol):
 
 
 class TrainerRun(Protocol):
-    """What `workbench.trl_trainer.build_trainer` reads of a GRPORun, and what it sets (``tokenizer``, ``trainer``,
-    ``step_stats``): the trainer is built against this, so it never imports `workbench.train` (no circle, not even
+    """What `workbench.train.trl_trainer.build_trainer` reads of a GRPORun, and what it sets (``tokenizer``, ``trainer``,
+    ``step_stats``): the trainer is built against this, so it never imports `workbench.train.grpo` (no circle, not even
     for the type checker)."""
 
     trainer: Any
     tokenizer: Any
     step_stats: dict[str, Any]
-    recording: Any  # a `workbench.replay.Recording` when the run replays recorded rollouts, else None
+    recording: Any  # a `workbench.train.replay.Recording` when the run replays recorded rollouts, else None
     engine: Engine | None
     client: ProxyClient | None
-    dir: RunDir  # settable, as `workbench.policy_sync.SyncHost` asks
+    dir: RunDir  # settable, as `workbench.train.policy_sync.SyncHost` asks
 
     @property
     def config(self) -> TrainConfig: ...

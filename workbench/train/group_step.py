@@ -17,9 +17,9 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    measures the difference, so no figure is given here). The gradient is exact: a shared position's logprob is one tensor element gathered into every
    row that scores it, so autograd sums every row's advantage-weighted gradient into the shared activations.
    Works with TRL's fused LM head (`shift_labels`) and with activation checkpointing (the layout travels as
-   a forward kwarg, so the checkpoint replay sees it). The layout and the attention: `workbench.group_pack`.
+   a forward kwarg, so the checkpoint replay sees it). The layout and the attention: `workbench.train.group_pack`.
    Without checkpointing, each gated MLP of the packed forward keeps only gate(x) and up(x) for the backward,
-   which recomputes act(gate) and the product bit for bit (`recompute_mlp`, `workbench._mlp_recompute`): on
+   which recomputes act(gate) and the product bit for bit (`recompute_mlp`, `workbench.train._mlp_recompute`): on
    qwen-coder the saved activations went 8,442 → 5,536 MiB (benchmarks/README.md, section 12).
 2. **bf16 autocast** (`bf16`): the step under `torch.autocast("cpu", bfloat16)`; fp32 is the exact mode. Only for
    hosts with AVX512-BF16/AMX: on an AVX2-only CPU (the 2-core AMD EPYC here) torch takes its reference bf16
@@ -42,8 +42,8 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    row, so a rollout's weight would grow with its row count and the padding slots would dilute the mean.
    The sequence-level IS modes then weigh each row separately, not each rollout.
 
-    from workbench.group_step import install
-    trainer = GRPOTrainer(...)                # as workbench/train.py builds it
+    from workbench.train.group_step import install
+    trainer = GRPOTrainer(...)                # as workbench/train/grpo.py builds it
     step = install(trainer)                   # after setting trainer.rollout_func; step.remove() undoes it
     trainer.train()                           # step.last: rows, packs, row vs forwarded tokens of the last pass
 
@@ -51,7 +51,7 @@ Exactness (tests/test_group_step.py): on the tiny model in fp32, per-row logprob
 path to <= 1e-5 absolute, the loss to <= 1e-5 relative (|Δ| / max(1, |loss|)), and each LoRA gradient tensor to
 <= 1e-5 of its own largest entry (max |Δ| / max |g|); on SmolLM2 and the shipped real rows, float64 to <= 5e-6, and in
 float32 the loss to <= 1e-5 and the gradients no further from the float64 step than 2x TRL's own fp32 error. Requires sdpa attention and TRL's compact fused LM head on
-CPU (workbench.train applies it; `install` checks).
+CPU (workbench.train.grpo applies it; `install` checks).
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ from workbench._compat import GRPO_GENERATE as _GENERATE
 from workbench._compat import GRPO_GET_LOGPS as _GET_LOGPS
 from workbench._compat import GRPO_METRICS as _METRICS
 from workbench._compat import trl_use_triton
-from workbench._mlp_recompute import recompute_mlp_products, recomputing
-from workbench.group_pack import ATTENTION, plan  # importing it registers ATTENTION with transformers
+from workbench.train._mlp_recompute import recompute_mlp_products, recomputing
+from workbench.train.group_pack import ATTENTION, plan  # importing it registers ATTENTION with transformers
 from workbench.turns import Row
 
 __all__ = ["OWNER_FIELD", "GroupStep", "install", "every_row_fields"]
@@ -312,12 +312,12 @@ def install(
     if not trl_use_triton(device):
         raise RuntimeError(
             f"TRL's fused LM head scores every position on {device.type}: on CPU apply "
-            "workbench.trl_trainer.score_only_labelled_positions_on_cpu() first"
+            "workbench.train.trl_trainer.score_only_labelled_positions_on_cpu() first"
         )
     if attention not in ("blockwise", "dense"):
         raise ValueError(f"attention must be 'blockwise' or 'dense', got {attention!r}")
     if getattr(trainer, "group_step", None) is not None:
-        raise RuntimeError("group_step is already installed on this trainer (workbench.train installs it)")
+        raise RuntimeError("group_step is already installed on this trainer (workbench.train.grpo installs it)")
     step = GroupStep(trainer, shared_prefix, reuse_logps, bf16, attention, recompute_mlp)
     base = _base_model(trainer)
     if shared_prefix:

@@ -1,4 +1,4 @@
-"""The shared-prefix layout of a GRPO batch (lever 1 of `workbench.group_step`): packs, their tree mask and
+"""The shared-prefix layout of a GRPO batch (lever 1 of `workbench.train.group_step`): packs, their tree mask and
 position ids, the index that gathers each row's logprobs back, and the attention that runs a pack blockwise.
 
 `plan` clusters a TRL batch's rows by common prefix and lays each cluster out as ONE sequence: the shared
@@ -9,7 +9,7 @@ Importing this module registers `ATTENTION` with transformers: plain sdpa for ev
 when the forward carries ``wb_shared=n``, causal SDPA over the n shared positions plus masked SDPA of
 the segments against all keys (half the cost of one SDPA with the dense 4D mask here).
 
-    from workbench.group_pack import ATTENTION, plan
+    from workbench.train.group_pack import ATTENTION, plan
     p = plan(input_ids, attention_mask, logits_to_keep)      # TRL's (B, P+K) batch
     for pack in p.packs:                                      # model.config._attn_implementation = ATTENTION
         out = model(input_ids=pack.ids[None], attention_mask=pack.mask(), position_ids=pack.positions[None],
