@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/base_rates.py --model qwen-coder \\
         --sets 'easy-eval[:8]:2,humaneval[:16]:2,deepcoder-fixture:2,repo-tasks:2'
 
-Each set is ``SPEC:N`` (N rollouts per task), evaluated with `workbench.evaluate.run_eval` as a newcomer's
+Each set is ``SPEC:N`` (N rollouts per task), evaluated with `workbench.evaluate.run.run_eval` as a newcomer's
 ``workbench eval --model M --tasks SPEC --n N`` would (the model's own tool-call parser and prompting), one
 engine and proxy for all sets. Per set: solve rate with its Wilson interval over rollouts (anti-conservative:
 rollouts of one task share its difficulty) and the clustered one over tasks (the one to quote), tool-call and

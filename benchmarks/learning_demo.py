@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/learning_demo.py --model tiny --steps 1 --group-size 2 --eval-n 1 --probe-n 0 \\
         --eval-tasks 'easy-eval[:2]' --train-tasks 'easy-train[:2]' --no-ship            # a smoke run
 
-The experiment is `workbench.learn` (its docstring says what it runs); this script exposes every
+The experiment is `workbench.evaluate.learn` (its docstring says what it runs); this script exposes every
 `LearnConfig` field as a flag, writes a new benchmarks/results/learning_demo/<date>_<host>.json per run
 (benchmarks/run_file.py; the shipped run's is benchmarks/results/learning_demo.json, written before that), and with
 `--ship` (default) copies the evidence into workbench/data/learning_demo/ (metrics.jsonl, adapter/, eval.json) so
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
 
 from run_file import host, new_run_file
 from workbench.config_cli import add_config_arguments, given_fields
-from workbench.learn import LearnConfig, run_learning, ship
+from workbench.evaluate import LearnConfig, run_learning, ship
 
 
 def main() -> None:

@@ -90,7 +90,7 @@ def main() -> None:
     from run_file import host, new_run_file
 
     from workbench.engine import Engine, EngineConfig
-    from workbench.matrix import MatrixConfig, run_matrix
+    from workbench.evaluate import MatrixConfig, run_matrix
     from workbench.rollout import RolloutConfig, agent_prompt
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

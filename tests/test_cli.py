@@ -72,13 +72,13 @@ def test_proxy_admin_key_is_not_read_as_admin_key_file(capsys):
 @pytest.mark.parametrize(
     ("module", "function", "runs", "argv", "refused"),
     [
-        ("workbench.diff", "cli_diff", "diff_from_args", ["a", "b", "--js"], "--js"),  # --json
-        ("workbench.evaluate", "cli_main", "run_from_args", ["--js"], "--js"),  # --json
+        ("workbench.evaluate.diff", "cli_diff", "diff_from_args", ["a", "b", "--js"], "--js"),  # --json
+        ("workbench.evaluate.run", "cli_main", "run_from_args", ["--js"], "--js"),  # --json
         ("workbench.verify.harbor", "main", "oracle_check", ["check", "x", "--sand", "bwrap"], "--sand bwrap"),
     ],
 )
 def test_the_standalone_parsers_refuse_abbreviations(module, function, runs, argv, refused, capsys, monkeypatch):
-    """`workbench.diff`, `workbench.evaluate` and `workbench.verify.harbor` build their own parsers
+    """`workbench.evaluate.diff`, `workbench.evaluate.run` and `workbench.verify.harbor` build their own parsers
     (``python -m``); an abbreviation is refused before anything runs (what would run is stubbed: an
     accepted ``--js`` once started a whole evaluation here)."""
     mod = importlib.import_module(module)

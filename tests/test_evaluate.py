@@ -13,8 +13,8 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from workbench.adapter_check import AdapterMismatch, check_adapter
-from workbench.eval_stats import bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
+from workbench.evaluate.adapter_check import AdapterMismatch, check_adapter
+from workbench.evaluate.stats import bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
 from workbench.evaluate import EvalConfig, add_eval_arguments, compare, run_eval
 
 TINY = {"hidden": 64, "inter": 128, "q": 128, "kv": 64, "layers": 2}  # .cache/assets/tiny/config.json
@@ -307,7 +307,7 @@ def test_real_eval_with_an_adapter(engine, tmp_path):
 
 
 def test_cli_prints_one_json_object_and_the_comparison(monkeypatch, tmp_path, capsys):
-    import workbench.evaluate as ev
+    import workbench.evaluate.run as ev
 
     seen = []
 
@@ -356,7 +356,7 @@ def test_cli_prints_one_json_object_and_the_comparison(monkeypatch, tmp_path, ca
 
 def test_ship_refuses_a_run_whose_evaluations_scored_nothing(tmp_path):
     """A run where every rollout crashed must not replace the shipped evidence (it once did, with zeros)."""
-    from workbench.learn import ship
+    from workbench.evaluate import ship
 
     shipped = tmp_path / "shipped"
     shipped.mkdir()
@@ -380,8 +380,8 @@ RATE_FLAGS = {
 
 
 def recompute_learning_eval(e: dict) -> int:
-    """Assert that every rate, mean, interval and p-value of a learning eval.json (`workbench.learn.run_learning`'s,
-    as `ship` writes it) follows from its ``rollouts`` records through `workbench.eval_stats`; returns how many
+    """Assert that every rate, mean, interval and p-value of a learning eval.json (`workbench.evaluate.learn.run_learning`'s,
+    as `ship` writes it) follows from its ``rollouts`` records through `workbench.evaluate.stats`; returns how many
     numbers were checked. Independent of `aggregate`/`compare`: only the records and the statistics are used."""
     from workbench.rollout import FAILED_STATUSES
 
@@ -477,8 +477,8 @@ def _records(policy_solves: int) -> list[dict]:
 def test_a_fresh_learning_eval_ships_its_rollouts_and_every_number_recomputes(monkeypatch, tmp_path):
     """run_learning and ship, with the evaluations and training replaced by hand-made records (no engine): the
     eval.json that ships carries every rollout, and every rate, interval and p-value in it recomputes from them."""
-    import workbench.learn as learn
-    from workbench.eval_report import aggregate
+    import workbench.evaluate.learn as learn
+    from workbench.evaluate.report import aggregate
 
     def fake_run_eval(config, *, run_dir, engine, client):
         records = _records(5 if config.adapter else 2)
@@ -526,7 +526,7 @@ def test_the_shipped_learning_eval_recomputes_or_the_docs_say_it_cannot():
     recompute."""
     from pathlib import Path
 
-    from workbench.learn import SHIPPED
+    from workbench.evaluate import SHIPPED
 
     e = json.loads((SHIPPED / "eval.json").read_text())
     if "rollouts" in e:

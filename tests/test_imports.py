@@ -15,7 +15,7 @@ import pytest
         "workbench.train.grpo",
         "workbench.rollout.run",
         "workbench.capture.client",
-        "workbench.evaluate",
+        "workbench.evaluate.run",
         "workbench.turns.derive",
         "workbench.verify",
     ],

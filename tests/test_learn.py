@@ -1,4 +1,4 @@
-"""The learning experiment's stages (workbench.learn): the pool the probe chooses, what trains on it, what is compared,
+"""The learning experiment's stages (workbench.evaluate.learn): the pool the probe chooses, what trains on it, what is compared,
 and a stopped run resumed where it stopped. The evaluations and the GRPO run are stand-ins here (their own tests run
 them for real); what is under test is the experiment's bookkeeping, which a wrong pool or a repeated stage would
 silently spoil."""
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import workbench.learn as learn
-from workbench.eval_report import aggregate
-from workbench.learn import LearnConfig, choose_pool, run_learning
+import workbench.evaluate.learn as learn
+from workbench.evaluate.report import aggregate
+from workbench.evaluate.learn import LearnConfig, choose_pool, run_learning
 from workbench.runs import RunDir
 from workbench.tasks import load_tasks
 

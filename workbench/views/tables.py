@@ -65,8 +65,8 @@ def render_trace(calls: list[dict[str, Any]], *, n_ids: int = 8) -> str:
 
 
 def render_eval(evidence: dict[str, Any]) -> str:
-    """The before/after table of a learning run's eval.json (`workbench.evaluate.compare` + solve rates): the
-    training pool's rows first when the run had one (`workbench.learn`), then the held-out ones."""
+    """The before/after table of a learning run's eval.json (`workbench.evaluate.run.compare` + solve rates): the
+    training pool's rows first when the run had one (`workbench.evaluate.learn`), then the held-out ones."""
 
     def ci(d: dict[str, Any] | None) -> str:
         return "–" if not d else f"{d['mean']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]"

@@ -5,7 +5,7 @@ labelled position (mask 1: the sampled tokens of trained turns, or every sampled
 ``positions="sampled"``) is scored under policy A (the base model, or an adapter) and policy B (an
 adapter), in float32 on CPU with transformers + PEFT, at the temperature the trace was sampled at.
 
-    from workbench.rescore import rescore, render_delta, delta_widget
+    from workbench.evaluate.rescoring import rescore, render_delta, delta_widget
     result = rescore(Path("runs/x/rollouts/easy-13__00"), load("smollm2").path,
                      adapter_b="runs/<grpo>/adapters/final", names=("base", "step 8 adapter"))
     result.summary()["by_part"]          # mean delta for tool_name / arguments / code / text / ...

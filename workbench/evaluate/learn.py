@@ -13,7 +13,7 @@ checkpoint, through `GRPORun.train(resume=True)`):
 4. ``grpo/``: `workbench.train.grpo.GRPORun` on the pool, one task per step, a group of ``group_size``.
 5. ``eval-trained-pool/`` and ``eval-trained/``: the final adapter on the same two sets.
 
-Each comparison is paired by task (`workbench.evaluate.compare`: 95% paired-bootstrap interval over tasks,
+Each comparison is paired by task (`workbench.evaluate.run.compare`: 95% paired-bootstrap interval over tasks,
 sign-flip p): ``delta``/``solve_delta`` on the held-out split, ``train_pool_delta``/``train_pool_solve_delta`` on
 the pool. ``probe_n=0`` skips stages 1-2 and trains on ``train_tasks`` as given (the SmolLM2 run of
 docs/training.md had no probe and no pool evaluation).
@@ -37,8 +37,8 @@ from typing import Any, Literal
 from workbench.engine import DISCLOSURE
 from workbench.capture import ProxyClient
 from workbench.engine import Engine
-from workbench.evaluate import EvalConfig, compare, run_eval
-from workbench.learn_evidence import SHIPPED, example_pair, headline, load_shipped, rate_delta, ship
+from workbench.evaluate.run import EvalConfig, compare, run_eval
+from workbench.evaluate.evidence import SHIPPED, example_pair, headline, load_shipped, rate_delta, ship
 from workbench.runs import RunDir
 from workbench.train import GRPORun, TrainConfig
 

@@ -11,10 +11,10 @@
   replacement (a comparison's ``delta``; also each side's per-task means alone, on the same draws).
 - `sign_flip_p`: two-sided paired sign-flip permutation p-value of mean difference 0 (exact up to 16 tasks).
 
-`workbench.evaluate` reports with these (its docstring says which number is which); they take plain
+`workbench.evaluate.run` reports with these (its docstring says which number is which); they take plain
 lists, so they also serve any other table of rewards:
 
-    from workbench.eval_stats import bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
+    from workbench.evaluate.stats import bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
     wilson(16, 20)                                  # (lo, hi) of a proportion, 95%
     cluster_bootstrap_ci([[1, 0, 0, 0], [1, 1, 1, 0]])   # a rate over rollouts clustered by task
     bootstrap_ci([[1.0, 0.0], [0.5, 0.5, 1.0]])     # tasks, then each task's rollouts, with replacement

@@ -3,7 +3,7 @@
 Reads adapter_config.json and the safetensors header only (no tensor, no torch), against the model
 asset's config.json: rank, target modules, layer indices and every LoRA matrix's shape.
 
-    from workbench.adapter_check import AdapterMismatch, check_adapter
+    from workbench.evaluate.adapter_check import AdapterMismatch, check_adapter
     info = check_adapter("runs/<grpo>/adapters/final", "smollm2")   # what was checked (eval.json records it)
     # AdapterMismatch (a ValueError) says which matrix or field does not fit
 """

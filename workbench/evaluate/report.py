@@ -1,16 +1,16 @@
 """From an evaluation's rollout records to eval.json's numbers (`aggregate`), and two evaluations compared
 by task (`compare`).
 
-Pure functions of plain dicts, no engine or sandbox: `workbench.evaluate.run_eval` makes one record per rollout
+Pure functions of plain dicts, no engine or sandbox: `workbench.evaluate.run.run_eval` makes one record per rollout
 and calls `aggregate`; `compare` takes two eval.json dicts (just returned, or read back from run folders) and
 keeps every rollout record of both in its ``rollouts`` list (policy, task, sample index, status, reason, reward,
-tool calls, solution written: ~180 bytes each as `workbench.learn.ship` writes them, 23 KB for 64 + 64), so each
+tool calls, solution written: ~180 bytes each as `workbench.evaluate.learn.ship` writes them, 23 KB for 64 + 64), so each
 rate and interval it and `aggregate` report can be recomputed from the file alone (``intervals`` names the method
 of each; tests/test_evaluate.py recomputes them).
-Which number is which is in `workbench.evaluate`'s docstring; the interval arithmetic is `workbench.eval_stats`'s.
-`workbench.evaluate` re-exports `compare`, so ``from workbench.evaluate import compare`` stays the usual import.
+Which number is which is in `workbench.evaluate.run`'s docstring; the interval arithmetic is `workbench.evaluate.stats`'s.
+`workbench.evaluate.run` re-exports `compare`, so ``from workbench.evaluate.run import compare`` stays the usual import.
 
-    from workbench.eval_report import aggregate, compare
+    from workbench.evaluate.report import aggregate, compare
     record = {"task_id": "easy/13", "status": "ok", "reward": 1.0, "tool_calls": 2, "solution_written": True}
     aggregate([record], seed=0, task_ids=["easy/13"])["solve_rate"]     # 1.0
     compare(json.loads(Path("base/eval.json").read_text()), json.loads(Path("tuned/eval.json").read_text()))["delta"]
@@ -20,7 +20,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.eval_stats import RESAMPLES, bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
+from workbench.evaluate.stats import (
+    RESAMPLES,
+    bootstrap_ci,
+    cluster_bootstrap_ci,
+    paired_bootstrap_ci,
+    sign_flip_p,
+    wilson,
+)
 
 __all__ = ["aggregate", "compare", "RATES", "ROLLOUT_FIELDS", "INTERVALS"]
 

@@ -1,7 +1,7 @@
 """Evaluation: N rollouts per task through the real harness and proxy, for the base model or a LoRA
 adapter, with intervals; and a paired comparison of two evaluations by task.
 
-    from workbench.evaluate import EvalConfig, compare, run_eval
+    from workbench.evaluate.run import EvalConfig, compare, run_eval
     base = run_eval(EvalConfig(model="smollm2", tasks="easy-eval", n=8, few_shot=True))
     tuned = run_eval(EvalConfig(model="smollm2", adapter="runs/<grpo>/adapters/final", tasks="easy-eval", n=8,
                                 few_shot=True))
@@ -11,7 +11,7 @@ adapter, with intervals; and a paired comparison of two evaluations by task.
 Each evaluation is a run folder ``runs/<stamp>__eval/``: config.json, rollouts/<task>__<i>/ (the seed
 artefact per rollout) and eval.json (what `run_eval` returns), whose ``records`` hold one line per rollout (task,
 sample index, status, reason, reward, tool calls, solution written): every number below is recomputable from
-them (tests/test_evaluate.py does). The statistics (`workbench.eval_stats`; eval.json's ``intervals`` says the same):
+them (tests/test_evaluate.py does). The statistics (`workbench.evaluate.stats`; eval.json's ``intervals`` says the same):
 
 - ``mean``: the mean over tasks of each task's mean reward (every task weighs the same, whatever number
   of its rollouts were unscored); ``ci95`` a two-stage percentile bootstrap (tasks drawn with
@@ -25,10 +25,10 @@ them (tests/test_evaluate.py does). The statistics (`workbench.eval_stats`; eval
 - Rollouts whose status is in `workbench.rollout.run.FAILED_STATUSES` (the infrastructure failed, not the
   agent) or that have no reward are unscored: excluded from every statistic and counted by status.
 
-An adapter is checked against the model before anything starts (`workbench.adapter_check`): its rank,
+An adapter is checked against the model before anything starts (`workbench.evaluate.adapter_check`): its rank,
 target modules, layer indices and every LoRA matrix's shape against the asset's config.json. The numbers
-above are computed from the rollout records by `workbench.eval_report` (`aggregate`; also `compare`), with the
-statistics themselves (pure functions of reward lists) from `workbench.eval_stats`.
+above are computed from the rollout records by `workbench.evaluate.report` (`aggregate`; also `compare`), with the
+statistics themselves (pure functions of reward lists) from `workbench.evaluate.stats`.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from dataclasses import replace, asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from workbench.adapter_check import check_adapter
-from workbench.eval_report import aggregate, compare
+from workbench.evaluate.adapter_check import check_adapter
+from workbench.evaluate.report import aggregate, compare
 from workbench.runs import RunDir
 from workbench.sandbox import Isolation, check_isolation
 
@@ -55,8 +55,8 @@ if TYPE_CHECKING:
     from workbench.capture import ProxyClient
     from workbench.engine import Engine
 
-# compare is defined in workbench.eval_report (with aggregate, eval.json's numbers) and re-exported here: an
-# evaluation and its comparison are imported together (``from workbench.evaluate import compare, run_eval``).
+# compare is defined in workbench.evaluate.report (with aggregate, eval.json's numbers) and re-exported here: an
+# evaluation and its comparison are imported together (``from workbench.evaluate.run import compare, run_eval``).
 __all__ = ["EvalConfig", "run_eval", "compare", "add_eval_arguments", "run_from_args", "cli_main"]
 
 REASON_CHARS = 160  # of a rollout's reason kept in eval.json's records

@@ -3,7 +3,7 @@
     ship(evidence, Path("runs/x"))      # -> workbench/data/learning_demo/{metrics.jsonl, adapter/, eval.json, rollouts/}
     metrics, evidence, line = load_shipped()         # the shipped run, offline (notebook 05)
 
-`workbench.learn` runs the experiment and re-exports these.
+`workbench.evaluate.learn` runs the experiment and re-exports these.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from workbench.eval_stats import paired_bootstrap_ci, sign_flip_p
+from workbench.evaluate.stats import paired_bootstrap_ci, sign_flip_p
 from workbench.runs import RunDir
 from workbench.paths import DATA
 

@@ -1,0 +1,75 @@
+"""Evaluate: a policy on held-out tasks, compared with its base, with intervals (notebook 05).
+
+    from workbench.evaluate import EvalConfig, compare, run_eval
+    base = run_eval(EvalConfig(model="qwen-coder", tasks="easy-eval[:12]", n=2))
+    compare(base, run_eval(EvalConfig(model="qwen-coder", adapter=ADAPTER, tasks="easy-eval[:12]", n=2)))["delta"]
+
+Private modules: ``run`` (`run_eval`), ``report`` (`compare` and its table), ``stats`` (paired deltas,
+bootstrap intervals, the sign-flip test), ``adapter_check``, ``learn`` and ``evidence`` (the learning
+experiment: probe, pool, train, evaluate; what ships in workbench/data/learning_demo), ``diff`` (two rollouts
+side by side), ``rescoring`` (a rollout's logprobs under another policy), ``matrix`` (models x harnesses).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from workbench._lazy import face
+
+__all__ = [
+    "add_diff_arguments",
+    "diff_from_args",
+    "diff_rollouts",
+    "render_diff",
+    "load_shipped",
+    "ship",
+    "SHIPPED",
+    "LearnConfig",
+    "run_learning",
+    "exact_prompt_ids",
+    "markdown_table",
+    "MatrixConfig",
+    "run_matrix",
+    "compare",
+    "delta_widget",
+    "rescore",
+    "add_eval_arguments",
+    "EvalConfig",
+    "run_eval",
+    "run_from_args",
+]
+
+__getattr__, __dir__ = face(
+    __name__,
+    {
+        "add_diff_arguments": "diff",
+        "diff_from_args": "diff",
+        "diff_rollouts": "diff",
+        "render_diff": "diff",
+        "load_shipped": "evidence",
+        "ship": "evidence",
+        "SHIPPED": "evidence",
+        "LearnConfig": "learn",
+        "run_learning": "learn",
+        "exact_prompt_ids": "matrix",
+        "markdown_table": "matrix",
+        "MatrixConfig": "matrix",
+        "run_matrix": "matrix",
+        "compare": "report",
+        "delta_widget": "rescoring",
+        "rescore": "rescoring",
+        "add_eval_arguments": "run",
+        "EvalConfig": "run",
+        "run_eval": "run",
+        "run_from_args": "run",
+    },
+)
+
+if TYPE_CHECKING:
+    from workbench.evaluate.diff import add_diff_arguments, diff_from_args, diff_rollouts, render_diff
+    from workbench.evaluate.evidence import load_shipped, ship, SHIPPED
+    from workbench.evaluate.learn import LearnConfig, run_learning
+    from workbench.evaluate.matrix import exact_prompt_ids, markdown_table, MatrixConfig, run_matrix
+    from workbench.evaluate.report import compare
+    from workbench.evaluate.rescoring import delta_widget, rescore
+    from workbench.evaluate.run import add_eval_arguments, EvalConfig, run_eval, run_from_args
