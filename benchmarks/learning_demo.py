@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
 
 from run_file import host, new_run_file
-from workbench.config_cli import add_config_arguments, given_fields
+from workbench.cli import add_config_arguments, given_fields
 from workbench.evaluate import LearnConfig, run_learning, ship
 
 

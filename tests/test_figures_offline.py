@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.notebooks import NotebookContext
+from workbench.cli import NotebookContext
 from workbench.views import learning_curve_figure, summary_figure
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.notebooks import NOTEBOOKS, NotebookError, check_parameters, run_notebooks
+from workbench.cli.notebooks import NOTEBOOKS, NotebookError, check_parameters, run_notebooks
 from workbench.paths import project_root
 
 NB_DIR = project_root() / "notebooks"
@@ -155,8 +155,8 @@ def tiny_notebooks(tmp_path, monkeypatch):
     import contextlib
     from types import SimpleNamespace
 
-    import workbench.cli
-    import workbench.notebooks as notebooks
+    import workbench.cli.commands
+    import workbench.cli.notebooks as notebooks
 
     src = tmp_path / "src"
     src.mkdir()
@@ -164,7 +164,7 @@ def tiny_notebooks(tmp_path, monkeypatch):
     _tiny_notebook(
         src / "04_reward.ipynb",
         "print('reward')",
-        "# Grade the captured solution\nfrom workbench.notebooks import NotebookError\n"
+        "# Grade the captured solution\nfrom workbench.cli.notebooks import NotebookError\n"
         "raise NotebookError('no solution to grade:\\nall 3 rollouts crashed (bwrap: Permission denied)')",
         params='task = "easy/3"\n',  # what the "small" set passes to 04_reward
     )
@@ -176,7 +176,7 @@ def tiny_notebooks(tmp_path, monkeypatch):
 
     monkeypatch.setattr(notebooks, "local_stack", stack)
     monkeypatch.setattr(notebooks, "_notebook_path", lambda name: src / f"{name}.ipynb")
-    monkeypatch.setattr(workbench.cli, "unwind_on_signals", lambda: None)  # pytest keeps its own handlers
+    monkeypatch.setattr(workbench.cli.commands, "unwind_on_signals", lambda: None)  # pytest keeps its own handlers
     return tmp_path / "run"
 
 

@@ -2,7 +2,7 @@
 `TrainConfig.baseline()` (every speed lever off) and `resolve_device`.
 
 The run itself is `workbench.train.grpo.GRPORun`; the config lives apart from it because it is read on its own:
-``workbench train``'s flags are generated from this dataclass and its docstring (`workbench.config_cli`), and the
+``workbench train``'s flags are generated from this dataclass and its docstring (`workbench.cli.flags`), and the
 trainer modules are typed against what they read of it (`workbench.train.types`). `workbench.train.grpo` re-exports
 `TrainConfig` and `resolve_device`, so ``from workbench.train.grpo import GRPORun, TrainConfig`` stays the usual import.
 

@@ -7,7 +7,7 @@
     workbench rollout --task easy/0 --out runs/r0    # rollouts of a task; then turns, train, eval, verify ...
 
 Every subcommand has --help. Heavy imports happen inside the handlers, so --help is instant. The
-service subcommands (assets, serve, demo, proxy) live in `workbench.cli_services`; the rest are here.
+service subcommands (assets, serve, demo, proxy) live in `workbench.cli.services`; the rest are here.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from workbench.cli_services import add_service_commands, read_secret
-from workbench.config_cli import add_config_arguments, given_fields
+from workbench.cli.services import add_service_commands, read_secret
+from workbench.cli.flags import add_config_arguments, given_fields
 from workbench.procs import unwind_on_signals
 
 __all__ = ["main", "build_parser"]
@@ -213,7 +213,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _cmd_notebooks(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from workbench.notebooks import open_command, run_notebooks
+    from workbench.cli.notebooks import open_command, run_notebooks
 
     t = time.monotonic()
     run = run_notebooks(

@@ -1,7 +1,7 @@
 """The `workbench` subcommands that build assets or run a service until Ctrl-C: ``assets``, ``serve``,
 ``demo``, ``proxy``, ``sandbox-check``; and `read_secret`, how every subcommand reads a key file.
 
-`workbench.cli` builds the parser and calls `add_service_commands` with its ``add`` (name, handler,
+`workbench.cli.commands` builds the parser and calls `add_service_commands` with its ``add`` (name, handler,
 help -> the subcommand's parser); the handlers import the package lazily, so ``--help`` stays instant.
 
     workbench assets build tiny          # build a model asset offline (tiny, smollm2, qwen-coder)
