@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench import assets
+from workbench.engine import assets
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_chunked_gguf_is_checked_slice_by_slice_and_whole(tmp_path, monkeypatch)
     """`assemble_chunks` refuses a changed slice (size or hash) and a wrong whole, and leaves no slice behind."""
     import hashlib
 
-    from workbench import assets_gguf
+    from workbench.engine import assets_gguf
     from workbench.engine.assets_gguf import Chunk, assemble_chunks
 
     data = {"a": b"GGUF" + b"\x01" * 60, "b": b"\x02" * 33}

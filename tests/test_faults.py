@@ -773,7 +773,7 @@ def test_engine_dies_with_its_runner(tmp_path):
     python.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "fake_vllm.py"} "$@"\n')
     python.chmod(0o755)
     code = (
-        "import time\nfrom workbench.engine.vllm import Engine, EngineConfig\n"
+        "import time\nfrom workbench.engine import Engine, EngineConfig\n"
         "e = Engine(EngineConfig(model='tiny', startup_timeout_s=60)).start()\n"
         "print(e.pgid, flush=True)\ntime.sleep(600)\n"
     )

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import _compat, group_pack, group_step
+from workbench import _compat
+from workbench.train import group_pack, group_step
 from workbench.engine import build_asset, load_asset
 from workbench.rollout import RolloutResult
 from workbench.tasks import load_tasks

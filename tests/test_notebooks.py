@@ -164,7 +164,7 @@ def tiny_notebooks(tmp_path, monkeypatch):
     _tiny_notebook(
         src / "04_reward.ipynb",
         "print('reward')",
-        "# Grade the captured solution\nfrom workbench.cli.notebooks import NotebookError\n"
+        "# Grade the captured solution\nfrom workbench.cli import NotebookError\n"
         "raise NotebookError('no solution to grade:\\nall 3 rollouts crashed (bwrap: Permission denied)')",
         params='task = "easy/3"\n',  # what the "small" set passes to 04_reward
     )

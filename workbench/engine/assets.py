@@ -16,7 +16,7 @@ Three assets, each a Hugging Face-format folder that both vLLM and transformers 
 All are reproducible: `build` records the sha256 of every file in ``manifest.json`` and compares it
 with the hashes pinned below, so the same bytes land on every machine.
 
-    from workbench.engine.assets import build_asset, load_asset
+    from workbench.engine import build_asset, load_asset
     asset = build_asset("tiny")           # idempotent: seconds when already built
     asset.path, asset.served_name   # .cache/assets/tiny, "tiny"
     python -m workbench assets build smollm2
@@ -174,7 +174,7 @@ class _Spec(NamedTuple):
     max_model_len: int
     builder: Callable[[Path], None]
     tool_parser: Literal["hermes", "json"] = "hermes"
-    # the prompting its tool calls need (`RolloutConfig.few_shot`, `rollout_types.agent_prompt`): what `eval`,
+    # the prompting its tool calls need (`RolloutConfig.few_shot`, `workbench.rollout.agent_prompt`): what `eval`,
     # `train` and `rollout` use for this model unless told otherwise (`prompting`, docs/models.md)
     few_shot: bool = False
     agent_prompt: Literal["default", "short"] = "default"

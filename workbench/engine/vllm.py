@@ -7,7 +7,7 @@ logits, which are wrong at any temperature != 1), ``--generation-config vllm`` (
 defaults from the model folder), the asset's tool parsing (hermes, or the ``workbench_json`` plugin,
 `TOOL_PARSER_PLUGIN`), runtime LoRA loading, float32 on CPU.
 
-    from workbench.engine.vllm import Engine, EngineConfig
+    from workbench.engine import Engine, EngineConfig
     with Engine(EngineConfig(model="tiny")) as engine:      # ~40-70 s to start on 2 cores
         engine.url, engine.served_name
         engine.tokenize(messages, tools)                    # vLLM's own tokenisation

@@ -1,6 +1,6 @@
 """Two rollouts side by side, turn by turn: where they first differ, in the prompt or in what was sampled.
 
-    from workbench.evaluate.diff import diff_rollouts, render_diff
+    from workbench.evaluate import diff_rollouts, render_diff
     result = diff_rollouts(Path("runs/x/rollouts/easy-13__00"), Path("runs/y/rollouts/easy-13__00"), tokenizer)
     result["first_divergence"]     # {"turn": 0, "where": "output", "index": 17, "a_text": ..., "b_text": ...}
     HTML(render_diff(result))      # the same as a table, diverging tokens outlined

@@ -8,7 +8,7 @@ tool calls, solution written: ~180 bytes each as `workbench.evaluate.learn.ship`
 rate and interval it and `aggregate` report can be recomputed from the file alone (``intervals`` names the method
 of each; tests/test_evaluate.py recomputes them).
 Which number is which is in `workbench.evaluate.run`'s docstring; the interval arithmetic is `workbench.evaluate.stats`'s.
-`workbench.evaluate.run` re-exports `compare`, so ``from workbench.evaluate.run import compare`` stays the usual import.
+`workbench.evaluate.run` re-exports `compare`, so ``from workbench.evaluate import compare`` stays the usual import.
 
     from workbench.evaluate.report import aggregate, compare
     record = {"task_id": "easy/13", "status": "ok", "reward": 1.0, "tool_calls": 2, "solution_written": True}

@@ -1,7 +1,7 @@
 """Evaluation: N rollouts per task through the real harness and proxy, for the base model or a LoRA
 adapter, with intervals; and a paired comparison of two evaluations by task.
 
-    from workbench.evaluate.run import EvalConfig, compare, run_eval
+    from workbench.evaluate import EvalConfig, compare, run_eval
     base = run_eval(EvalConfig(model="smollm2", tasks="easy-eval", n=8, few_shot=True))
     tuned = run_eval(EvalConfig(model="smollm2", adapter="runs/<grpo>/adapters/final", tasks="easy-eval", n=8,
                                 few_shot=True))
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from workbench.engine import Engine
 
 # compare is defined in workbench.evaluate.report (with aggregate, eval.json's numbers) and re-exported here: an
-# evaluation and its comparison are imported together (``from workbench.evaluate.run import compare, run_eval``).
+# evaluation and its comparison are imported together (``from workbench.evaluate import compare, run_eval``).
 __all__ = ["EvalConfig", "run_eval", "compare", "add_eval_arguments", "run_from_args", "cli_main"]
 
 REASON_CHARS = 160  # of a rollout's reason kept in eval.json's records

@@ -7,7 +7,7 @@ statuses and result types are `workbench.rollout.types`. In a group the first ro
 leads: the others wait until its first agent call is at the engine (`RolloutConfig.lead_s`), so
 they find their shared prompt in the engine's prefix cache.
 
-    from workbench.rollout.types import RolloutConfig
+    from workbench.rollout import RolloutConfig
     client = proxy.client()                  # or workbench.engine.stack.local_stack(model) -> (engine, proxy, client)
     result = run_rollout(load_task("humaneval/0"), client, RolloutConfig(), out_dir=Path("runs/x/r0"))
     results = run_rollouts([(task, out) for ...], client, config, parallel=2)

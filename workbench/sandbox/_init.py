@@ -7,7 +7,7 @@ on ``127.0.0.1:PORT`` inside the namespace and forwards every connection to that
 workbench's relay, `workbench.sandbox.net`, carries it to the proxy). Then it runs the command and
 exits with its status (a signal death is re-raised, so bwrap reports 128 + N as without us).
 
-    python -I -S _sandbox_init.py PORT SOCKET -- ARGV...     (bwrap runs this; standard library only)
+    python -I -S _init.py PORT SOCKET -- ARGV...     (bwrap runs this; standard library only)
 
 Only the harness's own process reaches the endpoint. The agent's shell inherits the harness's
 environment (opencode's config, with the rollout's key, is in it), and a call it made itself would be
@@ -19,7 +19,7 @@ recorded and trained as the harness's. So:
   end by its address (sock_diag), and its ``socket:[INODE]`` is looked for in ``/proc/PID/fd``. Any
   other connection is closed unforwarded, and reported to the relay;
 - the relay, in turn, relays only this process's connections (its first, the control connection
-  opened before the command starts, pins it: `sandbox_net`), so connecting to the socket directly
+  opened before the command starts, pins it: `net`), so connecting to the socket directly
   gets the agent nothing either;
 - this process makes itself non-dumpable first, so the agent (same uid, no capability) can neither
   ptrace it nor open its ``/proc/PID/fd`` to borrow its connections.

@@ -9,7 +9,7 @@ folders, and `Sandbox.spawn` runs the result. The layers, outermost first:
    sets no-new-privs (as a user);
 3. ``bwrap`` mode: new user, pid, net, ipc, uts and cgroup namespaces, nested user namespaces
    refused; only /usr, a few files of /etc, `ro_paths` and the interpreter (read-only) and the
-   sandbox's own folders are mounted; `_sandbox_init` forwards the inside port to the relay's socket.
+   sandbox's own folders are mounted; `_init` forwards the inside port to the relay's socket.
    As root (a fresh `uid`), bubblewrap runs twice: an outer one as root makes the namespaces other
    than the user one and every mount — it resolves each bind source with root's rights, so the
    project may live below a folder the sandbox uid cannot enter (root's 0700 home, a ``mktemp -d``)

@@ -2,14 +2,14 @@
 
 A bubblewrap sandbox has no network but its own loopback (`workbench.sandbox.session`). Whatever it may
 reach (the capture proxy's agent routes) it reaches through a Unix socket in the sandbox folder,
-bind-mounted into it; `_sandbox_init` forwards the harness's TCP connections to it, and this relay
+bind-mounted into it; `_init` forwards the harness's TCP connections to it, and this relay
 carries each connection on to the endpoint's host and port. So from inside a sandbox:
 
 - the engine, the proxy's control traffic (the admin key) and every other port of the host are not
   reachable, and the loopback it can sniff carries only its own traffic;
 - at most `max_connections` connections at a time: a sandbox holding slow connections open starves
   only itself, never the other rollouts (a 1-byte-per-10-s client used to hold the proxy's sockets);
-- only the sandbox's forwarder (`_sandbox_init`, which relays the harness's connections and no
+- only the sandbox's forwarder (`_init`, which relays the harness's connections and no
   other process's) is relayed. The first process to connect is pinned by its pid (``SO_PEERCRED``,
   as the host sees it) and start time: the forwarder, whose control connection comes before the
   command it runs starts (answered with `ACK`). A connection from any other process, e.g. the agent
@@ -37,7 +37,7 @@ from pathlib import Path
 
 __all__ = ["Relay", "open_relay", "ACK", "REFUSED"]
 
-ACK = b"K"  # to the forwarder, on its control connection: pinned (`_sandbox_init` spells both alike)
+ACK = b"K"  # to the forwarder, on its control connection: pinned (`_init` spells both alike)
 REFUSED = b"R"  # from the forwarder: one connection refused inside, not the harness's
 
 _loop: asyncio.AbstractEventLoop | None = None

@@ -1,8 +1,8 @@
 """A process running in a sandbox: how it is started (its own process group, fds opened by us) and waited on.
 
-`workbench.sandbox.session.Sandbox.spawn` builds the argv (`sandbox_command.wrap`) and the environment, then calls
+`workbench.sandbox.session.Sandbox.spawn` builds the argv (`command.wrap`) and the environment, then calls
 `start`; callers get the `SandboxProcess` back and wait on it or kill its group. Killing everything a
-sandbox ever started (strays, the uid) is `sandbox_cleanup.kill_all`, not this.
+sandbox ever started (strays, the uid) is `cleanup.kill_all`, not this.
 
     proc = start(argv, cwd=workspace, env=env, stdin=b"prompt", stdout=log, stderr=log)
     code = proc.wait(timeout_s=300)     # TimeoutError (the process keeps running) at the limit

@@ -19,7 +19,7 @@ whatever it did to its process group or environment. Two isolation modes:
   every other port of the host are out of reach, and the one endpoint the sandbox may use (the
   capture proxy's agent routes, ``endpoint=``) is a Unix socket relayed to it by
   `workbench.sandbox.net` (at most `SandboxLimits.max_connections` at a time). The harness still
-  calls ``http://127.0.0.1:PORT``: `_sandbox_init` listens there inside and forwards.
+  calls ``http://127.0.0.1:PORT``: `_init` listens there inside and forwards.
 - ``none``: plain processes with the same env, limits and uid, sharing the host's network and file
   system. **Unsafe for training**: the agent reads whatever other users may read and reaches every
   port on loopback (the engine needs its API key, the proxy's control routes the admin key).
@@ -31,11 +31,11 @@ Writes are bounded in total: RLIMIT_FSIZE per file, and the folders' allocated s
 kills everything within 0.5 s if this process dies without closing; the next `Sandbox.create` in
 that dir removes the folders it left.
 
-This module is the session (create, endpoint, env, spawn/run, snapshot, close); `sandbox_spec` holds the
-modes, limits and error, `sandbox_files` the folders (task files, ownership, quota), `sandbox_process` a
-running process, `sandbox_command` the prlimit/setpriv/bwrap argv, `sandbox_cleanup` the kill and removal.
+This module is the session (create, endpoint, env, spawn/run, snapshot, close); `spec` holds the
+modes, limits and error, `files` the folders (task files, ownership, quota), `process` a
+running process, `command` the prlimit/setpriv/bwrap argv, `cleanup` the kill and removal.
 
-    from workbench.sandbox.spec import SandboxLimits
+    from workbench.sandbox import SandboxLimits
     sb = Sandbox.create({"README.md": "..."}, limits=SandboxLimits(wall_s=300), endpoint=proxy_url)
     proc = sb.spawn(["opencode", "run"], stdin=b"prompt", env={"OPENCODE_CONFIG_CONTENT": "..."})
     code = proc.wait(timeout_s=300)     # TimeoutError at the wall-clock limit
@@ -142,7 +142,7 @@ class Sandbox:
         if interpreter is None:
             raise SandboxError("no python3 found for the sandbox")
         target = _parse_endpoint(endpoint) if endpoint else None
-        # The folders of a runner that died without close() go first (`sandbox_cleanup.new_folder`).
+        # The folders of a runner that died without close() go first (`cleanup.new_folder`).
         base = Path(base_dir or tempfile.gettempdir())
         remove_stale(base)
         try:
@@ -196,7 +196,7 @@ class Sandbox:
     @property
     def refused_connections(self) -> int | None:
         """Connections to the endpoint refused as not from the process that first used it (the harness's;
-        `_sandbox_init`, `sandbox_net`); None where nothing checks: plain mode, or no endpoint."""
+        `_init`, `net`); None where nothing checks: plain mode, or no endpoint."""
         return self._relay.refused_model_connections if self._relay is not None else None
 
     def write_home(self, rel: str, text: str) -> Path:
@@ -246,7 +246,7 @@ class Sandbox:
         return env
 
     def command(self, argv: list[str]) -> list[str]:
-        """`argv` wrapped for this sandbox's isolation mode, uid and limits (`sandbox_command.wrap`)."""
+        """`argv` wrapped for this sandbox's isolation mode, uid and limits (`command.wrap`)."""
         relay = self._relay.path if self._relay is not None and self._endpoint is not None else None
         return wrap(
             argv,
@@ -317,7 +317,7 @@ class Sandbox:
 
     def over_quota(self) -> str | None:
         """Why the sandbox's folders are over `SandboxLimits.disk_mb` / ``max_entries``, or None
-        (`sandbox_files.over_quota`: allocated blocks, the walk stops at the limit)."""
+        (`files.over_quota`: allocated blocks, the walk stops at the limit)."""
         return over_quota([self.workspace, self.home, self.tmp], self.limits)
 
     def snapshot(self, dest: Path, limits: CopyLimits | None = None) -> Path:

@@ -4,7 +4,7 @@ A task is what an agent is asked to do (``instruction``, starting ``files``, the
 ``visible_tests``) and how it is graded (``held_out_tests``, never written into the agent's workspace;
 `workbench.verify` brings them into a fresh copy of the finished workspace).
 
-    from workbench.tasks.catalog import load_task, load_tasks
+    from workbench.tasks import load_task, load_tasks
     task = load_task("humaneval/0")            # one task; its id loads it again
     tasks = load_tasks("humaneval[:8]")        # the first eight HumanEval problems
     load_tasks("deepcoder-fixture")            # the five shipped DeepCoder-format problems
@@ -43,8 +43,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-# One direction: this module dispatches a spec to its source; the record lives in task_record (which
-# harbor imports too) and the row parsing in task_parse, so neither imports this module back.
+# One direction: this module dispatches a spec to its source; the record lives in `record` (which
+# harbor imports too) and the row parsing in `parse`, so neither imports this module back.
 from workbench.tasks.harbor import load_spec, load_specs
 from workbench.paths import DATA, cache_dir
 from workbench.tasks.parse import Unusable, humaneval_task, row_task, usable_tasks

@@ -7,7 +7,7 @@ or ``reward.json``) and optionally ``solution/solve.sh`` (the oracle). We run it
 bubblewrap instead of a container: what can run that way loads, the rest is refused (`HarborError`,
 a ValueError naming the file and the field).
 
-    from workbench.tasks.catalog import load_task, load_tasks
+    from workbench.tasks import load_task, load_tasks
     load_tasks("harbor:/data/my-tasks")          # every task folder in it (refused ones skipped, warned)
     load_task("harbor:/data/my-tasks/fix-bug")   # one; its id is this spec
     load_tasks("repo-tasks")                     # the repository tasks shipped in workbench/data/repo_tasks

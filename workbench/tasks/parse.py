@@ -5,7 +5,7 @@ easy set, your JSONL) parsed into `Task` records, with their instruction and vis
 or the Hub, so the parsing is testable on a literal row:
 
     from workbench.tasks.parse import Unusable, humaneval_task, row_task, usable_tasks
-    from workbench.tasks.record import Limits
+    from workbench.tasks import Limits
     task = row_task({"problem": "Print 2.", "tests": [{"type": "stdin_stdout", "input": "", "output": "2"}]},
                     "mine/0", "jsonl", 12, Limits())
     tasks = usable_tasks([row, ...], "jsonl:/data/mine.jsonl#", "jsonl", 12, Limits(), "mine")  # warns what it skips

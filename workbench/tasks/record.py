@@ -4,7 +4,7 @@ Plain data, standard library only: every task source builds these (`workbench.ta
 DeepCoder and JSONL rows, `workbench.tasks.harbor` for Harbor folders) and the grader reads them
 (`workbench.verify`), so this module imports nothing of the project and any of them can import it.
 
-    from workbench.tasks.catalog import Limits, Task      # the usual import: workbench.tasks.catalog re-exports both
+    from workbench.tasks import Limits, Task      # the usual import: workbench.tasks.catalog re-exports both
     task = Task(id="mine/0", instruction="...", files={}, visible_tests="...",
                 held_out_tests=[{"input": "1\\n", "output": "2\\n"}], test_kind="stdin_stdout", entry_point=None)
     Task.from_json(task.to_json()) == task        # held_out_tests.json round-trips

@@ -4,9 +4,9 @@
 The run itself is `workbench.train.grpo.GRPORun`; the config lives apart from it because it is read on its own:
 ``workbench train``'s flags are generated from this dataclass and its docstring (`workbench.cli.flags`), and the
 trainer modules are typed against what they read of it (`workbench.train.types`). `workbench.train.grpo` re-exports
-`TrainConfig` and `resolve_device`, so ``from workbench.train.grpo import GRPORun, TrainConfig`` stays the usual import.
+`TrainConfig` and `resolve_device`, so ``from workbench.train import GRPORun, TrainConfig`` stays the usual import.
 
-    from workbench.train.config import TrainConfig
+    from workbench.train import TrainConfig
     config = TrainConfig(model="smollm2", tasks="easy", steps=10, group_size=4)   # ValueError when inconsistent
     TrainConfig.baseline(steps=2)          # the path before the speed levers (issue 14), for side-by-side runs
     config.rollout_config()                # the RolloutConfig every rollout of the run gets

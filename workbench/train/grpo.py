@@ -57,7 +57,7 @@ from workbench.train.rows import rows_for_trl
 from workbench.turns import has_tool_call
 
 # TrainConfig and resolve_device are defined in workbench.train.config and re-exported here: the run and its
-# config are imported together (tests, notebooks, benchmarks: ``from workbench.train.grpo import GRPORun, TrainConfig``).
+# config are imported together (tests, notebooks, benchmarks: ``from workbench.train import GRPORun, TrainConfig``).
 __all__ = [
     "TrainConfig",
     "GRPORun",
@@ -219,7 +219,7 @@ class GRPORun:
 
     def train(self, *, resume: bool = False) -> dict[str, Any]:
         """Run, or resume from the run folder's last checkpoint (TRL restores the adapter, the optimizer and
-        scheduler state, the RNG and the step count; config.json is kept: `train_resume.record_config` refuses
+        scheduler state, the RNG and the step count; config.json is kept: `workbench.train.resume.record_config` refuses
         another config); returns the summary."""
         from workbench.engine import load_asset
 

@@ -74,7 +74,7 @@ class ProxyAddress:
 
     @classmethod
     def of(cls, client: ProxyClient) -> "ProxyAddress":
-        # ProxyClient keeps its key only in its HTTP client's headers (capture_client has no accessor for it).
+        # ProxyClient keeps its key only in its HTTP client's headers (workbench.capture.client has no accessor for it).
         return cls(client.url, client._http.headers["Authorization"].removeprefix("Bearer "))
 
     def client(self) -> ProxyClient:

@@ -6,7 +6,7 @@ our `rollout_func`, the seam that feeds the engine's logprobs to TRL's IS correc
 (`trainer.use_vllm = True`, `trainer.vllm_generation = <a workbench.train.policy_sync object>`), the `workbench.train.group_step`
 levers, and the callback that writes metrics.jsonl.
 
-    trainer = build_trainer(run, asset.path)     # run: a workbench.train.grpo.GRPORun (typed as train_types.TrainerRun)
+    trainer = build_trainer(run, asset.path)     # run: a workbench.train.grpo.GRPORun (typed as workbench.train.types.TrainerRun)
     trainer.train()
 """
 

@@ -5,7 +5,7 @@
 (`workbench.train.async_grpo`);
 those, and the step helpers (`workbench.train.fields`), take a `StepConfig` / `AsyncTrainConfig` / `AsyncRun`,
 which TrainConfig and GRPORun satisfy structurally (mypy checks it at the dispatch). The imports go one way:
-train -> train_async -> train_types, train -> train_fields -> train_types, train -> trl_trainer -> train_types.
+grpo -> async_grpo -> types, grpo -> fields -> types, grpo -> trl_trainer -> types (all in workbench/train/).
 
     def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]: ...
 """

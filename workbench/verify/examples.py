@@ -2,7 +2,7 @@
 (notebook 04): the task's own answer key (every held-out test right, or only some: partial credit), and a
 hostile solution that attacks the grader and then tries to read the held-out tests where they really are.
 
-    from workbench.verify.examples import answer_key, cannot_show, hostile, leaked, tests_file
+    from workbench.verify import answer_key, cannot_show, hostile, leaked, tests_file
     cannot_show(task)                          # None, or why these examples cannot be built for `task`
     answer_key(task)                           # solution.py returning every held-out test's expected value
     answer_key(task, right=lambda i: i % 2 == 0)   # ... the even-numbered tests' only: partial credit

@@ -27,7 +27,7 @@ and ours, to fill before the first spawn; writable ones the test uid's). Any of 
 What the tests write is bounded in total: per file by RLIMIT_FSIZE, in all by `over_budget`, which
 `child.Child` polls while a test process runs (every `BUDGET_POLL_S`) and `verify` once after each
 test: the copy, its TMPDIR and the writable folders against ``Limits.disk_mb`` / ``disk_entries``
-(the agent's sandbox's measure, `sandbox_files.exceeds`). Past it the tests are killed and the
+(the agent's sandbox's measure, `workbench.sandbox.exceeds`). Past it the tests are killed and the
 verification scores 0; the answer stays, so every later test fails without running.
 
 This module is the jail's folder and processes (make, fill, spawn, sweep, remove); `jail_host` probes
