@@ -74,7 +74,7 @@ def test_proxy_admin_key_is_not_read_as_admin_key_file(capsys):
     [
         ("workbench.evaluate.diff", "cli_diff", "diff_from_args", ["a", "b", "--js"], "--js"),  # --json
         ("workbench.evaluate.run", "cli_main", "run_from_args", ["--js"], "--js"),  # --json
-        ("workbench.verify.harbor", "main", "oracle_check", ["check", "x", "--sand", "bwrap"], "--sand bwrap"),
+        ("workbench.verify.harbor", "harbor_cli", "oracle_check", ["check", "x", "--sand", "bwrap"], "--sand bwrap"),
     ],
 )
 def test_the_standalone_parsers_refuse_abbreviations(module, function, runs, argv, refused, capsys, monkeypatch):
