@@ -37,9 +37,8 @@ def parse_sets(text: str) -> list[tuple[str, int]]:
 def main() -> None:
     from run_file import host, new_run_file
 
-    from workbench.engine import EngineConfig
+    from workbench.engine import EngineConfig, local_stack
     from workbench.evaluate import EvalConfig, run_eval
-    from workbench.engine import local_stack
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen-coder")

@@ -136,9 +136,8 @@ def _prefix_cache(engine: Any) -> dict[str, float]:
 
 def child_rollouts(name: str, out: Path) -> dict[str, Any]:
     """One rollout-phase configuration: its own engine, 8 rollouts of the task, timed."""
-    from workbench.engine import EngineConfig
+    from workbench.engine import EngineConfig, local_stack
     from workbench.rollout import run_rollouts
-    from workbench.engine import local_stack
     from workbench.tasks import load_task
     from workbench.train import TrainConfig
 
@@ -180,8 +179,7 @@ def child_rollouts(name: str, out: Path) -> dict[str, Any]:
 
 
 def child_full(name: str, out: Path, steps: int = 0) -> dict[str, Any]:
-    from workbench.train import GRPORun, TrainConfig
-    from workbench.train import resolve_importance_sampling
+    from workbench.train import GRPORun, TrainConfig, resolve_importance_sampling
 
     preset, default_steps, overrides = FULL[name]
     make = TrainConfig.baseline if preset == "baseline" else TrainConfig

@@ -41,8 +41,7 @@ from run_file import host, new_run_file
 
 
 def rollout_part(client: Any, out: Path) -> dict[str, Any]:
-    from workbench.rollout import run_rollout
-    from workbench.rollout import RolloutConfig
+    from workbench.rollout import run_rollout, RolloutConfig
     from workbench.tasks import load_task
 
     t0_epoch, t0 = time.time(), time.perf_counter()
@@ -122,9 +121,7 @@ def grpo_part(engine: Any, client: Any, out: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    from workbench.engine import build_asset
-    from workbench.engine import Engine, EngineConfig
-    from workbench.engine import local_stack
+    from workbench.engine import build_asset, Engine, EngineConfig, local_stack
 
     started = dt.datetime.now(dt.timezone.utc)
     load0 = os.getloadavg()[0]

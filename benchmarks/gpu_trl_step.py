@@ -220,8 +220,7 @@ def run_variant(
     from transformers import TrainerCallback
 
     from workbench.train.experimental.checkpointing import selective_checkpointing_kwargs
-    from workbench.train import GRPORun, TrainConfig
-    from workbench.train import build_trainer
+    from workbench.train import GRPORun, TrainConfig, build_trainer
 
     spec = dict(VARIANTS[name])
     sac = spec.pop("sac", False)

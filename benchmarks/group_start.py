@@ -52,9 +52,8 @@ def main() -> None:
     from cpu_account import CpuAccount
     from run_file import host, new_run_file
 
-    from workbench.engine import EngineConfig
+    from workbench.engine import EngineConfig, local_stack
     from workbench.evaluate import EvalConfig, run_eval
-    from workbench.engine import local_stack
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--settings", default="lead,all-at-once")

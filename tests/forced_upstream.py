@@ -141,8 +141,7 @@ def inventory_fix_script(task: Any) -> list[str]:
 def main(out: Path) -> None:
     from workbench.capture import CaptureProxy
     from workbench.engine import Engine, EngineConfig
-    from workbench.rollout import run_rollout
-    from workbench.rollout import RolloutConfig, agent_prompt
+    from workbench.rollout import run_rollout, RolloutConfig, agent_prompt
     from workbench.tasks import load_task
 
     task = load_task("repo-tasks/inventory-fix")

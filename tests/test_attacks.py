@@ -24,16 +24,12 @@ import httpx
 import pytest
 
 from scripted_upstream import ScriptedUpstream
-from workbench.sandbox import CopyLimitError
+from workbench.sandbox import CopyLimitError, Sandbox, SandboxLimits, bwrap_available, check_isolation
 from workbench.capture import CaptureProxy
 from workbench.paths import exposed_paths, private_paths, project_root
 from workbench.procs import processes
-from workbench.rollout import run_rollout
-from workbench.rollout import RolloutConfig
-from workbench.sandbox import Sandbox
-from workbench.sandbox import SandboxLimits, bwrap_available
+from workbench.rollout import run_rollout, RolloutConfig
 from workbench.tasks import Limits, Task, load_task
-from workbench.sandbox import check_isolation
 from workbench.verify import verify, verify_many
 
 pytestmark = pytest.mark.skipif(

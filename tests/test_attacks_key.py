@@ -22,14 +22,10 @@ import pytest
 
 from isolations import HARNESS_ISOLATIONS
 from scripted_upstream import ScriptedUpstream
-from workbench.sandbox import _init as _sandbox_init
-from workbench.sandbox import net as sandbox_net
+from workbench.sandbox import _init as _sandbox_init, net as sandbox_net, Sandbox, bwrap_available
 from workbench.capture import CaptureProxy
-from workbench.rollout import run_rollout
-from workbench.rollout import RolloutConfig
-from workbench.sandbox import Sandbox
+from workbench.rollout import run_rollout, RolloutConfig
 from workbench.sandbox.command import SOCKET_INSIDE
-from workbench.sandbox import bwrap_available
 from workbench.tasks import load_task
 
 BWRAP = pytest.mark.skipif(not bwrap_available(), reason="bwrap is not installed (scripts/setup.sh installs it)")

@@ -14,8 +14,7 @@ import httpx
 import pytest
 
 from scripted_upstream import ScriptedUpstream
-from workbench.capture import CaptureProxy
-from workbench.capture import ProxyClient, ProxyError
+from workbench.capture import CaptureProxy, ProxyClient, ProxyError
 
 TOOLS = [
     {

@@ -46,8 +46,7 @@ from workbench.capture import CaptureProxy
 from workbench.paths import harness_bin, project_root
 from workbench.rollout import run_rollout, run_rollouts
 from workbench.rollout.types import STATUSES, RolloutConfig, refused_for_the_agents_output
-from workbench.sandbox import Sandbox
-from workbench.sandbox import bwrap_available
+from workbench.sandbox import Sandbox, bwrap_available
 from workbench.tasks import Limits, Task, load_task
 from workbench.train.grpo import FAILED_STATUSES, RolloutOutcome, hidden_test_reward
 from workbench.turns import write_turns

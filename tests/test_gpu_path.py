@@ -27,9 +27,8 @@ import torch
 import trl
 
 from workbench import _compat
-from workbench.engine import build_asset
+from workbench.engine import build_asset, Engine
 from workbench.capture import CaptureProxy
-from workbench.engine import Engine
 from workbench.harnesses import get_harness
 from workbench.train.openenv_session import ProxyAddress
 from workbench.train.policy_sync import LoraSync, MergedSync, NcclSync, SharedFolder, authenticated_vllm_client

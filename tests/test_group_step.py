@@ -27,9 +27,7 @@ from workbench.rollout import RolloutResult
 from workbench.tasks import load_tasks
 from workbench.train.grpo import GRPORun, TrainConfig, hidden_test_reward
 from workbench.train.fields import step_fields
-from workbench.turns import analyse
-from workbench.turns import Row
-from workbench.turns import load_trace
+from workbench.turns import analyse, Row, load_trace
 
 FIXTURES = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"
 T = 0.7

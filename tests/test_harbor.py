@@ -18,8 +18,7 @@ import pytest
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.tasks.harbor import REPO_TASKS, HarborError, load_harbor_task
-from workbench.rollout import run_rollout
-from workbench.rollout import RolloutConfig
+from workbench.rollout import run_rollout, RolloutConfig
 from workbench.sandbox import Sandbox
 from workbench.tasks import Limits, Task, load_task, load_tasks
 from workbench.verify import sandbox_guards, verify
@@ -423,8 +422,7 @@ def test_shipped_long_capture_chains_into_one_row():
     """The teacher-forced 7-turn capture on inventory-fix (real ids, scripted replies: its CAPTURE.md)."""
     from transformers import AutoTokenizer
 
-    from workbench.turns import analyse
-    from workbench.turns import load_trace
+    from workbench.turns import analyse, load_trace
 
     folder = Path(__file__).resolve().parents[1] / "workbench" / "data" / "rollouts" / "smollm2-forced-repo-task"
     tok = AutoTokenizer.from_pretrained(folder.parent / "smollm2-tokenizer")

@@ -10,8 +10,7 @@ import pytest
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.harnesses import HARNESSES, HarnessOptions, get_harness
-from workbench.rollout import run_rollout
-from workbench.rollout import RolloutConfig
+from workbench.rollout import run_rollout, RolloutConfig
 from workbench.tasks import load_task
 
 NEW_HARNESSES = ["pi", "codex"]

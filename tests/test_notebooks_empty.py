@@ -18,8 +18,7 @@ import pytest
 from workbench.paths import project_root
 from workbench.rollout import why_missing
 from workbench.tasks import Limits, load_task
-from workbench.verify import verify
-from workbench.verify import answer_key, cannot_show, hostile, leaked
+from workbench.verify import verify, answer_key, cannot_show, hostile, leaked
 
 NB_DIR = project_root() / "notebooks"
 

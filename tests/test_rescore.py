@@ -12,8 +12,7 @@ import torch
 
 from workbench.engine import build_asset
 from workbench.evaluate.rescoring import RescoreResult, delta_widget, render_delta, rescore, token_parts
-from workbench.turns import analyse
-from workbench.turns import load_trace
+from workbench.turns import analyse, load_trace
 
 FIXTURES = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"
 EASY = FIXTURES / "smollm2-easy"  # two turns in one row: a write call (53 tokens, trained), a reply (14)

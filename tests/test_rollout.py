@@ -15,8 +15,7 @@ from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.procs import group_alive
 from workbench.train import HarnessSessionFactory
-from workbench.rollout import run_rollout
-from workbench.rollout import RolloutConfig
+from workbench.rollout import run_rollout, RolloutConfig
 from workbench.sandbox import bwrap_available
 from workbench.tasks import load_task
 

@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from workbench.engine import build_asset
+from workbench.engine import build_asset, local_stack
 from workbench.rollout import run_rollout
 from workbench.rollout.types import SHORT_AGENT_PROMPT, SHORT_AGENT_TOOLS, RolloutConfig
-from workbench.engine import local_stack
 from workbench.tasks import load_task
 
 pytestmark = [pytest.mark.engine, pytest.mark.opencode, pytest.mark.slow]

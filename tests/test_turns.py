@@ -15,8 +15,7 @@ from workbench.turns.derive import rollout_report, write_turns
 from workbench.turns.drift import CAUSES, diagnose
 from workbench.turns import build_rows
 from workbench.turns.trace import Turn, TraceError, derive_turns, has_tool_call, load_trace, load_turns
-from workbench.views import render_trace
-from workbench.views import render_drift, render_row, render_turn
+from workbench.views import render_trace, render_drift, render_row, render_turn
 
 FIXTURES = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"  # real captures, shipped as examples
 

@@ -46,11 +46,9 @@ def _cmd_harbor(args: argparse.Namespace) -> int:
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from workbench.engine import prompting
+    from workbench.engine import prompting, local_stack
     from workbench.capture import ProxyClient
-    from workbench.rollout import run_rollouts
-    from workbench.rollout import RolloutConfig, agent_prompt
-    from workbench.engine import local_stack
+    from workbench.rollout import run_rollouts, RolloutConfig, agent_prompt
     from workbench.tasks import load_task
 
     task = load_task(args.task)
@@ -93,9 +91,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 def _cmd_turns(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from workbench.turns import run_report, write_turns
-    from workbench.turns import tokenizer_for_rollout
-    from workbench.turns import TraceError
+    from workbench.turns import run_report, write_turns, tokenizer_for_rollout, TraceError
 
     root = Path(args.path)
     dirs = [root] if (root / "trace.json").exists() else sorted(p.parent for p in root.rglob("trace.json"))
@@ -325,8 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-name", default=None)
     p.add_argument("--upstream-key-file", default=None, help="file holding the external engine's API key")
 
-    from workbench.evaluate import add_diff_arguments
-    from workbench.evaluate import add_eval_arguments
+    from workbench.evaluate import add_diff_arguments, add_eval_arguments
 
     add_eval_arguments(
         add(

@@ -38,9 +38,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workbench.capture import ProxyClient
-from workbench.engine import Engine
+from workbench.engine import Engine, local_stack
 from workbench.paths import project_root
-from workbench.engine import local_stack
 from workbench.views import save_figure
 from workbench.runs import RunDir
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from workbench.capture import CaptureProxy
-from workbench.capture import ProxyClient
+from workbench.capture import CaptureProxy, ProxyClient
 from workbench.engine.vllm import Engine, EngineConfig
 
 __all__ = ["local_stack"]

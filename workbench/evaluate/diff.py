@@ -34,8 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from workbench.turns import Turn, derive_turns, load_trace
-from workbench.turns import Tokenizer, decode_text
+from workbench.turns import Turn, derive_turns, load_trace, Tokenizer, decode_text
 from workbench.views import STYLE, token_texts
 from workbench.paths import DATA
 

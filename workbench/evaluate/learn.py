@@ -34,9 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from workbench.engine import DISCLOSURE
+from workbench.engine import DISCLOSURE, Engine
 from workbench.capture import ProxyClient
-from workbench.engine import Engine
 from workbench.evaluate.run import EvalConfig, compare, run_eval
 from workbench.evaluate.evidence import SHIPPED, example_pair, headline, load_shipped, rate_delta, ship
 from workbench.runs import RunDir

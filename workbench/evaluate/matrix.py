@@ -26,17 +26,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from workbench.engine import prompting
-from workbench.engine import Engine, EngineError
+from workbench.engine import prompting, Engine, EngineError, local_stack
 from workbench.harnesses import get_harness
-from workbench.rollout import run_rollouts
-from workbench.rollout import RolloutConfig, RolloutResult, agent_prompt
-from workbench.engine import local_stack
+from workbench.rollout import run_rollouts, RolloutConfig, RolloutResult, agent_prompt
 from workbench.runs import RunDir
 from workbench.tasks import load_tasks
-from workbench.turns import Tokenizer
-from workbench.turns import analyse
-from workbench.turns import TraceError, load_trace
+from workbench.turns import Tokenizer, analyse, TraceError, load_trace
 from workbench.views import render_table
 
 __all__ = [

@@ -33,9 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from workbench.turns import analyse
-from workbench.turns import load_trace
-from workbench.turns import Tokenizer, decode_text
+from workbench.turns import analyse, load_trace, Tokenizer, decode_text
 from workbench.views import STYLE, token_texts
 
 __all__ = [

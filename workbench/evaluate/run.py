@@ -147,11 +147,8 @@ def run_eval(
 
     The engine and proxy are started here (`local_stack`) unless both are given. Everything that can be
     refused (adapter, isolation, tasks, agent prompt) is checked before any of them starts."""
-    from workbench.engine import load_asset, prompting
-    from workbench.engine import EngineConfig, engine_threads
-    from workbench.rollout import run_rollouts
-    from workbench.rollout import RolloutConfig, agent_prompt
-    from workbench.engine import local_stack
+    from workbench.engine import load_asset, prompting, EngineConfig, engine_threads, local_stack
+    from workbench.rollout import run_rollouts, RolloutConfig, agent_prompt
     from workbench.tasks import load_tasks
 
     if (engine is None) != (client is None):

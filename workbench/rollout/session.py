@@ -40,23 +40,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from workbench.sandbox import CopyLimitError
 from workbench.capture import ProxyClient, ProxyError
 from workbench.harnesses import HarnessOptions, HarnessRun, get_harness
 from workbench.paths import project_root
 from workbench.procs import exit_signal, signal_name
-from workbench.rollout.types import (
-    RolloutConfig,
-    Status,
-    agent_entries,
-    refused_for_the_agents_output,
-    trace_tool_calls,
-)
-from workbench.sandbox import Sandbox
-from workbench.sandbox import SandboxError
+from workbench.rollout.types import RolloutConfig, Status, agent_entries
+from workbench.rollout.types import refused_for_the_agents_output, trace_tool_calls
+from workbench.sandbox import CopyLimitError, Sandbox, SandboxError
 from workbench.tasks import Task
-from workbench.verify import VerifyResult
-from workbench.verify import verify as verify_workspace
+from workbench.verify import VerifyResult, verify as verify_workspace
 
 __all__ = ["HarnessSession", "atomic_json"]
 

@@ -15,10 +15,8 @@ from typing import Any
 from workbench.rollout import FAILED_STATUSES, RolloutOutcome, RolloutResult
 from workbench.tasks import Task
 from workbench.train.rows import longest_row_fields, rollout_rows
-from workbench.turns import Tokenizer, token_id
+from workbench.turns import Tokenizer, token_id, Row, load_trace
 from workbench.train.types import StepConfig
-from workbench.turns import Row
-from workbench.turns import load_trace
 
 __all__ = ["step_fields"]
 

@@ -68,11 +68,13 @@ from transformers import PreTrainedModel
 from trl import GRPOConfig, GRPOTrainer
 
 # TRL 1.16.0's private names (pinned and checked in _compat): the methods replaced or wrapped, the metrics dict
-from workbench._compat import GRPO_COMPUTE_LOSS as _COMPUTE_LOSS
-from workbench._compat import GRPO_GENERATE as _GENERATE
-from workbench._compat import GRPO_GET_LOGPS as _GET_LOGPS
-from workbench._compat import GRPO_METRICS as _METRICS
-from workbench._compat import trl_use_triton
+from workbench._compat import (
+    GRPO_COMPUTE_LOSS as _COMPUTE_LOSS,
+    GRPO_GENERATE as _GENERATE,
+    GRPO_GET_LOGPS as _GET_LOGPS,
+    GRPO_METRICS as _METRICS,
+    trl_use_triton,
+)
 from workbench.train._mlp_recompute import recompute_mlp_products, recomputing
 from workbench.train.group_pack import ATTENTION, plan  # importing it registers ATTENTION with transformers
 from workbench.turns import Row

@@ -45,8 +45,7 @@ from typing import Any, Callable, Literal
 from workbench.capture import ProxyClient
 from workbench.engine import Engine
 from workbench.train.policy_sync import MergedSync, SharedFolder
-from workbench.rollout import run_rollouts
-from workbench.rollout import FAILED_STATUSES, RolloutOutcome
+from workbench.rollout import run_rollouts, FAILED_STATUSES, RolloutOutcome
 from workbench.runs import RunDir
 from workbench.sandbox import check_isolation
 from workbench.tasks import load_task, load_tasks

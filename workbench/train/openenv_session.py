@@ -39,13 +39,11 @@ from openenv.core.harness import ResourceSession, ResourceSessionFactory, Traini
 from openenv.core.harness import VerifyResult as OpenEnvVerifyResult
 
 from workbench.capture import ProxyClient, ProxyError
-from workbench.rollout import HarnessSession
-from workbench.rollout import FAILED_STATUSES, RolloutConfig, agent_entries
+from workbench.rollout import HarnessSession, FAILED_STATUSES, RolloutConfig, agent_entries
 from workbench.sandbox import SandboxError
 from workbench.tasks import Task, load_task
 from workbench.train.types import TurnPolicy
-from workbench.turns import analyse
-from workbench.turns import has_tool_call
+from workbench.turns import analyse, has_tool_call
 
 __all__ = ["OpenEnvSession", "HarnessSessionFactory", "ProxyAddress", "all_turns", "turn_policy"]
 

@@ -19,9 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workbench.turns import Tokenizer
-from workbench.turns import analyse
-from workbench.turns import Row
+from workbench.turns import Tokenizer, analyse, Row
 
 __all__ = ["rollout_rows", "trl_row", "longest_row_fields", "rows_for_trl"]
 

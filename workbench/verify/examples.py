@@ -25,8 +25,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from workbench.tasks import Task
-from workbench.tasks import EASY_PATH, FIXTURE_PATH
+from workbench.tasks import Task, EASY_PATH, FIXTURE_PATH
 from workbench.verify.reward import VerifyResult
 
 __all__ = ["answer_key", "cannot_show", "hostile", "leaked", "tests_file", "KINDS"]

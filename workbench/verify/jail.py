@@ -45,11 +45,9 @@ import time
 from pathlib import Path
 from typing import IO
 
-from workbench.sandbox import CopyLimits, copy_tree
+from workbench.sandbox import CopyLimits, copy_tree, force_remove, exceeds
 from workbench.paths import exposed_paths
 from workbench.procs import environ, kill_matching
-from workbench.sandbox import force_remove
-from workbench.sandbox import exceeds
 from workbench.tasks import Limits
 from workbench.verify.jail_command import check_mount_points, command
 from workbench.verify.jail_host import Host, interpreter, reachable

@@ -96,8 +96,7 @@ from workbench.sandbox import CopyLimitError
 from workbench.tasks import Task
 from workbench.verify.grading import OUTCOMES, Graded, Outcome, grade
 from workbench.verify.harbor import jail_options as harbor_options
-from workbench.verify.hook import jail_options as hook_options
-from workbench.verify.hook import parse_hook, run_hook
+from workbench.verify.hook import jail_options as hook_options, parse_hook, run_hook
 from workbench.verify.jail import Jail
 from workbench.verify.jail_host import SANDBOXES, guards, resolve
 

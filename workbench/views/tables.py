@@ -22,8 +22,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from workbench.turns import analyse
-from workbench.turns import load_trace
+from workbench.turns import analyse, load_trace
 from workbench.views.tokens import STYLE, render_drift, render_turn
 
 __all__ = ["render_table", "render_trace", "render_eval", "browser"]

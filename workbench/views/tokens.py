@@ -20,9 +20,7 @@ import html
 import math
 from typing import Any, Sequence
 
-from workbench.turns import Tokenizer, decode_text
-from workbench.turns import Fork, Row
-from workbench.turns import Turn
+from workbench.turns import Tokenizer, decode_text, Fork, Row, Turn
 
 __all__ = ["STYLE", "token_texts", "render_tokens", "render_turn", "render_row", "render_drift"]
 
