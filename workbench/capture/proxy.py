@@ -139,7 +139,7 @@ class CaptureProxy:
         max_body_bytes: int = 32 * 2**20,
         stream_upstream: bool = True,
         bookkeeping_max_tokens: dict[str, int] | None = None,
-        classify: Classifier | None = None,
+        classify: Classifier = classify_call,
         connection_limits: ConnectionLimits | None = None,
     ) -> None:
         if host not in ("127.0.0.1", "localhost", "::1") and not admin_key:
@@ -150,8 +150,6 @@ class CaptureProxy:
         self.bookkeeping_max_tokens = dict(
             BOOKKEEPING_MAX_TOKENS if bookkeeping_max_tokens is None else bookkeeping_max_tokens
         )
-        if classify is None:  # the harnesses' own tags (workbench.harnesses.purpose says why they live there)
-            classify = classify_call
         self.log = CallLog(classify, lambda session_id: self.inner.state.registry.get(session_id))
         self.inner = build_app(
             self.log,
