@@ -28,7 +28,9 @@ __all__ = ["face"]
 
 def face(package: str, homes: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for `package`, whose public `homes` map each name to the module (relative to
-    the package) that defines it. A name read once is kept on the package, so later reads are plain lookups."""
+    the package) that defines it. Nothing is copied onto the package: every read asks the module (a dict lookup
+    once it is imported), so a name patched in its module (a test's monkeypatch) is what the face gives, and
+    stops being given when the patch is undone."""
     homes = dict(homes)
 
     def __getattr__(name: str) -> Any:
@@ -36,9 +38,7 @@ def face(package: str, homes: Mapping[str, str]) -> tuple[Callable[[str], Any], 
             home = homes[name]
         except KeyError:
             raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
-        value = getattr(importlib.import_module(f"{package}.{home}"), name)
-        setattr(sys.modules[package], name, value)
-        return value
+        return getattr(importlib.import_module(f"{package}.{home}"), name)
 
     def __dir__() -> list[str]:
         return sorted({*vars(sys.modules[package]), *homes})
