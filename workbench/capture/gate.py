@@ -4,9 +4,12 @@ Decided from the method, the path and the headers alone, before a byte of the bo
 caller without a key costs the proxy nothing (an unauthenticated 28 MB body used to be read and
 parsed before its 401). Pure functions; `workbench.capture.proxy` applies them.
 
-- `route`: a closed list. Model calls are exactly ``POST /v1/chat/completions`` and
-  ``POST /v1/responses`` (the dialects our harnesses speak); control routes exactly OpenEnv's
-  session routes plus ours; anything else is 404 and reaches nothing. (OpenEnv's catch-all also
+- `route`: a closed list. Model calls are exactly the four wire dialects harnesses speak (`Dialect`):
+  ``POST /v1/chat/completions``, ``POST /v1/responses``, Anthropic's ``POST /v1/messages`` and Google's
+  ``POST /v1beta/models/{model}:generateContent`` / ``:streamGenerateContent``; their token-count side
+  routes (``/v1/messages/count_tokens``, ``:countTokens``) are ``aux``: a session key, answered by
+  OpenEnv without a model call and never recorded. Control routes are exactly OpenEnv's session routes
+  plus ours; anything else is 404 and reaches nothing. (OpenEnv's catch-all also
   forwarded ``/sessions/../v1/chat/completions`` or ``/sessionsX/v1/...`` to the engine, which
   our recorder took for control traffic: served, never recorded.)
 - `offered_key`: the one credential of a request; two (a repeated ``Authorization``, or one plus
@@ -15,9 +18,9 @@ parsed before its 401). Pure functions; `workbench.capture.proxy` applies them.
   `MAX_DEPTH` deep: ``{"messages": 5}`` or ten thousand nested lists is a 400 here, not a 500 (or a
   trace that can no longer be read) later.
 
-    r = route("POST", "/v1/chat/completions")     # Route("model_call")
+    r = route("POST", "/v1/chat/completions")     # Route("model_call", "chat")
     key = offered_key(scope["headers"])            # str, None, or DUPLICATE
-    problem = body_problem("/v1/chat/completions", json.loads(body))
+    problem = body_problem("chat", json.loads(body))
 """
 
 from __future__ import annotations
@@ -26,9 +29,17 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-__all__ = ["Route", "route", "offered_key", "DUPLICATE", "body_problem", "MAX_DEPTH", "MODEL_CALL_PATHS"]
+from workbench.harnesses import Dialect
 
-MODEL_CALL_PATHS: Final = ("/v1/chat/completions", "/v1/responses")
+__all__ = ["Route", "route", "offered_key", "DUPLICATE", "body_problem", "MAX_DEPTH"]
+
+_MODEL_CALLS: Final[dict[str, Dialect]] = {
+    "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/v1/messages": "anthropic",
+}
+# Google puts the model and the method in the path; the SDK (@google/genai) calls /v1beta/..., /v1 also exists.
+_GOOGLE = re.compile(r"/v1(beta)?/models/[A-Za-z0-9._\-]{1,128}:(generateContent|streamGenerateContent|countTokens)")
 MAX_DEPTH: Final = 64  # opencode's deepest request nests ~8 levels (tool schemas)
 DUPLICATE: Final = "\0duplicate"  # what `offered_key` returns for a request carrying two credentials
 
@@ -46,15 +57,22 @@ _KEY_HEADERS = (b"authorization", b"x-api-key", b"x-goog-api-key")
 
 @dataclass(frozen=True)
 class Route:
-    """What a request is: ``model_call`` (agent key), ``models`` (agent key, GET /v1/models),
-    ``control`` (admin key), ``health`` (open) or ``unknown`` (404)."""
+    """What a request is: ``model_call`` (agent key, in `dialect`), ``aux`` (agent key: a dialect's
+    token count, never recorded), ``models`` (agent key, GET /v1/models), ``control`` (admin key),
+    ``health`` (open) or ``unknown`` (404)."""
 
-    kind: Literal["model_call", "models", "control", "health", "unknown"]
+    kind: Literal["model_call", "aux", "models", "control", "health", "unknown"]
+    dialect: Dialect | None = None
 
 
 def route(method: str, path: str) -> Route:
-    if method == "POST" and path in MODEL_CALL_PATHS:
-        return Route("model_call")
+    if method == "POST" and path in _MODEL_CALLS:
+        return Route("model_call", _MODEL_CALLS[path])
+    if method == "POST" and path == "/v1/messages/count_tokens":
+        return Route("aux", "anthropic")
+    google = _GOOGLE.fullmatch(path) if method == "POST" else None
+    if google is not None:
+        return Route("aux" if google.group(2) == "countTokens" else "model_call", "google")
     if method == "GET" and path == "/v1/models":
         return Route("models")
     if method == "GET" and path == "/health":
@@ -93,18 +111,28 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def body_problem(path: str, body: Any) -> str | None:
-    """Why a model call's parsed body cannot be served, or None when it can."""
+def _list_of_objects(value: Any, *, role: str | None = None) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(v, dict) and (role is None or isinstance(v.get(role), str)) for v in value)
+    )
+
+
+def body_problem(dialect: Dialect, body: Any) -> str | None:
+    """Why a model call's parsed body, in `dialect`, cannot be served, or None when it can."""
     if not isinstance(body, dict):
         return "body must be a JSON object"
     if _depth(body) > MAX_DEPTH:
         return f"body nests deeper than {MAX_DEPTH} levels"
-    if path == "/v1/chat/completions":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return "messages must be a non-empty list"
-        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+    if dialect in ("chat", "anthropic"):
+        if not _list_of_objects(body.get("messages")):
+            return "messages must be a non-empty list of objects"
+        if not _list_of_objects(body["messages"], role="role"):
             return "every message must be an object with a string role"
+    elif dialect == "google":
+        if not _list_of_objects(body.get("contents")):
+            return "contents must be a non-empty list of objects"
     else:
         items = body.get("input")
         if not isinstance(items, (str, list)) or (

@@ -53,7 +53,7 @@ import httpx
 from openenv.core.harness.capture.sessions import Session
 from starlette.types import Message, Receive, Scope, Send
 
-from workbench.harnesses import Classifier, classify_call
+from workbench.harnesses import Classifier, Dialect, classify_call
 from workbench.capture.client import ProxyClient, ProxyError
 from workbench.capture.gate import DUPLICATE, body_problem, offered_key, route
 from workbench.capture.guard import ConnectionGuard, ConnectionLimits
@@ -87,7 +87,7 @@ async def _answer(send: Send, status: int, message: str, *, kind: str = "invalid
     await send({"type": "http.response.body", "body": body})
 
 
-def _parse(path: str, messages: list[Message]) -> tuple[str | None, dict[str, Any]]:
+def _parse(dialect: Dialect, messages: list[Message]) -> tuple[str | None, dict[str, Any]]:
     """(problem, body) of a model call's body messages: problem None when it can be served."""
     if any(m["type"] != "http.request" for m in messages):
         return None, {}  # the client left during the body: OpenEnv's path records the disconnect
@@ -95,7 +95,7 @@ def _parse(path: str, messages: list[Message]) -> tuple[str | None, dict[str, An
         body = json.loads(b"".join(m.get("body", b"") for m in messages))
     except (ValueError, RecursionError):
         return "body must be JSON", {}
-    problem = body_problem(path, body)
+    problem = body_problem(dialect, body)
     return problem, body if problem is None else {}
 
 
@@ -185,7 +185,8 @@ class CaptureProxy:
         model calls are recorded around OpenEnv's app (or the streamed relay)."""
         if scope["type"] != "http":  # lifespan is off; websockets are not served
             return await self.inner(scope, receive, send) if scope["type"] == "lifespan" else None
-        kind = route(scope["method"], scope["path"]).kind
+        where = route(scope["method"], scope["path"])
+        kind = where.kind
         key = offered_key(scope["headers"])
         if key == DUPLICATE:
             return await _answer(send, 400, "send one credential (Authorization or x-api-key), not several")
@@ -193,19 +194,20 @@ class CaptureProxy:
             return await _answer(send, 404, f"no route {scope['method']} {scope['path']}")
         if kind == "control" and not secrets.compare_digest(key or "", self.admin_key):
             return await _answer(send, 401, "this route requires the capture admin key")
-        session = self.inner.state.registry.get(key) if kind in ("model_call", "models") else None
-        if kind in ("model_call", "models") and session is None:
+        agent_route = kind in ("model_call", "aux", "models")
+        session = self.inner.state.registry.get(key) if agent_route else None
+        if agent_route and session is None:
             return await _answer(send, 401, "unknown API key; register a session via POST /sessions")
         # Every body is read here first, capped: OpenEnv's route reads it whole before anything else.
         messages = await self._read_body(scope, receive)
         if messages is None:
             return await self._refuse_too_large(scope, send, session if kind == "model_call" else None)
-        if kind != "model_call":
+        if kind != "model_call" or where.dialect is None:  # aux: OpenEnv's estimate, no model call
             return await self.inner(scope, _replay(messages, receive), send)
-        call = self._new_call(session, scope)
+        call = self._new_call(session, scope, dialect=where.dialect)
         if call is None:  # the session was closed (DELETE) between the lookup and now
             return await _answer(send, 401, "this session was closed")
-        problem, body = _parse(scope["path"], messages)
+        problem, body = _parse(where.dialect, messages)
         if problem is not None:
             call.request_body = bytearray(b"".join(m.get("body", b"") for m in messages)[:65536])
             call.http_status, call.error, call.status, call.t_end = 400, problem, "rejected", time.time()
@@ -222,9 +224,14 @@ class CaptureProxy:
         cap = self.bookkeeping_max_tokens.get(call.purpose)
         if cap is None or not body:
             return messages
-        present = [k for k in _MAX_TOKENS_KEYS if isinstance(body.get(k), int)]
-        for key in present or ["max_tokens" if "messages" in body else "max_output_tokens"]:
-            body[key] = min(body.get(key) or cap, cap)
+        if call.dialect == "google":  # its budget lives in generationConfig (OpenEnv maps it to max_tokens)
+            config = body.get("generationConfig")
+            config = body["generationConfig"] = dict(config) if isinstance(config, dict) else {}
+            config["maxOutputTokens"] = min(config.get("maxOutputTokens") or cap, cap)
+        else:
+            present = [k for k in _MAX_TOKENS_KEYS if isinstance(body.get(k), int)]
+            for key in present or ["max_tokens" if "messages" in body else "max_output_tokens"]:
+                body[key] = min(body.get(key) or cap, cap)
         call.clamped_max_tokens = cap
         return [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
 
@@ -279,7 +286,8 @@ class CaptureProxy:
         text = f"request body larger than the capture proxy's limit of {self.max_body_bytes} bytes"
         if session is not None:
             # A model call of a known session: recorded like every other refused call, never forwarded.
-            call = self._new_call(session, scope, http_status=413, error=text, status="rejected")
+            dialect = route(scope["method"], scope["path"]).dialect
+            call = self._new_call(session, scope, dialect=dialect, http_status=413, error=text, status="rejected")
             if call is not None:
                 call.t_end = call.t_start
                 self.log.tag_raw(call)

@@ -31,13 +31,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from openenv.core.harness.capture.dialects.openai_responses import OpenAIResponsesTransformer
+from openenv.core.harness.capture.detection import APIType
+from openenv.core.harness.capture.dialects import TransformManager
 from openenv.core.harness.capture.graph import TurnNode
 from openenv.core.harness.capture.sessions import Session
 from openenv.core.harness.capture.upstream import UpstreamRequestError
 from starlette.types import Message, Receive, Send
 
-from workbench.harnesses import CallInfo, Classifier, Purpose
+from workbench.harnesses import CallInfo, Classifier, Dialect, Purpose
 
 __all__ = ["CallRecord", "CallLog", "CallRecorder", "current_call"]
 
@@ -50,6 +51,7 @@ class CallRecord:
     session_id: str
     t_start: float
     harness_session: str | None
+    dialect: Dialect = "chat"  # the wire dialect the harness spoke (the engine is always called in chat)
     purpose: Purpose = "other"
     system_digest: str | None = None
     classified: bool = False
@@ -70,6 +72,7 @@ class CallRecord:
         n = self.node
         record: dict[str, Any] = {
             "turn": self.index,
+            "dialect": self.dialect,
             "purpose": self.purpose,
             "status": self.status,
             "http_status": self.http_status,
@@ -142,16 +145,26 @@ def _last_user_text(messages: Any) -> str:
     return ""
 
 
-def _chat_shaped(body: dict[str, Any]) -> dict[str, Any]:
-    """A raw request as OpenEnv forwards it: Responses bodies (codex) carry ``input`` items and
-    ``instructions``, not chat messages, so a call that never produced a node would be classified
-    from nothing. OpenEnv's own transformer makes it chat-shaped, as it does before forwarding."""
-    if "messages" in body or "input" not in body:
+_API_TYPES: dict[Dialect, APIType] = {
+    "chat": APIType.OPENAI_CHAT,
+    "responses": APIType.OPENAI_RESPONSES,
+    "anthropic": APIType.ANTHROPIC,
+    "google": APIType.GOOGLE,
+}
+_TRANSFORMS = TransformManager()
+
+
+def _chat_shaped(body: dict[str, Any], dialect: Dialect) -> dict[str, Any]:
+    """A raw request as OpenEnv forwards it: a Responses body (codex) carries ``input`` items and
+    ``instructions``, an Anthropic one a top-level ``system``, a Google one ``contents`` and a
+    ``systemInstruction``, not chat messages, so a call that never produced a node would be classified
+    from nothing. OpenEnv's own transformer for the dialect makes it chat-shaped, as before forwarding."""
+    if dialect == "chat" or not body:
         return body
     try:
-        return OpenAIResponsesTransformer().transform_request(dict(body))
-    except UpstreamRequestError:
-        return {}
+        return _TRANSFORMS.get(_API_TYPES[dialect]).transform_request(json.loads(json.dumps(body)))
+    except (UpstreamRequestError, ValueError, TypeError, KeyError, AttributeError):
+        return {}  # a body the transformer cannot read: OpenEnv's path answers it 400
 
 
 class CallLog:
@@ -223,7 +236,7 @@ class CallLog:
 
     def tag_body(self, call: CallRecord, body: dict[str, Any]) -> None:
         """Tag `call` from a request body as the harness sent it (any dialect OpenEnv forwards)."""
-        chat = _chat_shaped(body)
+        chat = _chat_shaped(body, call.dialect)
         self.tag(
             call, _system_text(chat.get("messages")), bool(chat.get("tools")), _last_user_text(chat.get("messages"))
         )

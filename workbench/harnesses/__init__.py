@@ -31,6 +31,8 @@ __all__ = [
     "Classifier",
     "Purpose",
     "PURPOSES",
+    "Dialect",
+    "DIALECTS",
 ]
 
 __getattr__, __dir__ = face(
@@ -50,6 +52,8 @@ __getattr__, __dir__ = face(
         "Classifier": "purpose",
         "Purpose": "purpose",
         "PURPOSES": "purpose",
+        "Dialect": "purpose",
+        "DIALECTS": "purpose",
     },
 )
 
@@ -57,4 +61,4 @@ if TYPE_CHECKING:
     from workbench.harnesses.base import Harness, HarnessOptions, HarnessRun, json_events, Launch
     from workbench.harnesses.catalog import classify_call, DEFAULT_HARNESS, get_harness, HARNESSES
     from workbench.harnesses.opencode import OpenCode
-    from workbench.harnesses.purpose import CallInfo, Classifier, Purpose, PURPOSES
+    from workbench.harnesses.purpose import DIALECTS, PURPOSES, CallInfo, Classifier, Dialect, Purpose

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from workbench.harnesses.purpose import CallInfo, Purpose
+from workbench.harnesses.purpose import CallInfo, Dialect, Purpose
 from workbench.paths import harness_bin
 from workbench.tasks import WRITE_HINT
 
@@ -97,7 +97,7 @@ class Harness(ABC):
 
     name: str = ""
     binary: str = ""
-    dialect: str = "chat"  # "chat" (Chat Completions) or "responses"
+    dialect: Dialect = "chat"  # the wire dialect it speaks to the proxy (`workbench.harnesses.purpose`)
 
     @abstractmethod
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:

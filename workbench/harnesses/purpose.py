@@ -4,8 +4,8 @@ The proxy tags each captured call (agent step, title, compaction, subagent, othe
 keeps, counts and never trains on bookkeeping calls by mistake. Only the harness knows what its own
 bookkeeping calls look like, so the proxy does not decide: it asks a `Classifier`, given the facts it
 has (the session's harness name, the call's system prompt, whether it offered tools, a `CallInfo` of
-the call and of those tagged before it). This module is that question and nothing else: plain types,
-no OpenEnv, no harness class.
+the call and of those tagged before it). This module is that question (and the names of the
+wire dialects, which both sides speak) and nothing else: plain types, no OpenEnv, no harness class.
 
 Direction of the imports: the harnesses own the vocabulary and answer the question; the proxy
 (`workbench.capture.proxy`) asks it, importing this stage's face (`Classifier`, `classify_call`, each harness's
@@ -23,7 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol, get_args
 
-__all__ = ["Purpose", "PURPOSES", "CallInfo", "Classifier"]
+__all__ = ["Purpose", "PURPOSES", "Dialect", "DIALECTS", "CallInfo", "Classifier"]
+
+# The wire dialects a harness speaks and the proxy serves, named as the trace records them: OpenAI Chat
+# Completions, OpenAI Responses, Anthropic Messages, Google generateContent (OpenEnv's APIType:
+# openai_chat, openai_responses, anthropic, google). The engine is always called in chat.
+Dialect = Literal["chat", "responses", "anthropic", "google"]
+DIALECTS: Final[tuple[Dialect, ...]] = get_args(Dialect)
 
 Purpose = Literal["agent", "title", "compaction", "subagent", "other"]
 PURPOSES: Final[tuple[Purpose, ...]] = get_args(Purpose)
