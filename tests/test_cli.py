@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,21 @@ def test_the_standalone_parsers_refuse_abbreviations(module, function, runs, arg
         getattr(mod, function)(argv)
     assert exc.value.code == 2
     assert f"unrecognized arguments: {refused}" in capsys.readouterr().err
+
+
+def test_matrix_harness_all_means_every_registered_harness(monkeypatch, capsys):
+    import workbench.evaluate.matrix as matrix
+    from workbench.cli import commands
+    from workbench.harnesses import HARNESSES
+
+    seen = {}
+
+    def fake_run_matrix(config, run_dir=None):
+        seen["harnesses"] = config.harnesses
+        return matrix.MatrixResult(Path("."), [], [])
+
+    monkeypatch.setattr(matrix, "run_matrix", fake_run_matrix)
+    args = build_parser().parse_args(["matrix", "--harness", "all", "--models", "tiny"])
+    assert commands._cmd_matrix(args) == 0
+    assert seen["harnesses"] == tuple(HARNESSES) and len(HARNESSES) >= 3
+    assert build_parser().parse_args(["matrix", "--harnesses", "pi,codex"]).harnesses == "pi,codex"

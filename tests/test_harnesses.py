@@ -181,3 +181,15 @@ def test_opencode_titled_session_makes_no_title_call(tmp_path):
     finally:
         up.stop()
     assert purposes == {False: ["agent", "agent", "title"], True: ["agent", "agent"]}
+
+
+@pytest.mark.parametrize("harness", sorted(HARNESSES))
+def test_every_harness_says_where_it_comes_from_what_it_needs_and_cannot(harness):
+    """The matrix's harness table is made of these: none may be left empty."""
+    from workbench.harnesses import DIALECTS
+
+    h = get_harness(harness)
+    assert h.name == harness and h.dialect in DIALECTS and h.binary
+    registry, *_, version = h.package.split()
+    assert registry in ("npm", "PyPI") and version[0].isdigit(), h.package
+    assert len(h.needs) > 20 and len(h.cannot) > 5

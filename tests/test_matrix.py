@@ -32,7 +32,7 @@ def test_one_by_one_grid_writes_the_table_with_every_column(engine, tmp_path):
     cells = load_matrix(result.dir)
     assert len(cells) == 1 and list(cells[0]) == list(COLUMNS)
     cell = cells[0]
-    assert (cell["harness"], cell["model"], cell["rollouts"]) == ("codex", "tiny", 1)
+    assert (cell["harness"], cell["dialect"], cell["model"], cell["rollouts"]) == ("codex", "responses", "tiny", 1)
     assert cell["calls"] == 1 and cell["calls_by_purpose"] == {"agent": 1}
     assert cell["exact_prompt_ids"] == {"value": 1.0, "num": 1, "den": 1}
     assert cell["chain_rate"] is None  # one turn: nothing to chain
@@ -41,8 +41,9 @@ def test_one_by_one_grid_writes_the_table_with_every_column(engine, tmp_path):
     assert cell["wall_s_per_rollout"] > 0
     md = (result.dir / "matrix.md").read_text().splitlines()
     assert md[2] == "| " + " | ".join(COLUMNS) + " |" and md[4].startswith(
-        "| codex | tiny | 1 | 1 | agent 1 | 1.00 (1/1) | – |"
+        "| codex | responses | tiny | 1 | 1 | agent 1 | 1.00 (1/1) | – |"
     )
+    assert "| codex | responses | npm @openai/codex 0.171.0 | `codex exec --json -`" in "\n".join(md)
     html = (result.dir / "matrix.html").read_text()
     assert all(f"<th>{c}</th>" in html for c in COLUMNS)
     rollout = json.loads((result.dir / "matrix.json").read_text())["rollouts"][0]

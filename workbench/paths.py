@@ -21,6 +21,7 @@ __all__ = [
     "runs_dir",
     "vllm_python",
     "harness_bin",
+    "tools_dir",
     "private_paths",
     "exposed_paths",
     "make_private",
@@ -54,12 +55,19 @@ def vllm_python() -> Path:
     return Path(os.environ.get("WORKBENCH_VLLM_PYTHON") or project_root() / ".venv-vllm" / "bin" / "python")
 
 
+def tools_dir() -> Path:
+    """Where set-up installs the harnesses (npm: node_modules/; PyPI: venvs/, entry points in bin/);
+    a rollout's sandbox mounts it read-only."""
+    return project_root() / "tools"
+
+
 def harness_bin(name: str) -> Path:
-    """A harness binary installed by set-up from tools/package-lock.json (opencode, pi, codex)."""
-    path = project_root() / "tools" / "node_modules" / ".bin" / name
-    if not path.exists():
-        raise FileNotFoundError(f"{name} is not installed at {path}: run scripts/setup.sh")
-    return path
+    """A harness binary installed by set-up: an npm package's (tools/package-lock.json) or a PyPI
+    harness's entry point (tools/python/*.txt)."""
+    for path in (tools_dir() / "node_modules" / ".bin" / name, tools_dir() / "bin" / name):
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"{name} is not installed in {tools_dir()}: run scripts/setup.sh")
 
 
 def private_paths() -> list[Path]:

@@ -144,7 +144,8 @@ def _add_prompting_flags(p: argparse.ArgumentParser, *, per_model: bool = False)
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from workbench.evaluate import MatrixConfig, markdown_table, run_matrix
+    from workbench.evaluate import MatrixConfig, harness_table, markdown_table, run_matrix
+    from workbench.harnesses import HARNESSES
     from workbench.rollout import RolloutConfig
 
     rollout = RolloutConfig(
@@ -154,7 +155,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
     )
     config = MatrixConfig(
-        harnesses=tuple(args.harnesses.split(",")),
+        harnesses=tuple(HARNESSES) if args.harnesses == "all" else tuple(args.harnesses.split(",")),
         models=tuple(args.models.split(",")),
         tasks=args.tasks,
         n=args.n,
@@ -165,6 +166,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     )
     result = run_matrix(config, run_dir=Path(args.out) if args.out else None)
     print(markdown_table(result.rows))
+    print(harness_table(config.harnesses))
     print(f"run folder: {result.dir} (matrix.json, matrix.md, matrix.html)")
     return 0
 
@@ -280,7 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = add("matrix", _cmd_matrix, "harness x model fidelity matrix: N rollouts per cell -> matrix.json/.md/.html")
-    p.add_argument("--harnesses", default="opencode,pi,codex", help="comma-separated: opencode,pi,codex")
+    p.add_argument(
+        "--harness",
+        "--harnesses",
+        dest="harnesses",
+        default="opencode,pi,codex",
+        help="comma-separated harness names, or all (every one in workbench.harnesses.HARNESSES)",
+    )
     p.add_argument("--models", default="tiny", help="comma-separated model assets: tiny,smollm2,qwen-coder")
     p.add_argument("--tasks", default="easy[:2]", help="task spec; rollout i of a cell gets task i mod len")
     p.add_argument("--n", type=int, default=2, help="rollouts per cell")

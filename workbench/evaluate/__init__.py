@@ -28,6 +28,7 @@ __all__ = [
     "run_learning",
     "exact_prompt_ids",
     "markdown_table",
+    "harness_table",
     "MatrixConfig",
     "run_matrix",
     "compare",
@@ -53,6 +54,7 @@ __getattr__, __dir__ = face(
         "run_learning": "learn",
         "exact_prompt_ids": "matrix",
         "markdown_table": "matrix",
+        "harness_table": "matrix",
         "MatrixConfig": "matrix",
         "run_matrix": "matrix",
         "compare": "report",
@@ -69,7 +71,7 @@ if TYPE_CHECKING:
     from workbench.evaluate.diff import add_diff_arguments, diff_from_args, diff_rollouts, render_diff
     from workbench.evaluate.evidence import load_shipped, ship, SHIPPED
     from workbench.evaluate.learn import LearnConfig, run_learning
-    from workbench.evaluate.matrix import exact_prompt_ids, markdown_table, MatrixConfig, run_matrix
+    from workbench.evaluate.matrix import exact_prompt_ids, harness_table, markdown_table, MatrixConfig, run_matrix
     from workbench.evaluate.report import compare
     from workbench.evaluate.rescoring import delta_widget, rescore
     from workbench.evaluate.run import add_eval_arguments, EvalConfig, run_eval, run_from_args

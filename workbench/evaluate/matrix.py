@@ -43,6 +43,7 @@ __all__ = [
     "measure_rollout",
     "summarise_cell",
     "markdown_table",
+    "harness_table",
     "render_matrix",
     "load_matrix",
     "exact_prompt_ids",
@@ -50,6 +51,7 @@ __all__ = [
 
 COLUMNS = (
     "harness",
+    "dialect",
     "model",
     "rollouts",
     "calls",
@@ -184,6 +186,7 @@ def summarise_cell(harness: str, model: str, records: list[dict[str, Any]]) -> d
     walls = [r["wall_s"] for r in records if r["wall_s"] is not None]
     return {
         "harness": harness,
+        "dialect": get_harness(harness).dialect,
         "model": model,
         "rollouts": len(records),
         "calls": total("calls"),
@@ -214,6 +217,17 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
         lines.append("| " + " | ".join(_cell_text(row.get(c)).replace("|", "\\|") for c in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def harness_table(harnesses: tuple[str, ...]) -> str:
+    """What each harness is and needed to run here, and what it cannot do here (`Harness.package`, ``needs``,
+    ``cannot``), as a Markdown table."""
+    lines = ["| harness | dialect | package | needed here | cannot here |", "|---|---|---|---|---|"]
+    for name in harnesses:
+        h = get_harness(name)
+        cells = (name, h.dialect, h.package, h.needs, h.cannot)
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -283,5 +297,5 @@ def _write(run: RunDir, config: MatrixConfig, rows: list[dict[str, Any]], record
             for c in [cell_rollout(config, m, config.harnesses[0])]
         )
     )
-    (run.path / "matrix.md").write_text(f"{settings}\n\n{markdown_table(rows)}")
+    (run.path / "matrix.md").write_text(f"{settings}\n\n{markdown_table(rows)}\n{harness_table(config.harnesses)}")
     (run.path / "matrix.html").write_text(f"<p>{settings}</p>{render_matrix(rows)}")

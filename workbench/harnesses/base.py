@@ -98,6 +98,11 @@ class Harness(ABC):
     name: str = ""
     binary: str = ""
     dialect: Dialect = "chat"  # the wire dialect it speaks to the proxy (`workbench.harnesses.purpose`)
+    # What the matrix and docs/harnesses.md show for it, one line each: where it comes from (registry, package,
+    # pinned version), what running it headless here needed (flags, config files, env), what it cannot do here.
+    package: str = ""
+    needs: str = ""
+    cannot: str = ""
 
     @abstractmethod
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:

@@ -34,6 +34,11 @@ class Codex(Harness):
     binary = "codex"
     dialect = "responses"
     provider = "wb"
+    package = "npm @openai/codex 0.171.0"
+    needs = "`codex exec --json -` with `--dangerously-bypass-approvals-and-sandbox`; `~/.codex/config.toml`: a provider with `wire_api = responses`, the key from env, analytics off"
+    cannot = (
+        "subagents (`multi_agent_v1` is a namespace tool, which OpenEnv's Responses transformer drops, as web search)"
+    )
 
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
         top: dict[str, Any] = {

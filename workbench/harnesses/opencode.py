@@ -23,6 +23,9 @@ class OpenCode(Harness):
     name = "opencode"
     binary = "opencode"
     provider = "wb"
+    package = "npm opencode-ai 1.18.33"
+    needs = "`opencode run --format json`; `OPENCODE_CONFIG_CONTENT`: an `@ai-sdk/openai-compatible` provider, permissions allowed; `OPENCODE_DISABLE_*` (models fetch, autoupdate, LSP downloads, plugins, share)"
+    cannot = "webfetch (denied: no network in the sandbox); LSP servers (nothing is downloaded)"
 
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
         provider_options: dict[str, Any] = {

@@ -25,6 +25,9 @@ class Pi(Harness):
     name = "pi"
     binary = "pi"
     provider = "wb"
+    package = "npm @mariozechner/pi-coding-agent 0.73.1"
+    needs = "`pi --offline -p --no-session --mode json`, no context files, extensions or skills; `~/.pi/agent/models.json`: an openai-completions provider, the key from env; compaction reserve = the output budget"
+    cannot = "nothing it ships is missing here (it has no title call and no subagents)"
 
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
         models = {

@@ -42,7 +42,7 @@ from typing import Any
 
 from workbench.capture import ProxyClient, ProxyError
 from workbench.harnesses import HarnessOptions, HarnessRun, get_harness
-from workbench.paths import project_root
+from workbench.paths import tools_dir
 from workbench.procs import exit_signal, signal_name
 from workbench.rollout.types import RolloutConfig, Status, agent_entries
 from workbench.rollout.types import refused_for_the_agents_output, trace_tool_calls
@@ -111,7 +111,7 @@ class HarnessSession:
                 _workspace_files(task),
                 isolation=config.isolation,
                 limits=config.limits,
-                ro_paths=[project_root() / "tools" / "node_modules"],
+                ro_paths=[tools_dir()],
                 endpoint=self.client.url,
             )
         except SandboxError:

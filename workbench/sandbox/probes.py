@@ -4,7 +4,7 @@
 lives), runs the harness's ``--version`` inside; it returns one line that says what ran or, when it
 did not, why and what to do.
 
-    ok, line = check_harness(harness_bin("opencode"), ro_paths=[project_root() / "tools" / "node_modules"])
+    ok, line = check_harness(harness_bin("opencode"), ro_paths=[tools_dir()])
 
 Each probe is a shell command run in the sandbox as the agent would run it (its uid, its limits, its
 namespaces), and what it printed. Nothing a probe does outlives it: the write probe uses a fresh name
