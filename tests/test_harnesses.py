@@ -193,3 +193,32 @@ def test_every_harness_says_where_it_comes_from_what_it_needs_and_cannot(harness
     registry, *_, version = h.package.split()
     assert registry in ("npm", "PyPI") and version[0].isdigit(), h.package
     assert len(h.needs) > 20 and len(h.cannot) > 5
+
+
+def test_kilo_is_opencodes_fork_under_its_own_names(tmp_path):
+    """Kilo runs opencode's loop under KILO_* switches: no OPENCODE_* name reaches it, its own write tool
+    writes solution.py through the real binary, and its title call (opencode's prompt, no tools; concurrent
+    with the first step, so it may be cut off by the exit) is tagged, never counted as an agent step."""
+    launch = get_harness("kilo").launch(
+        base_url="http://127.0.0.1:1/v1", api_key="k", model="m", prompt="p", options=HarnessOptions()
+    )
+    assert launch.argv[1:3] == ["run", "--format"] and launch.argv[-1] == "--auto"
+    assert "KILO_CONFIG_CONTENT" in launch.env and not any(k.startswith("OPENCODE_") for k in launch.env)
+    up = ToolLoop("write", {"filePath": "solution.py", "content": "def f():\n    return 1\n"}, usage=1000).start()
+    up.untooled = "text"
+    try:
+        calls = _scripted_rollout(tmp_path, "kilo", up, ["tool", "text"])
+    finally:
+        up.stop()
+    agent = [c for c in calls if c["purpose"] == "agent"]
+    assert [(c["dialect"], c["status"]) for c in agent] == [("chat", "ok")] * 2
+    assert all(c["request"]["messages"][0]["content"].startswith("You are Kilo") for c in agent)
+    others = [c for c in calls if c["purpose"] != "agent"]
+    assert all(c["purpose"] == "title" for c in others), others
+    assert all(
+        c["request"]["messages"][0]["content"].startswith("You are a title generator")
+        for c in others
+        if c.get("request")
+    )
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["solution_written"] and summary["harness_tool_calls"] == {"write": 1}

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
 from workbench.harnesses.codex import Codex
+from workbench.harnesses.kilo import Kilo
 from workbench.harnesses.opencode import OpenCode
 from workbench.harnesses.pi import Pi
 
@@ -44,7 +45,7 @@ __all__ = [
 # without metadata).
 DEFAULT_HARNESS = "opencode"
 
-HARNESSES: dict[str, Harness] = {"opencode": OpenCode(), "pi": Pi(), "codex": Codex()}
+HARNESSES: dict[str, Harness] = {"opencode": OpenCode(), "pi": Pi(), "codex": Codex(), "kilo": Kilo()}
 
 
 def get_harness(name: str) -> Harness:
