@@ -137,6 +137,10 @@ tools/node_modules/.bin/opencode --version >/dev/null 2>&1 || die "opencode bina
 # --- harnesses from PyPI: one venv each (their pins clash with ours and with each other) -------------
 # tools/python/NAME.txt pins one harness; its venv is tools/venvs/NAME and its entry points are linked into
 # tools/bin, where workbench.paths.harness_bin finds them. The sandbox mounts tools/ read-only.
+# The venvs are made from a Python under /usr, which the sandbox mounts (a pyenv or conda interpreter the venv
+# would point at is not visible inside it).
+harness_python=$(PATH=/usr/local/bin:/usr/bin command -v python3.11 || true)
+[[ -n "$harness_python" ]] || die "no python3.11 under /usr/bin or /usr/local/bin (the sandbox sees only /usr): install the package python3.11 (Debian/Ubuntu: apt-get install python3.11 python3.11-venv)"
 mkdir -p tools/bin
 for req in tools/python/*.txt; do
   name=$(basename "$req" .txt)
@@ -145,7 +149,7 @@ for req in tools/python/*.txt; do
   if ! is_current "harness-$name" "$fp" || [[ ! -x "$venv/bin/python" ]]; then
     say "harness $name (tools/venvs/$name): pip install ..."
     rm -rf "$venv"
-    run_logged "harness-$name" bash -c "'$python' -m venv '$venv' && '$venv/bin/pip' install -q --no-input -r '$req'"
+    run_logged "harness-$name" bash -c "'$harness_python' -m venv '$venv' && '$venv/bin/pip' install -q --no-input -r '$req'"
     mark "harness-$name" "$fp"
   fi
   for entry in $(sed -n 's/^# entry points: //p' "$req"); do

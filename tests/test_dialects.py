@@ -117,6 +117,9 @@ def test_anthropic_messages_are_recorded_with_the_engines_ids(served, stream):
     if stream:
         kinds = [e["type"] for e in _events(r.text)]
         assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_start" in kinds
+        # the prompt's length as the engine counted it (OpenEnv alone says 0: a harness's compaction reads it)
+        start = _events(r.text)[0]["message"]["usage"]
+        assert start["input_tokens"] == len(up.answers[-1]["prompt_token_ids"]) > 0
         stop = next(e for e in _events(r.text) if e["type"] == "message_delta")["delta"]["stop_reason"]
     else:
         reply = r.json()

@@ -5,7 +5,8 @@ parts replaced (`workbench.capture.proxy.CaptureProxy` serves the result behind 
 
 - the session registry: every new session gets a call log (`workbench.capture.record.CallLog`) and a
   rollout graph that attaches each new turn to the call being served and tags it;
-- the dialect transforms: keys the engine must not see (``seed``) are dropped from every request;
+- the dialect transforms: keys the engine must not see (``seed``) are dropped from every request, and a
+  streamed Anthropic reply's ``message_start`` carries the prompt's token count (OpenEnv sends 0);
 - the engine client: a 200 whose body is not a JSON object is an upstream error, not a 500;
 - the public routes: ``/health`` no longer names the upstream URL, ``/v1/models`` needs a session key;
 - control routes added: ``GET /sessions/{id}/trace``, ``PUT /model``, ``GET /engine`` (admin key).
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from openenv.core.harness.capture.detection import APIType
 from openenv.core.harness.capture.dialects import TransformManager
 from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
 from openenv.core.harness.capture.server import UpstreamPool, create_app
@@ -87,11 +89,35 @@ class _Registry(SessionRegistry):
         return super().delete(session_id)
 
 
+class _PromptCountingStream:
+    """OpenEnv's Anthropic stream state, with the prompt's token count in ``message_start``.
+
+    OpenEnv 0.10.0 opens every streamed Anthropic reply with ``usage.input_tokens: 0`` although the
+    engine's answer carries ``prompt_tokens``; Claude Code reads its context size from it, so its
+    usage-based compaction could never fire through the proxy. The count is the engine's own."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def process_chunk(self, chunk: dict[str, Any], is_first: bool = False) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = self._inner.process_chunk(chunk, is_first=is_first)
+        prompt_tokens = (chunk.get("usage") or {}).get("prompt_tokens")
+        for event in events:
+            if event.get("type") == "message_start" and isinstance(prompt_tokens, int):
+                event["message"]["usage"]["input_tokens"] = prompt_tokens
+        return events
+
+
 class _StrippingTransforms(TransformManager):
-    """Dialect transformers whose requests lose the keys the engine must not see."""
+    """Dialect transformers whose requests lose the keys the engine must not see (and whose streamed
+    Anthropic replies say how long the prompt was: `_PromptCountingStream`)."""
 
     def get(self, api_type: Any) -> Any:  # api_type: OpenEnv's APIType
         inner = super().get(api_type)
+        anthropic = api_type == APIType.ANTHROPIC
 
         class _Stripping:
             def __getattr__(self, name: str) -> Any:
@@ -101,6 +127,10 @@ class _StrippingTransforms(TransformManager):
                 for key in _DROPPED_REQUEST_KEYS:
                     body.pop(key, None)
                 return inner.transform_request(body)
+
+            def create_stream_state(self, original_request: dict[str, Any]) -> Any:
+                state = inner.create_stream_state(original_request)
+                return _PromptCountingStream(state) if anthropic and state is not None else state
 
         return _Stripping()
 

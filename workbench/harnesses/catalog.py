@@ -22,10 +22,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
+from workbench.harnesses.claude_code import ClaudeCode
 from workbench.harnesses.codex import Codex
+from workbench.harnesses.gemini_cli import GeminiCli
+from workbench.harnesses.grok_cli import GrokCli
+from workbench.harnesses.hermes import Hermes
 from workbench.harnesses.kilo import Kilo
+from workbench.harnesses.mini_swe_agent import MiniSweAgent
 from workbench.harnesses.opencode import OpenCode
 from workbench.harnesses.pi import Pi
+from workbench.harnesses.qwen_code import QwenCode
 
 __all__ = [
     "CallInfo",
@@ -45,7 +51,18 @@ __all__ = [
 # without metadata).
 DEFAULT_HARNESS = "opencode"
 
-HARNESSES: dict[str, Harness] = {"opencode": OpenCode(), "pi": Pi(), "codex": Codex(), "kilo": Kilo()}
+HARNESSES: dict[str, Harness] = {
+    "opencode": OpenCode(),
+    "pi": Pi(),
+    "codex": Codex(),
+    "kilo": Kilo(),
+    "mini-swe-agent": MiniSweAgent(),
+    "hermes": Hermes(),
+    "gemini-cli": GeminiCli(),
+    "qwen-code": QwenCode(),
+    "claude-code": ClaudeCode(),
+    "grok-cli": GrokCli(),
+}
 
 
 def get_harness(name: str) -> Harness:
