@@ -222,3 +222,18 @@ def test_kilo_is_opencodes_fork_under_its_own_names(tmp_path):
     )
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["solution_written"] and summary["harness_tool_calls"] == {"write": 1}
+
+
+def test_a_restricted_run_names_each_harness_its_own_tools():
+    """The short agent prompt's tools (bash, write, read, edit) in each harness's own names: a name it does not
+    know would fail the launch (hermes) or be silently dropped."""
+    from workbench.rollout.types import SHORT_AGENT_TOOLS
+
+    def argv(name):
+        options = HarnessOptions(tools=SHORT_AGENT_TOOLS)
+        return get_harness(name).launch(base_url="http://h/v1", api_key="k", model="m", prompt="p", options=options).argv
+
+    hermes = argv("hermes")
+    assert hermes[hermes.index("-t") + 1] == "terminal,file"
+    claude = argv("claude-code")
+    assert set(claude[claude.index("--tools") + 1].split(",")) == {"Bash", "Write", "Read", "Edit"}

@@ -11,6 +11,8 @@ from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessR
 
 __all__ = ["Hermes"]
 
+_TOOLSETS = {"bash": "terminal", "write": "file", "read": "file", "edit": "file"}
+
 # The prompt comes on stdin and goes to ``--oneshot=``: one argument, never re-read as an option. One-shot
 # mode prints only the final reply; its usage report (``--usage-file``, written even when the run fails)
 # follows on stdout as one JSON line, printed by its venv's python ("$1").
@@ -31,8 +33,8 @@ class Hermes(Harness):
 
     The endpoint is a user-defined provider in ``~/.hermes/config.yaml`` (``providers.wb``: ``base_url``,
     ``key_env: WB_API_KEY``, so the key stays in the environment), selected with ``--provider wb -m MODEL``.
-    ``--ignore-rules``: no AGENTS.md/SOUL.md/memory injected. ``-t`` restricts its toolsets (`HarnessOptions.tools`
-    names hermes toolsets, e.g. ``terminal,file``); ``context_tokens`` is the model's context length, but at least 64K: hermes refuses to start below that.
+    ``--ignore-rules``: no AGENTS.md/SOUL.md/memory injected. ``-t`` restricts its toolsets (`HarnessOptions.tools`:
+    bash is its ``terminal`` toolset, write/read/edit its ``file`` one, other names are hermes toolsets); ``context_tokens`` is the model's context length, but at least 64K: hermes refuses to start below that.
 
     Calls, as the harness ships: agent steps (26 tools, system prompt "You are Hermes Agent"), including its
     verification nudges (after a code edit with no passing check, the next step's last user message starts
@@ -91,7 +93,9 @@ class Hermes(Harness):
             "--ignore-rules",
         ]
         if options.tools is not None:
-            argv += ["-t", ",".join(options.tools)]
+            # its tools come in toolsets: our bash is its terminal toolset, write/read/edit its file toolset
+            toolsets = dict.fromkeys(_TOOLSETS.get(t, t) for t in options.tools)
+            argv += ["-t", ",".join(toolsets)]
         env = {"WB_API_KEY": api_key, "HERMES_ACCEPT_HOOKS": "1", "HERMES_YOLO_MODE": "1"}
         return Launch(
             argv=argv, env=env, stdin=prompt.encode(), files={".hermes/config.yaml": json.dumps(config, indent=1)}
