@@ -135,6 +135,9 @@ def _info(system: str = "agent", last_user: str = "", purpose="") -> CallInfo:
         ("qwen-code", "Generate a concise, sentence-case title (3-7 words)", False, "", "title"),
         ("qwen-code", "", True, "Analyze *only* the content and structure of your immediately preceding", "other"),
         ("qwen-code", "You are an independent Goal Verifier.", True, "{}", "other"),
+        # managed auto-memory's background extraction (seen on the tiny model in the matrix)
+        ("qwen-code", "You are now acting as the managed memory extraction subagent for an AI", True, "", "other"),
+        ("qwen-code", "You are reviewing this conversation to extract reusable skills.", True, "", "other"),
         ("qwen-code", "You are a general-purpose agent", True, "do it", "subagent"),
         ("qwen-code", "You are Qwen Code", True, "", "agent"),
     ],

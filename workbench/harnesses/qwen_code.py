@@ -34,6 +34,11 @@ _TITLES = ("Generate a concise, sentence-case title", "You generate session reca
 _OTHERS = (
     "Write a short summary label describing what these tool calls accomplished",  # tool-use-summary
     "You are an independent Goal Verifier",  # goal-verifier
+    # managed auto-memory, on as shipped: after a turn it extracts memories in the background (tools, its own
+    # system prompt; seen in the matrix on the tiny model), saves one, or mines the conversation for skills
+    "You are now acting as the managed memory extraction subagent",
+    "You are saving one explicit durable memory",
+    "You are reviewing this conversation to extract reusable skills",
 )
 
 
