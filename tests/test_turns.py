@@ -101,12 +101,14 @@ def _ids(tok, messages):
     return tok.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
-def _conversation(tok, sampled_text, replayed, *, sampled_ids=None, between=(), history=None, reasoning=None):
+def _conversation(
+    tok, sampled_text, replayed, *, sampled_ids=None, between=(), history=None, reasoning=None, truncated=False
+):
     """Two agent turns: turn 0 sampled `sampled_text`; turn 1's prompt replays `replayed` (an
     assistant message) after a tool result. Returns (turns, calls)."""
     p0 = _ids(tok, [SYSTEM, USER])
     out0 = sampled_ids if sampled_ids is not None else tok(sampled_text, add_special_tokens=False)["input_ids"]
-    out0 = out0 + [tok.convert_tokens_to_ids("<|im_end|>")]
+    out0 = out0 + ([] if truncated else [tok.convert_tokens_to_ids("<|im_end|>")])  # cut at the limit: no end
     msgs1 = (history or [SYSTEM, USER]) + [replayed, {"role": "tool", "content": "ok", "tool_call_id": "c1"}]
     p1 = _ids(tok, msgs1)
     message0 = {
@@ -192,6 +194,17 @@ def test_bpe_boundary(tok):
     for ch in text:  # same text, one token per character: not how the BPE would split it
         odd += tok(ch, add_special_tokens=False)["input_ids"]
     turns, calls = _conversation(tok, text, {"role": "assistant", "content": text}, sampled_ids=odd)
+    assert _diagnosed(tok, turns, calls).cause == "bpe_boundary"
+
+
+def test_bpe_boundary_of_a_reply_cut_at_the_output_limit(tok):
+    """A reply cut at max_tokens has no end token; the harness replays it closed (claude-code and hermes, seen
+    with the random tiny model): still the same text, split differently."""
+    text = "I will write it"
+    odd = []
+    for ch in text:
+        odd += tok(ch, add_special_tokens=False)["input_ids"]
+    turns, calls = _conversation(tok, text, {"role": "assistant", "content": text}, sampled_ids=odd, truncated=True)
     assert _diagnosed(tok, turns, calls).cause == "bpe_boundary"
 
 

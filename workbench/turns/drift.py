@@ -70,6 +70,10 @@ def diagnose(
         start = f.prev_prompt_len
         rest = cur.prompt_ids[start:]
         replay = rest[: rest.index(end_id) + 1] if end_id in rest else rest
+        if prev.output_ids[-1:] != [end_id] and replay[-1:] == [end_id]:
+            # a reply cut at the output limit ends without the end token; the harness replays it closed
+            # (claude-code and hermes then ask it to resume): compare what was sampled
+            replay = replay[:-1]
         sampled_text = decode_text(tokenizer, prev.output_ids, skip_special_tokens=False)
         replay_text = decode_text(tokenizer, replay, skip_special_tokens=False)
         call = calls[prev.call]
