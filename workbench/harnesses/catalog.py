@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from workbench.harnesses.aider import Aider
 from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
 from workbench.harnesses.claude_code import ClaudeCode
 from workbench.harnesses.codex import Codex
 from workbench.harnesses.gemini_cli import GeminiCli
-from workbench.harnesses.grok_cli import GrokCli
 from workbench.harnesses.hermes import Hermes
 from workbench.harnesses.kilo import Kilo
 from workbench.harnesses.mini_swe_agent import MiniSweAgent
@@ -61,7 +61,7 @@ HARNESSES: dict[str, Harness] = {
     "gemini-cli": GeminiCli(),
     "qwen-code": QwenCode(),
     "claude-code": ClaudeCode(),
-    "grok-cli": GrokCli(),
+    "aider": Aider(),
 }
 
 
