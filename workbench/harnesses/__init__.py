@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_HARNESS",
     "get_harness",
     "HARNESSES",
+    "REFUSED",
     "OpenCode",
     "CallInfo",
     "Classifier",
@@ -47,6 +48,7 @@ __getattr__, __dir__ = face(
         "DEFAULT_HARNESS": "catalog",
         "get_harness": "catalog",
         "HARNESSES": "catalog",
+        "REFUSED": "catalog",
         "OpenCode": "opencode",
         "CallInfo": "purpose",
         "Classifier": "purpose",
@@ -59,6 +61,6 @@ __getattr__, __dir__ = face(
 
 if TYPE_CHECKING:
     from workbench.harnesses.base import Harness, HarnessOptions, HarnessRun, json_events, Launch
-    from workbench.harnesses.catalog import classify_call, DEFAULT_HARNESS, get_harness, HARNESSES
+    from workbench.harnesses.catalog import classify_call, DEFAULT_HARNESS, get_harness, HARNESSES, REFUSED
     from workbench.harnesses.opencode import OpenCode
     from workbench.harnesses.purpose import DIALECTS, PURPOSES, CallInfo, Classifier, Dialect, Purpose

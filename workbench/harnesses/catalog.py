@@ -24,8 +24,11 @@ from collections.abc import Sequence
 from workbench.harnesses.aider import Aider
 from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
 from workbench.harnesses.claude_code import ClaudeCode
+from workbench.harnesses.cline import Cline
 from workbench.harnesses.codex import Codex
+from workbench.harnesses.continue_cli import ContinueCli
 from workbench.harnesses.gemini_cli import GeminiCli
+from workbench.harnesses.grok_cli import GrokCli
 from workbench.harnesses.hermes import Hermes
 from workbench.harnesses.kilo import Kilo
 from workbench.harnesses.mini_swe_agent import MiniSweAgent
@@ -44,6 +47,7 @@ __all__ = [
     "get_harness",
     "classify_call",
     "DEFAULT_HARNESS",
+    "REFUSED",
     "json_events",
 ]
 
@@ -61,7 +65,18 @@ HARNESSES: dict[str, Harness] = {
     "gemini-cli": GeminiCli(),
     "qwen-code": QwenCode(),
     "claude-code": ClaudeCode(),
+    "continue": ContinueCli(),
+    "grok-cli": GrokCli(),
+    "cline": Cline(),
     "aider": Aider(),
+}
+
+# Harnesses people use that were tried and cannot run here, with the reason (docs/harnesses.md shows them).
+REFUSED: dict[str, str] = {
+    "crush": "npm @charmland/crush 0.96.1: its install script downloads the binary from github.com, and only the "
+    "npm registry and PyPI are reachable here (ENOTFOUND github.com)",
+    "mistral-vibe": "PyPI mistral-vibe: every release requires Python >= 3.12 (3.0 needs >= 3.14); this machine and "
+    "CI have 3.11",
 }
 
 
@@ -69,7 +84,8 @@ def get_harness(name: str) -> Harness:
     try:
         return HARNESSES[name]
     except KeyError:
-        raise ValueError(f"unknown harness {name!r}; available: {', '.join(HARNESSES)}") from None
+        why = f" (it cannot run here: {REFUSED[name]})" if name in REFUSED else ""
+        raise ValueError(f"unknown harness {name!r}{why}; available: {', '.join(HARNESSES)}") from None
 
 
 def classify_call(
