@@ -9,6 +9,8 @@ It answers with random prompt ids, sampled ids and logprobs (shapes exactly as v
     ... up.requests, up.answers ...
     up.stop()
 
+`ToolLoop(tool, arguments, usage)` answers "tool" with a call of a harness's own tool instead of opencode's write.
+
 Faults beyond HTTP statuses: "close" (the connection drops halfway through the body), "notjson" (a 200
 whose body is an SSE line, not JSON), "bash:CMD" (a bash tool call running CMD).
 
@@ -279,3 +281,33 @@ class ScriptedUpstream:
                     pass
 
         return Handler
+
+
+class ToolLoop(ScriptedUpstream):
+    """Answers "tool" with one call of `tool` with `arguments` (a harness's own tool name and schema), every other
+    mode as `ScriptedUpstream` does; reports `usage` prompt tokens when given (a full context: compaction)."""
+
+    def __init__(self, tool: str, arguments: dict[str, Any], usage: int | None = None) -> None:
+        super().__init__()
+        self.tool, self.arguments, self.usage = tool, arguments, usage
+
+    def _answer(self, body: dict[str, Any], mode: str) -> dict[str, Any]:
+        answer = super()._answer(body, "text" if mode == "tool" else mode)
+        if mode == "tool":
+            answer["choices"][0].update(
+                finish_reason="tool_calls",
+                message={
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"call_{self.rng.randrange(10**9)}",
+                            "type": "function",
+                            "function": {"name": self.tool, "arguments": json.dumps(self.arguments)},
+                        }
+                    ],
+                },
+            )
+        if self.usage is not None:
+            answer["usage"] = {"prompt_tokens": self.usage, "completion_tokens": 7, "total_tokens": self.usage + 7}
+        return answer

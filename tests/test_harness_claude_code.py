@@ -4,84 +4,16 @@ event stream agrees with the trace, and its launch keeps to one credential, the 
 
 from __future__ import annotations
 
-import http.client
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from scripted_upstream import ScriptedUpstream
+from scripted_upstream import ToolLoop
+from wire_relay import Wire
 from workbench.capture import CaptureProxy, ProxyClient
 from workbench.harnesses import CallInfo, HarnessOptions, get_harness
 from workbench.rollout import RolloutConfig, run_rollout
 from workbench.tasks import load_task
 
 SOLUTION = 'def hello():\n    return "hello"\n'
-
-
-class ToolLoop(ScriptedUpstream):
-    """Answers "tool" with one call of `tool` (Claude Code's own name and schema), then text."""
-
-    def __init__(self, tool: str, arguments: dict) -> None:
-        super().__init__()
-        self.tool, self.arguments = tool, arguments
-
-    def _answer(self, body, mode):
-        answer = super()._answer(body, "text")
-        if mode == "tool":
-            answer["choices"][0].update(
-                finish_reason="tool_calls",
-                message={
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [
-                        {
-                            "id": f"call_{self.rng.randrange(10**9)}",
-                            "type": "function",
-                            "function": {"name": self.tool, "arguments": json.dumps(self.arguments)},
-                        }
-                    ],
-                },
-            )
-        return answer
-
-
-class Wire:
-    """A relay in front of the proxy that notes what Claude Code sends on the wire (the proxy calls the engine
-    unstreamed whatever the harness asked, and keeps no header): method, path, credential headers, ``stream``."""
-
-    def __init__(self, port: int) -> None:
-        self.seen: list[tuple[str, str, list[str], object]] = []
-        wire = self
-
-        class Relay(BaseHTTPRequestHandler):
-            def log_message(self, *a) -> None:
-                pass
-
-            def _relay(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if not self.path.startswith(("/sessions", "/engine", "/model")):  # not the trainer's own calls
-                    creds = sorted(k.lower() for k in self.headers if k.lower() in ("authorization", "x-api-key"))
-                    stream = json.loads(body).get("stream") if body.startswith(b"{") else None
-                    wire.seen.append((self.command, self.path, creds, stream))
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-                conn.request(self.command, self.path, body=body or None, headers=headers)
-                r = conn.getresponse()
-                data = r.read()
-                self.send_response(r.status)
-                for k, v in r.getheaders():
-                    if k.lower() not in ("transfer-encoding", "content-length", "connection"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _relay
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
 
 def _rollout(tmp_path, up: ToolLoop, script: list[str]) -> tuple[dict, list[dict], list[tuple]]:
@@ -94,8 +26,7 @@ def _rollout(tmp_path, up: ToolLoop, script: list[str]) -> tuple[dict, list[dict
         try:
             result = run_rollout(load_task("easy/0"), ProxyClient(wire.url, proxy.admin_key), config, tmp_path / "r")
         finally:
-            wire.server.shutdown()
-            wire.server.server_close()
+            wire.stop()
     assert result.status == "ok", result.reason
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     return summary, json.loads((tmp_path / "r" / "trace.json").read_text()), wire.seen

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from scripted_upstream import ScriptedUpstream
+from scripted_upstream import ToolLoop
 from workbench.capture import CaptureProxy
 from workbench.harnesses import CallInfo, HarnessOptions, get_harness
 from workbench.rollout import RolloutConfig, run_rollout
@@ -17,37 +17,9 @@ from workbench.tasks import load_task
 SOLUTION = "def add(a, b):\n    return a + b\n"
 
 
-class ToolLoop(ScriptedUpstream):
-    """Answers "tool" with one call of `tool` (then text), reporting `usage` prompt tokens."""
-
-    def __init__(self, tool: str, arguments: dict, usage: int = 1000) -> None:
-        super().__init__()
-        self.tool, self.arguments, self.usage = tool, arguments, usage
-        self.untooled = "text"  # a side call without tools never eats the script
-
-    def _answer(self, body, mode):
-        answer = super()._answer(body, "text")
-        if mode == "tool":
-            answer["choices"][0].update(
-                finish_reason="tool_calls",
-                message={
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [
-                        {
-                            "id": f"call_{self.rng.randrange(10**9)}",
-                            "type": "function",
-                            "function": {"name": self.tool, "arguments": json.dumps(self.arguments)},
-                        }
-                    ],
-                },
-            )
-        answer["usage"] = {"prompt_tokens": self.usage, "completion_tokens": 7, "total_tokens": self.usage + 7}
-        return answer
-
-
 def _rollout(tmp_path, harness: str, up: ToolLoop, script: list[str], **config) -> tuple[dict, list[dict]]:
     up.script = script
+    up.untooled = "text"  # a side call without tools never eats the script
     try:
         with CaptureProxy(up.url, "scripted") as proxy:
             cfg = RolloutConfig(

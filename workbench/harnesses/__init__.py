@@ -6,8 +6,10 @@
 
 The purpose vocabulary (`Purpose`, `CallInfo`, `Classifier`) lives here, below the capture proxy: the proxy
 asks `classify_call` what each call is for, and the harness that made it answers. Private modules:
-``catalog`` (the harnesses by name), ``base`` (the contract), ``purpose``, one module per harness
-(``opencode``, ``pi``, ``codex``). docs/harnesses.md says how to add one.
+``catalog`` (the harnesses by name, and those that cannot run here), ``base`` (the contract), ``purpose``, one
+module per harness (``opencode``, ``pi``, ``codex``, ``kilo``, ``claude_code``, ``gemini_cli``, ``qwen_code``,
+``continue_cli``, ``grok_cli``, ``cline``, ``mini_swe_agent``, ``hermes``, ``aider``). docs/harnesses.md says how
+to add one.
 """
 
 from __future__ import annotations

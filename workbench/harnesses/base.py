@@ -4,7 +4,7 @@ A harness adapter launches an unmodified coding agent headless (`Launch`, from `
 reads what it printed (`HarnessRun`, usually via `json_events`), and tags its own model calls with a
 `Purpose` (`classify`, from a `CallInfo` of the call and of the earlier ones). `CallInfo` and
 `Purpose` are the capture proxy's question (`workbench.harnesses.purpose`), re-exported here. Subclasses live one per
-module beside this one (`opencode.py`, `pi.py`, `codex.py`); the registry is in ``__init__.py``.
+module beside this one (`opencode.py`, `claude_code.py`, ...); the registry is `catalog.HARNESSES`.
 
     from .base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, json_events
 
