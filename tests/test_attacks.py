@@ -785,3 +785,30 @@ def test_grading_entries_are_bounded_in_total(base, mode):
     assert result.reward == 0.0 and [t.outcome for t in result.tests] == ["crash", "crash"], result.table()
     assert all("the grading copy exceeded 500 files and folders during test 0" in t.reason for t in result.tests)
     assert list(base.glob("wb-verify-*")) == []
+
+
+def test_a_harness_report_is_read_without_following_links(tmp_path):
+    """`Launch.report` names a file the agent's uid wrote: read as root, it must never follow a link (at any step)
+    to a host file, block on a FIFO, or leave HOME."""
+    from workbench.sandbox.bounded_copy import read_bounded
+
+    home = tmp_path / "home"
+    (home / ".tool").mkdir(parents=True)
+    (home / ".tool" / "usage.json").write_text('{"api_calls": 2}')
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    os.symlink(secret, home / ".tool" / "linked.json")
+    os.symlink(tmp_path, home / ".via")
+    os.mkfifo(home / ".tool" / "fifo")
+    assert read_bounded(home, ".tool/usage.json", 1 << 20) == b'{"api_calls": 2}'
+    assert read_bounded(home, ".tool/usage.json", 5) == b'{"api'  # bounded
+    for rel in (
+        ".tool/linked.json",
+        ".via/secret.txt",
+        ".tool/fifo",
+        "../secret.txt",
+        "/etc/passwd",
+        ".tool",
+        "no/such",
+    ):
+        assert read_bounded(home, rel, 1 << 20) is None, rel

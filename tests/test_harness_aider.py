@@ -49,7 +49,8 @@ def _rollout(tmp_path, script: list[str], **config) -> tuple[dict, list[dict], s
     stderr = (out / "harness.stderr.txt").read_text()
     assert result.status == "ok", (result.reason, stderr[-3000:])
     summary = json.loads((out / "summary.json").read_text())
-    return summary, json.loads((out / "trace.json").read_text()), (out / "events.jsonl").read_text(), up
+    # its transcript, the account `parse_events` reads (`Launch.report`)
+    return summary, json.loads((out / "trace.json").read_text()), (out / "harness.report.txt").read_text(), up
 
 
 def test_aider_writes_the_solution_from_a_whole_file_listing(tmp_path):
@@ -72,7 +73,7 @@ def test_aider_writes_the_solution_from_a_whole_file_listing(tmp_path):
     assert "Applied edit to solution.py" in events and "unable to read" not in events
     assert summary["harness_steps"] == 1 and summary["harness_tool_calls"] == {"edit": 1}
     assert summary["tool_failures"] == {} and summary["harness_errors"] == []
-    run = get_harness("aider").parse_events(events)
+    run = get_harness("aider").parse_events("", events)
     assert "Here is the file." in run.text and SOLUTION.strip() in run.text and "Tokens:" not in run.text
 
 
@@ -88,7 +89,7 @@ def test_aider_summarises_a_long_turn_with_its_weak_model(tmp_path):
     assert not summarise.get("tools") and "# note 119" in summarise["messages"][-1]["content"]
     assert summary["harness_steps"] == 1  # the summariser prints no usage line: not an agent step
     # its transcript echoes the command line, the prompt in it: never taken for the model's reply
-    run = get_harness("aider").parse_events(events)
+    run = get_harness("aider").parse_events("", events)
     assert "<|im_start|>" in events and "<|im_start|>" not in run.text and run.text.startswith("Here is the file.")
 
 
@@ -109,13 +110,14 @@ def test_aider_launch_keeps_the_key_in_the_environment():
         options=HarnessOptions(max_output_tokens=99, context_tokens=4096, system_prompt="Be brief.", timeout_ms=5000),
     )
     argv = launch.argv
-    assert launch.env["OPENAI_API_KEY"] == "sk-secret" and launch.stdin == b"do it"
+    assert launch.env["OPENAI_API_KEY"] == "sk-secret" and launch.stdin == b"" and argv[-1] == "--message=do it"
     assert not any("sk-secret" in a for a in argv) and not any("sk-secret" in t for t in launch.files.values())
     assert argv[argv.index("--model") + 1] == "openai/m" and argv[argv.index("--openai-api-base") + 1].endswith("/v1")
     assert argv[argv.index("--timeout") + 1] == "5.0" and argv[argv.index("--map-tokens") + 1] == "0"
     for flag in ("--yes-always", "--no-git", "--no-stream", "--no-check-update", "--no-analytics"):
         assert flag in argv
-    assert '"--message=$msg"' in argv[2] and '"$HOME/.aider.chat.history.md"' in argv[2]
+    # its transcript and input history in HOME ("~/": the sandbox's), not in the graded workspace
+    assert argv[argv.index("--chat-history-file") + 1] == "~/.aider.chat.history.md" == "~/" + launch.report
     (settings,) = json.loads(launch.files[".aider.model.settings.yml"])
     assert settings["extra_params"] == {"max_tokens": 99} and settings["system_prompt_prefix"] == "Be brief."
     assert json.loads(launch.files[".aider.model.metadata.json"])["openai/m"]["max_input_tokens"] == 4096
@@ -146,12 +148,12 @@ def test_aider_parse_events_counts_steps_edits_and_errors():
         "> litellm.InternalServerError: OpenAIException - boom  \n> Retrying in 0.2 seconds...  \n"
         "> litellm.BadRequestError: OpenAIException - scripted bad request  \n"
     )
-    run = get_harness("aider").parse_events(history)
+    run = get_harness("aider").parse_events("", history)
     assert (run.steps, run.tool_calls, run.tool_failures) == (2, {"edit": 2}, {"edit": 1})
     assert run.errors == ["litellm.BadRequestError: OpenAIException - scripted bad request"]
     assert run.text == "solution.py\n```\nx = 1\n```\nno listing here" and run.events == 6
     crashed = get_harness("aider").parse_events(
-        "> Traceback (most recent call last):  \n> File x  \n> KeyError: 'a'  \n"
+        "", "> Traceback (most recent call last):  \n> File x  \n> KeyError: 'a'  \n"
     )
     assert crashed.errors == ["Traceback: KeyError: 'a'"]
     assert get_harness("aider").parse_events("").errors == []

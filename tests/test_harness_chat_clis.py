@@ -149,7 +149,7 @@ def test_grok_writes_solution_py_with_its_create_file_tool(tmp_path):
 
 def test_grok_launch_and_events():
     launch = _launch("grok-cli", system_prompt="Be brief.", max_output_tokens=77)
-    assert launch.argv[:2] == ["/bin/sh", "-c"] and launch.argv[-2:] == ["-m", "m"]
+    assert launch.argv[1:] == ["-m", "m", "--prompt=do it"] and launch.stdin == b""
     assert launch.env["GROK_API_KEY"] == "sk-rollout-key" and launch.env["GROK_BASE_URL"] == "http://127.0.0.1:1/v1"
     assert launch.env["GROK_MAX_TOKENS"] == "77" and launch.files == {".grok/GROK.md": "Be brief."}
     run = get_harness("grok-cli").parse_events(
@@ -204,7 +204,7 @@ def test_cline_subagent_is_tagged(tmp_path):
 
 def test_cline_launch():
     launch = _launch("cline", tools=("bash", "write"), system_prompt="Be brief.")
-    assert launch.argv[:2] == ["/bin/sh", "-c"] and launch.argv[-2:] == ["-s", "Be brief."]
+    assert launch.argv[1:] == ["--json", "-s", "Be brief.", "--", "do it"] and launch.stdin == b""
     assert "-P" not in launch.argv and "-m" not in launch.argv and "-k" not in launch.argv
     providers = json.loads(launch.files[".cline/data/settings/providers.json"])
     entry = providers["providers"]["openai-compatible"]

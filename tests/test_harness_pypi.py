@@ -80,10 +80,11 @@ def test_mini_swe_agent_parse_events_reports_failures_and_errors():
             {"role": "exit", "content": "boom", "extra": {"exit_status": "APIConnectionError", "exception_str": "x"}},
         ],
     }
-    run = mini.parse_events("banner\n" + json.dumps(trajectory) + "\n")
+    run = mini.parse_events("banner\n", json.dumps(trajectory, indent=2))  # its trajectory file: `Launch.report`
     assert (run.steps, run.tool_calls, run.tool_failures, run.text) == (1, {"bash": 1}, {"bash": 1}, "let me look")
     assert run.errors == ["APIConnectionError: x"] and run.events == 5
-    assert mini.parse_events("").errors == []
+    assert mini.parse_events("").errors == []  # killed before it ran: nothing to say
+    assert mini.parse_events("Traceback ...\n").errors == ["it wrote no trajectory: Traceback ..."]
 
 
 def test_mini_swe_agent_launch_config():
@@ -141,7 +142,9 @@ def test_hermes_writes_the_solution(tmp_path):
     assert "write_file" in {t["function"]["name"] for t in calls[0]["request"]["tools"]}
     assert calls[2]["request"]["messages"][-1]["content"].startswith("[System: You edited code in this turn")
     assert summary["harness_steps"] == 4 and summary["harness_errors"] == []
-    run = get_harness("hermes").parse_events((out / "events.jsonl").read_text())
+    run = get_harness("hermes").parse_events(
+        (out / "events.jsonl").read_text(), (out / "harness.report.txt").read_text()
+    )
     assert run.text == "hello from upstream" and run.events == 1
 
 
@@ -154,5 +157,5 @@ def test_hermes_classifies_its_bookkeeping_calls():
     title = "Generate a short, descriptive title (3-7 words) for a conversation"
     assert hermes.classify(system=title, has_tools=False, call=call, prior=[]) == "title"
     assert hermes.classify(system="You are Hermes Agent", has_tools=True, call=call, prior=[]) == "agent"
-    failed = hermes.parse_events('\n{"api_calls": 1, "failed": true, "failure": "boom"}\n')
+    failed = hermes.parse_events("", '{"api_calls": 1, "failed": true, "failure": "boom"}')
     assert failed.errors == ["failed: boom"] and failed.steps == 1

@@ -19,7 +19,7 @@ from typing import Any
 
 from workbench.paths import project_root, runs_dir
 
-__all__ = ["RunDir", "git_commit"]
+__all__ = ["RunDir", "git_commit", "atomic_json"]
 
 
 def git_commit() -> str | None:
@@ -96,3 +96,13 @@ class RunDir:
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{f}:{n}: corrupt metrics line ({exc.msg} at column {exc.colno})") from None
         return out
+
+
+def atomic_json(path: Path, data: Any, *, mode: int = 0o644) -> None:
+    """Write `data` as JSON to `path` whole or not at all (a reader never sees half a summary)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, mode)
+        f.write(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)

@@ -11,19 +11,9 @@ from workbench.tasks import WRITE_HINT
 
 __all__ = ["Aider"]
 
-# aider takes its paths literally (no ``~``), and only the sandbox knows its HOME: the histories it would write into
-# the workspace (graded) go to "$HOME", expanded here. The prompt comes on stdin and goes to ``--message=``: one
-# argument, never re-read as an option (``--message-file /dev/stdin`` cannot be opened by the sandbox's uid: the pipe
-# is the runner's; aider then read the task from its interactive prompt, one line only). Its terminal output goes to
-# stderr (the harness log); stdout gets its chat history afterwards, aider's own transcript: the event stream
-# `Aider.parse_events` reads. "$0" is aider.
+# Its own transcript (`Launch.report`, what `Aider.parse_events` reads) and its input history go to HOME, not into
+# the graded workspace, where aider writes them by default.
 _HISTORY = ".aider.chat.history.md"
-_SCRIPT = (
-    'aider=$0; msg=$(cat); hist="$HOME/' + _HISTORY + '"; '
-    '"$aider" "$@" --chat-history-file "$hist" --input-history-file "$HOME/.aider.input.history" '
-    '"--message=$msg" </dev/null >&2; rc=$?; '
-    '[ -f "$hist" ] && cat "$hist"; exit $rc'
-)
 
 # The model's settings and metadata, in HOME, where aider looks for them by these names (then in the workspace).
 _SETTINGS = ".aider.model.settings.yml"
@@ -43,7 +33,7 @@ _EDIT_FAILED = ("The LLM did not conform to the edit format.", "Unable to create
 
 
 class Aider(Harness):
-    """aider 0.86.2 (PyPI ``aider-chat``): ``aider --message PROMPT --yes-always`` (prompt on stdin), one message, then exit.
+    """aider 0.86.2 (PyPI ``aider-chat``): ``aider --message=PROMPT --yes-always``, one message, then exit.
 
     It edits from text, with no tools: the ``whole`` edit format (its default for a model it does not know, named
     anyway), in which the model answers with a *file listing*, the file's path on the line before a fenced block
@@ -72,7 +62,8 @@ class Aider(Harness):
     ``max_chat_history_tokens`` (a 16th of the context window, 1k to 8k), on a thread beside the agent's next step
     or before it exits. Commit messages (none: ``--no-git``) would be "other". No title call, no subagents.
 
-    Its event stream: the chat history (``.aider.chat.history.md`` in HOME), printed on stdout when it exits: the
+    Its account of the run: the chat history (``.aider.chat.history.md`` in HOME, `Launch.report`), read when it
+    exits (stdout is its terminal output): the
     task after ``#### ``, the model's replies verbatim, its own messages after ``> `` (``Tokens: ...`` after each
     agent step, ``Model ... has hit a token limit!`` instead after one cut at the cap, ``Applied edit to PATH``,
     errors).
@@ -81,7 +72,7 @@ class Aider(Harness):
     name = "aider"
     binary = "aider"
     package = "PyPI aider-chat 0.86.2"
-    needs = "`aider --message --yes-always --no-git --no-stream --no-pretty --map-tokens 0 --edit-format whole`, update check, analytics, URL detection and shell suggestions off; `~/.aider.model.metadata.json` (context window, zero costs) and `~/.aider.model.settings.yml` (max_tokens); `OPENAI_API_KEY`, `LITELLM_LOCAL_MODEL_COST_MAP`; a `sh -c` line reads the task from stdin (it takes it only as an argument or a file it must open), keeps its histories in HOME and prints its chat history after"
+    needs = "`aider --message --yes-always --no-git --no-stream --no-pretty --map-tokens 0 --edit-format whole`, update check, analytics, URL detection and shell suggestions off; `~/.aider.model.metadata.json` (context window, zero costs) and `~/.aider.model.settings.yml` (max_tokens); `OPENAI_API_KEY`, `LITELLM_LOCAL_MODEL_COST_MAP`; the task as `--message=` (it takes it only as an argument), its chat history read after it exits"
     cannot = "tools (it edits from text: whole-file listings, so `HarnessOptions.tools` does not apply); replace its system prompt (a `system_prompt` is prepended: its edit format lives in its own); run shell commands (headless `--yes-always` never confirms them); apply a reply cut at the output cap (a whole-file listing must fit in max_output_tokens)"
 
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
@@ -107,9 +98,6 @@ class Aider(Harness):
             }
         }
         argv = [
-            "/bin/sh",
-            "-c",
-            _SCRIPT,
             self.bin(),
             "--model",
             name,
@@ -134,13 +122,21 @@ class Aider(Harness):
             "--no-show-release-notes",
             "--no-detect-urls",
             "--no-suggest-shell-commands",
+            "--chat-history-file",
+            f"~/{_HISTORY}",
+            "--input-history-file",
+            "~/.aider.input.history",
+            # one argument, never re-read as an option (``--message-file /dev/stdin`` cannot be opened by the
+            # sandbox's uid: the pipe is the runner's, and aider then read one line from its interactive prompt)
+            f"--message={prompt}",
         ]
         env = {"OPENAI_API_KEY": api_key, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         return Launch(
             argv=argv,
             env=env,
-            stdin=prompt.encode(),
+            stdin=b"",
             files={_SETTINGS: json.dumps([settings], indent=1), _METADATA: json.dumps(metadata, indent=1)},
+            report=_HISTORY,
         )
 
     def task_prompt(self, instruction: str) -> str:
@@ -178,7 +174,7 @@ class Aider(Harness):
             f"<|im_start|>user\n{instruction}"
         )
 
-    def parse_events(self, stdout: str) -> HarnessRun:
+    def parse_events(self, stdout: str, report: str = "") -> HarnessRun:
         steps, texts, errors = 0, [], []
         edits: dict[str, int] = {}
         failures: dict[str, int] = {}
@@ -193,7 +189,7 @@ class Aider(Harness):
             reply.clear()
 
         asked = False  # the model's replies follow the task; before it, the echo of its command line (the prompt)
-        for line in stdout.splitlines():
+        for line in report.splitlines():  # its transcript; stdout is its terminal output
             if line.startswith("> ") or line == ">":
                 end_reply()
                 notes.append(line[2:].rstrip())

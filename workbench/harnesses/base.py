@@ -11,7 +11,7 @@ module beside this one (`opencode.py`, `claude_code.py`, ...); the registry is `
     class MyHarness(Harness):
         name = binary = "mine"
         def launch(self, *, base_url, api_key, model, prompt, options): ...
-        def parse_events(self, stdout): ...
+        def parse_events(self, stdout, report=""): ...
         def classify(self, *, system, has_tools, call, prior): ...
 """
 
@@ -56,12 +56,20 @@ class HarnessOptions:
 @dataclass(frozen=True)
 class Launch:
     """How to start one rollout's harness: the command, its environment and stdin, and the config
-    files written into the sandbox home before it starts."""
+    files written into the sandbox home before it starts.
+
+    The task reaches the harness once: on `stdin` (opencode, pi, codex, ...), or, for a harness that takes it
+    only as an argument, as one `argv` element (``--task=...``) with `stdin` empty. An `argv` element starting
+    with ``~/`` is a path in the sandbox's HOME, expanded where the harness runs (as a shell would). `report`
+    names a file under HOME in which the harness keeps its own record of the run (a trajectory, a usage report,
+    a chat transcript); it is read once the harness has exited and given to `Harness.parse_events`.
+    """
 
     argv: list[str]
     env: dict[str, str]
     stdin: bytes
     files: dict[str, str] = field(default_factory=dict)  # relative to the sandbox home
+    report: str | None = None  # relative to the sandbox home
 
 
 @dataclass(frozen=True)
@@ -109,8 +117,9 @@ class Harness(ABC):
         """Command, env, stdin and config files for one headless rollout."""
 
     @abstractmethod
-    def parse_events(self, stdout: str) -> HarnessRun:
-        """Read the harness's own event stream (what it printed on stdout)."""
+    def parse_events(self, stdout: str, report: str = "") -> HarnessRun:
+        """Read the harness's own account of the run: what it printed on stdout, and the text of its
+        `Launch.report` file ("" when it names none or the harness wrote none)."""
 
     @abstractmethod
     def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: Sequence[CallInfo]) -> Purpose:

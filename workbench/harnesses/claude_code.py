@@ -115,7 +115,7 @@ class ClaudeCode(Harness):
             ("Bash", {"command": 'python -c "from solution import hello; print(hello())"'}),
         )
 
-    def parse_events(self, stdout: str) -> HarnessRun:
+    def parse_events(self, stdout: str, report: str = "") -> HarnessRun:
         steps, errors, texts = 0, [], []
         tools: dict[str, int] = {}
         failures: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""Cline CLI (npm `cline`), run headless: `cline --json PROMPT`, the prompt read from stdin."""
+"""Cline CLI (npm `cline`), run headless: `cline --json -- PROMPT`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,6 @@ from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessR
 
 __all__ = ["Cline"]
 
-# cline takes the prompt only as an argument (with --json it refuses to run without one): a `sh -c` line
-# reads it from stdin and passes it after "--", one operand never read as an option.
-_SCRIPT = 'cline=$0; prompt=$(cat); exec "$cline" "$@" -- "$prompt"'
 # the settings file is dropped whole (cline then falls back to its own "cline" provider) without this field
 _UPDATED = "2026-01-01T00:00:00.000Z"
 # Our generic tool names -> Cline's (its editor both creates and edits files)
@@ -38,7 +35,8 @@ COMPACTION_SYSTEM = "Summarize the provided coding session into a concise contin
 
 
 class Cline(Harness):
-    """Cline CLI 3.0.65 (npm ``cline``, a compiled Bun binary): ``cline --json -- PROMPT``, prompt on stdin.
+    """Cline CLI 3.0.65 (npm ``cline``, a compiled Bun binary): ``cline --json -- PROMPT`` (it takes the
+    prompt only as an argument: after "--", one operand never read as an option).
 
     Provider: ``~/.cline/data/settings/providers.json``, the built-in ``openai-compatible`` provider with
     ``baseUrl`` (the proxy), model, ``maxTokens``, ``contextWindow`` and ``timeout``, and no ``apiKey``: it
@@ -67,7 +65,7 @@ class Cline(Harness):
     provider = "openai-compatible"
     package = "npm cline 3.0.65"
     needs = (
-        "`cline --json -- PROMPT` (the prompt read from stdin by a `sh -c` line); `~/.cline/data/settings/"
+        "`cline --json -- PROMPT` (it takes the prompt only as an argument); `~/.cline/data/settings/"
         "providers.json`: the openai-compatible provider with baseUrl, maxTokens, contextWindow, timeout, "
         "updatedAt, no key (`OPENAI_API_KEY` from env); `global-settings.json`: telemetryOptOut, autoUpdateEnabled "
         "false, disabledTools; `CLINE_SESSION_BACKEND_MODE=local` (no hub daemon)"
@@ -97,15 +95,16 @@ class Cline(Harness):
             keep = {t for name in options.tools for t in _TOOLS.get(name, (name,))}
             disabled = [t for t in _OWN_TOOLS if t not in keep]
         global_settings = {"telemetryOptOut": True, "autoUpdateEnabled": False, "disabledTools": disabled}
-        argv = ["/bin/sh", "-c", _SCRIPT, self.bin(), "--json"]
+        argv = [self.bin(), "--json"]
         if options.system_prompt is not None:
             argv += ["-s", options.system_prompt]
+        argv += ["--", prompt]
         env = {"OPENAI_API_KEY": api_key, "CLINE_SESSION_BACKEND_MODE": "local"}
         files = {
             ".cline/data/settings/providers.json": json.dumps(providers, indent=1),
             ".cline/data/settings/global-settings.json": json.dumps(global_settings, indent=1),
         }
-        return Launch(argv=argv, env=env, stdin=prompt.encode(), files=files)
+        return Launch(argv=argv, env=env, stdin=b"", files=files)
 
     def example_calls(self) -> tuple[tuple[str, dict[str, str]], tuple[str, dict[str, str]]]:
         return (
@@ -113,7 +112,7 @@ class Cline(Harness):
             ("run_commands", {"commands": 'python -c "from solution import hello; print(hello())"'}),
         )
 
-    def parse_events(self, stdout: str) -> HarnessRun:
+    def parse_events(self, stdout: str, report: str = "") -> HarnessRun:
         steps, errors, texts = 0, [], []
         tools: dict[str, int] = {}
         failures: dict[str, int] = {}

@@ -135,7 +135,7 @@ class ContinueCli(Harness):
             ("Bash", {"command": 'python -c "from solution import hello; print(hello())"'}),
         )
 
-    def parse_events(self, stdout: str) -> HarnessRun:
+    def parse_events(self, stdout: str, report: str = "") -> HarnessRun:
         # Plain -p prints the final answer and nothing else; a failure is a JSON line on stderr (exit 1).
         text = stdout.strip()
         errors = []

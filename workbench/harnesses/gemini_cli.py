@@ -98,7 +98,7 @@ class GeminiCli(Harness):
             ("run_shell_command", {"command": 'python -c "from solution import hello; print(hello())"'}),
         )
 
-    def parse_events(self, stdout: str) -> HarnessRun:
+    def parse_events(self, stdout: str, report: str = "") -> HarnessRun:
         # stream-json reports messages and tools, not model calls: a step is a run of assistant text
         # and tool_use events, ended by the tool results that follow it
         steps, errors, texts = 0, [], []

@@ -1,4 +1,4 @@
-"""Grok CLI (npm `@vibe-kit/grok-cli`), run headless: `grok --prompt=...`, the prompt read from stdin."""
+"""Grok CLI (npm `@vibe-kit/grok-cli`), run headless: `grok --prompt=PROMPT`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,6 @@ from collections.abc import Sequence
 from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
 
 __all__ = ["GrokCli"]
-
-# grok takes the prompt only as an argument: a `sh -c` line reads it from stdin (as every harness is given it)
-# and passes it as one ``--prompt=`` argument, never re-read as an option (a prompt may start with "-").
-_SCRIPT = 'grok=$0; prompt=$(cat); exec "$grok" "$@" "--prompt=$prompt"'
 
 # Headless grok prints each tool result's text, not whether the tool succeeded: a failure is recognised by
 # the error texts its tools return (dist/tools/*.js, GrokAgent.executeTool), which no success text starts with.
@@ -45,7 +41,8 @@ _FAILED = ("Sorry, I encountered an error: ", "Error: ")
 
 
 class GrokCli(Harness):
-    """Grok CLI 0.0.34 (npm ``@vibe-kit/grok-cli``): ``grok -m MODEL --prompt=PROMPT``, prompt on stdin.
+    """Grok CLI 0.0.34 (npm ``@vibe-kit/grok-cli``): ``grok -m MODEL --prompt=PROMPT`` (it takes
+    the prompt only as an argument).
 
     ``GROK_BASE_URL`` (the proxy; not ``--base-url``, which grok writes into ``~/.grok/user-settings.json``) and
     ``GROK_API_KEY`` (not ``--api-key``, same), ``GROK_MAX_TOKENS`` (the output budget; its default is 1536).
@@ -69,8 +66,8 @@ class GrokCli(Harness):
     binary = "grok"
     package = "npm @vibe-kit/grok-cli 0.0.34"
     needs = (
-        "`grok -m MODEL --prompt=PROMPT` (the prompt read from stdin by a `sh -c` line: it takes it only as an "
-        "argument); `GROK_BASE_URL`, `GROK_API_KEY`, `GROK_MAX_TOKENS`; `~/.grok/GROK.md` for our system prompt"
+        "`grok -m MODEL --prompt=PROMPT` (it takes the prompt only as an argument)"
+        "; `GROK_BASE_URL`, `GROK_API_KEY`, `GROK_MAX_TOKENS`; `~/.grok/GROK.md` for our system prompt"
     )
     cannot = (
         "replace its system prompt (ours is added as custom instructions); restrict its tools; set its request "
@@ -87,8 +84,9 @@ class GrokCli(Harness):
         files = {}
         if options.system_prompt is not None:
             files[".grok/GROK.md"] = options.system_prompt
-        argv = ["/bin/sh", "-c", _SCRIPT, self.bin(), "-m", model]
-        return Launch(argv=argv, env=env, stdin=prompt.encode(), files=files)
+        # it takes the prompt only as an argument: one ``--prompt=``, never re-read as an option (it may start with -)
+        argv = [self.bin(), "-m", model, f"--prompt={prompt}"]
+        return Launch(argv=argv, env=env, stdin=b"", files=files)
 
     def example_calls(self) -> tuple[tuple[str, dict[str, str]], tuple[str, dict[str, str]]]:
         return (
@@ -96,7 +94,7 @@ class GrokCli(Harness):
             ("bash", {"command": 'python -c "from solution import hello; print(hello())"'}),
         )
 
-    def parse_events(self, stdout: str) -> HarnessRun:
+    def parse_events(self, stdout: str, report: str = "") -> HarnessRun:
         steps, errors, texts = 0, [], []
         tools: dict[str, int] = {}
         failures: dict[str, int] = {}

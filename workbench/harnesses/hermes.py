@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
+from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose
 
 __all__ = ["Hermes"]
 
 _TOOLSETS = {"bash": "terminal", "write": "file", "read": "file", "edit": "file"}
 
-# The prompt comes on stdin and goes to ``--oneshot=``: one argument, never re-read as an option. One-shot
-# mode prints only the final reply; its usage report (``--usage-file``, written even when the run fails)
-# follows on stdout as one JSON line, printed by its venv's python ("$1").
-_SCRIPT = (
-    'hermes=$0 py=$1; shift; prompt=$(cat); usage="$HOME/.hermes/usage.json"; '
-    '"$hermes" "$@" --usage-file "$usage" "--oneshot=$prompt"; rc=$?; echo; '
-    '[ -f "$usage" ] && "$py" -I -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))" "$usage"; '
-    "exit $rc"
-)
+_USAGE = ".hermes/usage.json"  # its usage report (``--usage-file``, written even when the run fails): `Launch.report`
 
 _MIN_CONTEXT = 64_000
 _TITLE = "Generate a short, descriptive title"
@@ -29,7 +20,8 @@ _COMPACTION = "You are a summarization agent creating a context checkpoint"
 
 
 class Hermes(Harness):
-    """hermes-agent 0.19.0: ``hermes -z PROMPT --yolo --ignore-rules``, prompt on stdin, Chat Completions.
+    """hermes-agent 0.19.0: ``hermes --oneshot=PROMPT --yolo --ignore-rules`` (it takes the task only as an
+    argument), Chat Completions.
 
     The endpoint is a user-defined provider in ``~/.hermes/config.yaml`` (``providers.wb``: ``base_url``,
     ``key_env: WB_API_KEY``, so the key stays in the environment), selected with ``--provider wb -m MODEL``.
@@ -44,13 +36,14 @@ class Hermes(Harness):
     title call: one-shot mode never runs its title generator ("Generate a short, descriptive title", the
     interactive CLI's and the gateway's); tagged "title" should a build send one.
 
-    Its event stream: the final reply, then the one-shot usage report (api_calls, completed, failed, failure).
+    Its account of the run: the final reply on stdout, and the one-shot usage report (api_calls, completed, failed,
+    failure: `Launch.report`).
     """
 
     name = "hermes"
     binary = "hermes"
     package = "PyPI hermes-agent 0.19.0"
-    needs = "`hermes -z` (one-shot) `--provider wb --yolo --ignore-rules --usage-file`; `~/.hermes/config.yaml`: a chat_completions provider with `key_env`; `WB_API_KEY`, `HERMES_ACCEPT_HOOKS`, `HERMES_YOLO_MODE`; the task is read from stdin by a `sh -c` line, the usage report printed after"
+    needs = "`hermes --oneshot` `--provider wb --yolo --ignore-rules --usage-file`; `~/.hermes/config.yaml`: a chat_completions provider with `key_env`; `WB_API_KEY`, `HERMES_ACCEPT_HOOKS`, `HERMES_YOLO_MODE`; the task as `--oneshot=` (it takes it only as an argument); its usage report (`--usage-file`) read after it exits"
     cannot = "per-tool counts (one-shot mode prints no tool events); a context window below 64k (it refuses to start, so compaction cannot fire before the engine's limit); its web and browser tools (no network); titles (one-shot mode makes none)"
     provider = "wb"
 
@@ -77,29 +70,25 @@ class Hermes(Harness):
         }
         if options.system_prompt is not None:
             config["agent"] = {"system_prompt": options.system_prompt}
-        hermes = self.bin()
-        venv = Path(hermes).resolve().parent
         argv = [
-            "/bin/sh",
-            "-c",
-            _SCRIPT,
-            hermes,
-            str(venv / "python"),
+            self.bin(),
             "--provider",
             self.provider,
             "-m",
             model,
             "--yolo",
             "--ignore-rules",
+            "--usage-file",
+            f"~/{_USAGE}",
+            f"--oneshot={prompt}",  # one argument, never re-read as an option (it takes the task only so)
         ]
         if options.tools is not None:
             # its tools come in toolsets: our bash is its terminal toolset, write/read/edit its file toolset
             toolsets = dict.fromkeys(_TOOLSETS.get(t, t) for t in options.tools)
             argv += ["-t", ",".join(toolsets)]
         env = {"WB_API_KEY": api_key, "HERMES_ACCEPT_HOOKS": "1", "HERMES_YOLO_MODE": "1"}
-        return Launch(
-            argv=argv, env=env, stdin=prompt.encode(), files={".hermes/config.yaml": json.dumps(config, indent=1)}
-        )
+        files = {".hermes/config.yaml": json.dumps(config, indent=1)}
+        return Launch(argv=argv, env=env, stdin=b"", files=files, report=_USAGE)
 
     def example_calls(self) -> tuple[tuple[str, dict[str, str]], tuple[str, dict[str, str]]]:
         return (
@@ -107,22 +96,21 @@ class Hermes(Harness):
             ("terminal", {"command": 'python -c "from solution import hello; print(hello())"'}),
         )
 
-    def parse_events(self, stdout: str) -> HarnessRun:
-        report: dict[str, Any] = {}
-        for event in json_events(stdout):
-            if "api_calls" in event:
-                report = event
-        text = stdout.rsplit("\n{", 1)[0].strip() if report else stdout.strip()
-        errors = []
-        if report.get("failed"):
-            errors.append(f"failed: {report.get('failure') or '?'}"[:500])
+    def parse_events(self, stdout: str, report: str = "") -> HarnessRun:
+        # one-shot mode prints only the final reply; the usage report says how many calls and whether it failed
+        try:
+            usage = json.loads(report) if report else {}
+        except ValueError:
+            usage = {}
+        usage = usage if isinstance(usage, dict) else {}
+        errors = [f"failed: {usage.get('failure') or '?'}"[:500]] if usage.get("failed") else []
         return HarnessRun(
-            steps=int(report.get("api_calls") or 0),
+            steps=int(usage.get("api_calls") or 0),
             tool_calls={},
             tool_failures={},
             errors=errors,
-            text=text,
-            events=1 if report else 0,
+            text=stdout.strip(),
+            events=1 if usage else 0,
         )
 
     def classify(self, *, system: str, has_tools: bool, call: CallInfo, prior: Sequence[CallInfo]) -> Purpose:

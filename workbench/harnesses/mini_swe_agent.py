@@ -7,23 +7,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose, json_events
+from workbench.harnesses.base import CallInfo, Harness, HarnessOptions, HarnessRun, Launch, Purpose
 
 __all__ = ["MiniSweAgent"]
 
 # Its config folder (MSWEA_GLOBAL_CONFIG_DIR), relative to the sandbox home: our config and its trajectory.
 _DIR = ".config/mini-swe-agent"
+_TRAJECTORY = "trajectory.json"  # its own record of the run (`Launch.report`)
 
-# The prompt comes on stdin (as for the other harnesses) and goes to ``--task=``: one argument, never re-read
-# as an option. mini's own chatter (rich text) goes to stderr; stdout gets its trajectory, one JSON line.
-# "$0" is mini, "$1" the python of its venv, the rest mini's flags; the paths in HOME are the script's to expand.
-_SCRIPT = (
-    'mini=$0 py=$1; shift; task=$(cat); dir="$HOME/' + _DIR + '"; '
-    '"$mini" "$@" -c "$dir/workbench.yaml" -o "$dir/trajectory.json" "--task=$task" >&2; rc=$?; '
-    '[ -f "$dir/trajectory.json" ] && '
-    '"$py" -I -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))" "$dir/trajectory.json"; '
-    "exit $rc"
-)
 
 # How a run ends (the trajectory's info.exit_status) when nothing failed: it submitted, the model answered
 # three times in a row without a bash call, or a limit stopped it. Anything else is an exception's name.
@@ -37,7 +28,8 @@ def _raw(text: str) -> str:
 
 
 class MiniSweAgent(Harness):
-    """mini-swe-agent 2.4.6: ``mini --yolo --exit-immediately -c mini.yaml -c <ours>``, prompt on stdin.
+    """mini-swe-agent 2.4.6: ``mini --yolo --exit-immediately -c mini.yaml -c <ours> --task=PROMPT`` (it takes
+    the task only as an argument).
 
     Version 2 speaks tool calls (``LitellmModel``: one ``bash`` tool, ``{"command": ...}``, through litellm's
     ``openai/<model>`` with ``api_base``; key from ``OPENAI_API_KEY``), Chat Completions, not streamed. Every
@@ -56,14 +48,14 @@ class MiniSweAgent(Harness):
     interact with a computer", the bash tool). No title call, no compaction, no subagents; a reply without a
     tool call is answered with a format-error message and the next call is an agent step too.
 
-    Its event stream: the trajectory it saves (``-o``, in its config folder), printed as one JSON line when it
-    exits (`_SCRIPT`); its own log goes to stderr.
+    Its account of the run: the trajectory it saves (``-o``, in its config folder: `Launch.report`); what it
+    prints is a log.
     """
 
     name = "mini-swe-agent"
     binary = "mini"
     package = "PyPI mini-swe-agent 2.4.6"
-    needs = "`mini --yolo --exit-immediately` with the shipped mini.yaml plus ours (`~/.config/mini-swe-agent/workbench.yaml`: litellm `openai/<model>`, `api_base`, max_tokens, timeout, cost tracking off); `OPENAI_API_KEY`, `MSWEA_CONFIGURED`, `LITELLM_LOCAL_MODEL_COST_MAP`; the task is read from stdin by a `sh -c` line (it takes the task only as an argument) and its trajectory printed after"
+    needs = "`mini --yolo --exit-immediately` with the shipped mini.yaml plus ours (`~/.config/mini-swe-agent/workbench.yaml`: litellm `openai/<model>`, `api_base`, max_tokens, timeout, cost tracking off); `OPENAI_API_KEY`, `MSWEA_CONFIGURED`, `LITELLM_LOCAL_MODEL_COST_MAP`; the task as `--task=` (it takes it only as an argument); its trajectory (`-o`) read after it exits"
     cannot = "compaction (it has none: a run past the window fails); a tool restriction (it has one tool, bash)"
 
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
@@ -95,15 +87,16 @@ class MiniSweAgent(Harness):
         # the shipped agent prompt, by its full path: a bare "mini.yaml" is looked up in the workspace first
         shipped = next(venv.glob("lib/python3*/site-packages/minisweagent/config/mini.yaml"))
         argv = [
-            "/bin/sh",
-            "-c",
-            _SCRIPT,
             mini,
-            str(venv / "bin" / "python"),  # its venv's interpreter prints the trajectory
             "--yolo",
             "--exit-immediately",
             "-c",
-            str(shipped),  # -c replaces the default config: named first, ours (in the script) over it
+            str(shipped),  # -c replaces the default config: named first, ours over it
+            "-c",
+            f"~/{_DIR}/workbench.yaml",
+            "-o",
+            f"~/{_DIR}/{_TRAJECTORY}",
+            f"--task={prompt}",  # one argument, never re-read as an option (it takes the task only as an argument)
         ]
         env = {
             "OPENAI_API_KEY": api_key,
@@ -116,8 +109,9 @@ class MiniSweAgent(Harness):
         return Launch(
             argv=argv,
             env=env,
-            stdin=prompt.encode(),
+            stdin=b"",
             files={f"{_DIR}/workbench.yaml": json.dumps(config, indent=1)},  # JSON is YAML
+            report=f"{_DIR}/{_TRAJECTORY}",
         )
 
     def example_calls(self) -> tuple[tuple[str, dict[str, str]], tuple[str, dict[str, str]]]:
@@ -127,11 +121,12 @@ class MiniSweAgent(Harness):
             ("bash", {"command": 'python -c "from solution import hello; print(hello())"'}),
         )
 
-    def parse_events(self, stdout: str) -> HarnessRun:
-        trajectory: dict[str, Any] = {}
-        for event in json_events(stdout):
-            if "trajectory_format" in event:
-                trajectory = event
+    def parse_events(self, stdout: str, report: str = "") -> HarnessRun:
+        try:
+            trajectory = json.loads(report) if report else {}
+        except ValueError:
+            trajectory = {}
+        trajectory = trajectory if isinstance(trajectory, dict) else {}
         messages = trajectory.get("messages") or []
         steps, texts, errors = 0, [], []
         tools: dict[str, int] = {}
@@ -159,8 +154,8 @@ class MiniSweAgent(Harness):
             last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
             detail = (last.get("extra") or {}).get("exception_str") or last.get("content") or "?"
             errors.append(f"{status}: {detail}"[:500])
-        elif not trajectory and stdout.strip():
-            errors.append(f"no trajectory in its output: {stdout.strip()[-300:]}")
+        elif not trajectory and stdout.strip():  # it ran, and ended before writing its trajectory
+            errors.append(f"it wrote no trajectory: {stdout.strip()[-300:]}")
         return HarnessRun(
             steps=steps,
             tool_calls=tools,

@@ -85,7 +85,7 @@ class OpenCode(Harness):
             argv += ["--title", options.session_title]
         return Launch(argv=argv, env=env, stdin=prompt.encode())
 
-    def parse_events(self, stdout: str) -> HarnessRun:
+    def parse_events(self, stdout: str, report: str = "") -> HarnessRun:
         steps, errors, texts = 0, [], []
         tools: dict[str, int] = {}
         failures: dict[str, int] = {}

@@ -93,7 +93,7 @@ class Pi(Harness):
             ("bash", {"command": 'python -c "from solution import hello; print(hello())"'}),
         )
 
-    def parse_events(self, stdout: str) -> HarnessRun:
+    def parse_events(self, stdout: str, report: str = "") -> HarnessRun:
         steps, errors, texts = 0, [], []
         tools: dict[str, int] = {}
         failures: dict[str, int] = {}

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.capture import ProxyClient, ProxyError
-from workbench.rollout.session import HarnessSession, atomic_json
+from workbench.rollout.session import HarnessSession
+from workbench.runs import atomic_json
 from workbench.rollout.types import RolloutConfig, RolloutResult
 from workbench.sandbox import SandboxError
 from workbench.tasks import Task

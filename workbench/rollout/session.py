@@ -1,6 +1,6 @@
 """One loop-owning rollout as a session: sandbox + proxy session + harness, then the grade and the artefact.
 
-task -> sandbox -> harness (unmodified opencode) <-> capture proxy <-> engine -> verify -> artefact.
+task -> sandbox -> harness (unmodified opencode, claude-code, ...) <-> capture proxy <-> engine -> verify -> artefact.
 
 `HarnessSession` is the unit: create it (sandbox + proxy session + the harness started), wait for
 the agent to exit, read its calls, grade the workspace, write the artefact, close. `workbench.rollout.run`
@@ -16,7 +16,7 @@ Each rollout writes the seed artefact's folder (`../shared/seeds/004_*`):
     visible_tests.txt   examples the agent could see
     held_out_tests.json the reward's tests (never inside the sandbox)
     summary.json        status, reason, reward, call/turn/tool counts, timings
-    events.jsonl        the harness's own event stream; harness.stderr.txt its log
+    events.jsonl        the harness's own event stream; harness.stderr.txt its log; harness.report.txt its file
     workspace/          the final workspace, as verified
 
     session = HarnessSession(task, client, RolloutConfig(), out_dir=out)
@@ -31,8 +31,6 @@ Each rollout writes the seed artefact's folder (`../shared/seeds/004_*`):
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import shutil
 import threading
 import time
@@ -43,6 +41,7 @@ from typing import Any
 from workbench.capture import ProxyClient, ProxyError
 from workbench.harnesses import HarnessOptions, HarnessRun, get_harness
 from workbench.paths import tools_dir
+from workbench.runs import atomic_json
 from workbench.procs import exit_signal, signal_name
 from workbench.rollout.types import RolloutConfig, Status, agent_entries
 from workbench.rollout.types import refused_for_the_agents_output, trace_tool_calls
@@ -50,7 +49,10 @@ from workbench.sandbox import CopyLimitError, Sandbox, SandboxError
 from workbench.tasks import Task
 from workbench.verify import VerifyResult, verify as verify_workspace
 
-__all__ = ["HarnessSession", "atomic_json"]
+__all__ = ["HarnessSession"]
+
+# the logs kept in the artefact, by the name they get there (report.txt: `Launch.report`, for those that keep one)
+_LOG_COPIES = {"events.jsonl": "events.jsonl", "stderr.txt": "harness.stderr.txt", "report.txt": "harness.report.txt"}
 
 
 def _workspace_files(task: Task) -> dict[str, str]:
@@ -60,16 +62,6 @@ def _workspace_files(task: Task) -> dict[str, str]:
     if task.visible_tests and "visible_tests.txt" in task.instruction and "visible_tests.txt" not in files:
         files["visible_tests.txt"] = task.visible_tests
     return files
-
-
-def atomic_json(path: Path, data: Any, *, mode: int = 0o644) -> None:
-    """Write `data` as JSON to `path` whole or not at all (a reader never sees half a summary)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(fd, mode)
-        f.write(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
 
 
 class HarnessSession:
@@ -95,6 +87,7 @@ class HarnessSession:
         self.verify_result: VerifyResult | None = None
         self.run_info: HarnessRun | None = None
         self._calls: list[dict[str, Any]] | None = None
+        self._report: str | None = None  # the harness's own record of the run (`Launch.report`)
         self._closed = False
         t0 = time.monotonic()
         # Fail fast, before any sandbox exists, when the engine behind the proxy is down.
@@ -136,10 +129,11 @@ class HarnessSession:
             )
             for rel, text in launch.files.items():
                 self.sandbox.write_home(rel, text)
+            self._report = launch.report
             self._logs = self.sandbox.logs
             self._started = time.monotonic()
             self.proc = self.sandbox.spawn(
-                launch.argv,
+                [self.sandbox.inside_home + a[1:] if a.startswith("~/") else a for a in launch.argv],  # ~/: HOME
                 stdin=launch.stdin,
                 env=launch.env,
                 stdout=self._logs / "events.jsonl",
@@ -210,7 +204,9 @@ class HarnessSession:
                 primed.set()  # ended, however: the followers go
             self.timings["harness_s"] = time.monotonic() - self._started
             # Also after a timeout or a stop: what the harness reported so far.
-            self.run_info = self.harness.parse_events(self._read_log("events.jsonl"))
+            if self._report:  # read once, kept beside the event stream (`write_artefact` copies both)
+                (self._logs / "report.txt").write_text(self.sandbox.read_home(self._report))
+            self.run_info = self.harness.parse_events(self._read_log("events.jsonl"), self._read_log("report.txt"))
         if self.status == "running":
             # The harness may give up on a failed engine call before the poll above sees the error
             # (opencode exits on a 400 within a poll interval): still the engine's failure, which
@@ -380,9 +376,9 @@ class HarnessSession:
         atomic_json(out_dir / "task.json", self.task.public_json())
         (out_dir / "visible_tests.txt").write_text(self.task.visible_tests)
         atomic_json(out_dir / "held_out_tests.json", self.task.held_out_tests, mode=0o600)
-        for name in ("events.jsonl", "stderr.txt"):
+        for name, copy in _LOG_COPIES.items():
             with contextlib.suppress(OSError):
-                shutil.copyfile(self._logs / name, out_dir / ("harness.stderr.txt" if name == "stderr.txt" else name))
+                shutil.copyfile(self._logs / name, out_dir / copy)
         ws = out_dir / "workspace"
         if not self.sandbox.closed and not ws.exists():
             try:

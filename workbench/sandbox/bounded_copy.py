@@ -9,6 +9,9 @@ depth passes `CopyLimits` (apparent size: a sparse file counts at its full lengt
 before anything is written).
 
     copy_tree(src, dest, CopyLimits(max_bytes=256 << 20))   # CopyLimitError past a limit
+
+`read_bounded(root, "a/b.json", limit)` reads one file an agent wrote the same way (no link followed on the
+way down, a regular file only, at most `limit` bytes): a harness's own report of its run.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["CopyLimits", "CopyLimitError", "copy_tree"]
+__all__ = ["CopyLimits", "CopyLimitError", "copy_tree", "read_bounded"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,38 @@ def copy_tree(src: Path, dest: Path, limits: CopyLimits = CopyLimits(), *, skip:
     finally:
         for frame in frames:
             os.close(frame[0])
+
+
+def read_bounded(root: Path, rel: str, limit: int) -> bytes | None:
+    """The first `limit` bytes of the regular file `rel` below `root`, walked through descriptors (a link at
+    any step, a FIFO or device, a path leaving `root`: None; also None when it is not there)."""
+    parts = Path(rel).parts
+    if not parts or Path(rel).is_absolute() or ".." in parts:
+        return None
+    fd: int | None = os.open(root, _DIR)
+    try:
+        for part in parts[:-1]:
+            assert fd is not None
+            parent, fd = fd, None  # closed below, whatever the open of its child does
+            try:
+                fd = _open(part, _DIR, parent)
+            finally:
+                os.close(parent)
+            if fd is None:
+                return None
+        assert fd is not None
+        file_fd = _open(parts[-1], _FILE, fd)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if file_fd is None:
+        return None
+    if not stat.S_ISREG(os.fstat(file_fd).st_mode):  # a folder, a FIFO, a device: never read
+        os.close(file_fd)
+        return None
+    with os.fdopen(file_fd, "rb") as f:
+        os.set_blocking(file_fd, True)
+        return f.read(limit)
 
 
 def _names(fd: int, skip: tuple[str, ...]) -> list[str]:

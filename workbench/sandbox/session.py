@@ -54,7 +54,7 @@ import urllib.parse
 import uuid
 from pathlib import Path
 
-from workbench.sandbox.bounded_copy import CopyLimits, copy_tree
+from workbench.sandbox.bounded_copy import CopyLimits, copy_tree, read_bounded
 from workbench.sandbox.cleanup import force_remove, kill_all, new_folder, remove_stale, strays
 from workbench.sandbox.command import wrap
 from workbench.sandbox.files import check_task_files, materialise, over_quota, write_home
@@ -202,6 +202,15 @@ class Sandbox:
     def write_home(self, rel: str, text: str) -> Path:
         """Write a file under the sandbox's HOME (a harness's config), owned by the sandbox's uid."""
         return write_home(self.home, rel, text, self.uid)
+
+    def read_home(self, rel: str, limit: int = 8 * 2**20) -> str:
+        """A file the agent wrote under the sandbox's HOME, as text, at most `limit` bytes; "" when it is not a
+        regular file reached without a link (`bounded_copy.read_bounded`: the agent's uid owns that tree)."""
+        try:
+            data = read_bounded(self.home, rel, limit)
+        except OSError:
+            data = None
+        return data.decode(errors="replace") if data is not None else ""
 
     def reach(self, url: str) -> str:
         """`url` (on the endpoint given to `create`) as the sandbox must call it."""
