@@ -123,7 +123,7 @@ fi
 command -v npm >/dev/null || die "npm not found: install Node.js >= 20 with npm (Debian: apt-get install nodejs npm)"
 tools_fp=$(fingerprint tools/package.json tools/package-lock.json)
 if ! is_current harnesses "$tools_fp" || [[ ! -x tools/node_modules/.bin/opencode ]]; then
-  need_space_gb 2
+  need_space_gb 4  # 2.6 GB installed (ten harnesses; opencode, kilo and cline are single binaries of 100+ MB)
   say "harnesses (tools/): npm install (opencode, pi, codex, claude-code, gemini-cli, ...) ..."
   # Not `npm ci`: npm 11 leaves the other platforms' optional binaries (opencode-darwin-*, ...) out of
   # the lock and `ci` then refuses it. `install` honours the committed lock the same way.
@@ -147,6 +147,7 @@ for req in tools/python/*.txt; do
   venv="tools/venvs/$name"
   fp=$(fingerprint "$req")
   if ! is_current "harness-$name" "$fp" || [[ ! -x "$venv/bin/python" ]]; then
+    need_space_gb 1  # 0.2-0.8 GB each (aider pins 301 packages)
     say "harness $name (tools/venvs/$name): pip install ..."
     rm -rf "$venv"
     run_logged "harness-$name" bash -c "'$harness_python' -m venv '$venv' && '$venv/bin/pip' install -q --no-input -r '$req'"
