@@ -394,7 +394,11 @@ def test_paths_and_duplicate_keys_that_reached_the_engine_unrecorded(proxy, up):
         "/sessionsX/v1/chat/completions",
         f"/sessions/{key}/v1/chat/completions",
         "/v1/chat/completions/",
-        "/v1/messages",
+        # Anthropic and Google are served (tests/test_dialects.py), at their exact paths only
+        "/v1/messages/",
+        "/v1/complete",
+        "/v1beta/models/../sessions:generateContent",
+        "/v1beta/models/x:generateContent/../../../sessions",
     ):
         with socket.create_connection(("127.0.0.1", proxy.port)) as s:  # raw: httpx would normalise ".."
             s.sendall(

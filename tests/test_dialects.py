@@ -63,6 +63,7 @@ GOOGLE = {
         ("POST", "/v1beta/models/gemini-2.5-pro:countTokens", Route("aux", "google")),
         ("GET", "/v1/messages", Route("unknown")),
         ("POST", "/v1beta/models/../sessions:generateContent", Route("unknown")),
+        ("POST", "/v1beta/models/..:generateContent", Route("unknown")),
         ("POST", "/v1beta/models/x:deleteModel", Route("unknown")),
         ("POST", "/v1beta/models/x:generateContent/extra", Route("unknown")),
         ("POST", "/x/v1/messages", Route("unknown")),

@@ -97,6 +97,7 @@ def test_cell_arithmetic():
     assert row["solution_written"] == {"value": 0.333, "num": 1, "den": 3}
     assert row["reward"] == 0.333 and row["fork_causes"] == {"arguments_reserialised": 1}
     assert row["failures"] == {"timeout: no exit after 300 s (wall-clock limit)": 1}
-    assert "| pi | smollm2 | 3 | 4 | agent 4 | 1.00 (4/4) | 0.50 (1/2) | arguments_reserialised 1 |" in markdown_table(
-        [row]
+    assert (
+        "| pi | chat | smollm2 | 3 | 4 | agent 4 | 1.00 (4/4) | 0.50 (1/2) | arguments_reserialised 1 |"
+        in markdown_table([row])
     )

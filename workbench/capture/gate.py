@@ -39,7 +39,9 @@ _MODEL_CALLS: Final[dict[str, Dialect]] = {
     "/v1/messages": "anthropic",
 }
 # Google puts the model and the method in the path; the SDK (@google/genai) calls /v1beta/..., /v1 also exists.
-_GOOGLE = re.compile(r"/v1(beta)?/models/[A-Za-z0-9._\-]{1,128}:(generateContent|streamGenerateContent|countTokens)")
+_GOOGLE = re.compile(
+    r"/v1(beta)?/models/[A-Za-z0-9][A-Za-z0-9._\-]{0,127}:(generateContent|streamGenerateContent|countTokens)"
+)  # a model name starts with a letter or digit: never "..", whatever a proxy in front would make of it
 MAX_DEPTH: Final = 64  # opencode's deepest request nests ~8 levels (tool schemas)
 DUPLICATE: Final = "\0duplicate"  # what `offered_key` returns for a request carrying two credentials
 
