@@ -34,6 +34,23 @@ def _rollout(tmp_path, harness: str, up: ToolLoop, script: list[str], **config) 
     return summary, json.loads((tmp_path / "r" / "trace.json").read_text()), wire.seen
 
 
+def _writes_solution(tmp_path, harness: str, tool: str) -> tuple[dict, dict, dict, list, ToolLoop]:
+    """A rollout in which the scripted model calls `harness`'s own write tool (`example_calls`), then answers text:
+    solution.py holds what it wrote and the trace is two agent calls. (summary, first request, second, wire, up)."""
+    write, _ = get_harness(harness).example_calls()
+    assert write[0] == tool
+    up = ToolLoop(*write).start()
+    try:
+        summary, calls, seen = _rollout(tmp_path, harness, up, ["tool", "text"])
+    finally:
+        up.stop()
+    assert (tmp_path / "r" / "workspace" / "solution.py").read_text() == SOLUTION
+    assert summary["solution_written"] is True
+    assert [(c["dialect"], c["purpose"], c["status"]) for c in calls] == [("chat", "agent", "ok")] * 2
+    first, second = (c["request"] for c in calls)
+    return summary, first, second, seen, up
+
+
 def _launch(harness: str, **options):
     return get_harness(harness).launch(
         base_url="http://127.0.0.1:1/v1",
@@ -48,18 +65,8 @@ def _launch(harness: str, **options):
 
 
 def test_continue_writes_solution_py_with_its_write_tool(tmp_path):
-    write, _ = get_harness("continue").example_calls()
-    assert write[0] == "Write"
-    up = ToolLoop(*write).start()
-    try:
-        summary, calls, seen = _rollout(tmp_path, "continue", up, ["tool", "text"])
-    finally:
-        up.stop()
-    assert (tmp_path / "r" / "workspace" / "solution.py").read_text() == SOLUTION
-    assert summary["solution_written"] is True
     # no title call headless: two agent steps only
-    assert [(c["dialect"], c["purpose"], c["status"]) for c in calls] == [("chat", "agent", "ok")] * 2
-    first, second = (c["request"] for c in calls)
+    summary, first, second, seen, up = _writes_solution(tmp_path, "continue", "Write")
     assert first["messages"][0]["content"].startswith("You are an agent in the Continue CLI")
     tools = {t["function"]["name"] for t in first["tools"]}
     # the write tools headless cn would leave out are allowed; Fetch is excluded (no network)
@@ -124,17 +131,7 @@ def test_continue_launch():
 
 
 def test_grok_writes_solution_py_with_its_create_file_tool(tmp_path):
-    write, _ = get_harness("grok-cli").example_calls()
-    assert write[0] == "create_file"
-    up = ToolLoop(*write).start()
-    try:
-        summary, calls, seen = _rollout(tmp_path, "grok-cli", up, ["tool", "text"])
-    finally:
-        up.stop()
-    assert (tmp_path / "r" / "workspace" / "solution.py").read_text() == SOLUTION
-    assert summary["solution_written"] is True
-    assert [(c["dialect"], c["purpose"], c["status"]) for c in calls] == [("chat", "agent", "ok")] * 2
-    first = calls[0]["request"]
+    summary, first, _, seen, up = _writes_solution(tmp_path, "grok-cli", "create_file")
     assert first["messages"][0]["content"].startswith("You are Grok CLI")
     assert {"bash", "create_file", "str_replace_editor", "view_file"} <= {t["function"]["name"] for t in first["tools"]}
     assert first["messages"][-1]["content"].endswith("Use the create_file tool.")
@@ -166,17 +163,7 @@ def test_grok_launch_and_events():
 
 
 def test_cline_writes_solution_py_with_its_editor_tool(tmp_path):
-    write, _ = get_harness("cline").example_calls()
-    assert write[0] == "editor"
-    up = ToolLoop(*write).start()
-    try:
-        summary, calls, seen = _rollout(tmp_path, "cline", up, ["tool", "text"])
-    finally:
-        up.stop()
-    assert (tmp_path / "r" / "workspace" / "solution.py").read_text() == SOLUTION
-    assert summary["solution_written"] is True
-    assert [(c["dialect"], c["purpose"], c["status"]) for c in calls] == [("chat", "agent", "ok")] * 2
-    first = calls[0]["request"]
+    summary, first, _, seen, up = _writes_solution(tmp_path, "cline", "editor")
     assert first["messages"][0]["content"].startswith("You are Cline, an AI coding agent")
     tools = {t["function"]["name"] for t in first["tools"]}
     assert {"editor", "run_commands", "read_files", "spawn_agent"} <= tools and "fetch_web_content" not in tools
