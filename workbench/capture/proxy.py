@@ -201,7 +201,7 @@ class CaptureProxy:
         # Every body is read here first, capped: OpenEnv's route reads it whole before anything else.
         messages = await self._read_body(scope, receive)
         if messages is None:
-            return await self._refuse_too_large(scope, send, session if kind == "model_call" else None)
+            return await self._refuse_too_large(scope, send, session if kind == "model_call" else None, where.dialect)
         if kind != "model_call" or where.dialect is None:  # aux: OpenEnv's estimate, no model call
             return await self.inner(scope, _replay(messages, receive), send)
         call = self._new_call(session, scope, dialect=where.dialect)
@@ -282,11 +282,12 @@ class CaptureProxy:
                 break
         return None if over else messages
 
-    async def _refuse_too_large(self, scope: Scope, send: Send, session: Session | None) -> None:
+    async def _refuse_too_large(
+        self, scope: Scope, send: Send, session: Session | None, dialect: Dialect | None
+    ) -> None:
         text = f"request body larger than the capture proxy's limit of {self.max_body_bytes} bytes"
         if session is not None:
             # A model call of a known session: recorded like every other refused call, never forwarded.
-            dialect = route(scope["method"], scope["path"]).dialect
             call = self._new_call(session, scope, dialect=dialect, http_status=413, error=text, status="rejected")
             if call is not None:
                 call.t_end = call.t_start
