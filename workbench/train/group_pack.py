@@ -7,7 +7,11 @@ state predicts exactly one next token), with TRL's position ids (padded indices)
 nothing is scored). A segment attends to the shared tokens and causally to itself (`Pack.mask`).
 Importing this module registers `ATTENTION` with transformers: plain sdpa for every other forward, and,
 when the forward carries ``wb_shared=n``, causal SDPA over the n shared positions plus masked SDPA of
-the segments against all keys (half the cost of one SDPA with the dense 4D mask here).
+the segments against all keys (half the cost of one SDPA with the dense 4D mask here). Given `Pack.block_mask()`
+as its attention mask instead, the whole pack is one FlexAttention call that skips the masked-out 128 x 128
+blocks: compiled (dynamic shapes, once per process) on CUDA, where the dense boolean mask sent SDPA to its math
+kernel (0.22x TRL's step, benchmarks/README.md section 8); eager on the CPU (forward only: torch has no CPU
+FlexAttention backward, so the CPU trainer keeps the blockwise SDPA).
 
     from workbench.train.group_pack import ATTENTION, plan
     p = plan(input_ids, attention_mask, logits_to_keep)      # TRL's (B, P+K) batch
@@ -15,22 +19,65 @@ the segments against all keys (half the cost of one SDPA with the dense 4D mask 
         out = model(input_ids=pack.ids[None], attention_mask=pack.mask(), position_ids=pack.positions[None],
                     shift_labels=pack.labels[None], fused_lm_head=True, wb_shared=pack.n_shared)
     # torch.cat([*per-pack log_probs, zero])[p.index] is TRL's (B, K) per-token logprobs
+    # CUDA: attention_mask=pack.block_mask(device) (and no wb_shared) takes the FlexAttention path
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-__all__ = ["ATTENTION", "Pack", "Plan", "plan"]
+__all__ = ["ATTENTION", "FLEX_BLOCK", "Pack", "Plan", "attention_for", "flex_attention_on", "plan"]
 
 ATTENTION = "wb_group_sdpa"  # sdpa, plus the blockwise tree attention when the forward carries `wb_shared`
+FLEX_BLOCK = 128  # FlexAttention's default sparse block: a 128 x 128 tile is skipped, computed whole, or masked
+
+
+@functools.cache
+def _compiled_flex() -> Callable[..., Tensor]:
+    # dynamic=True: one graph for every pack length (a pack's length changes every step); the BlockMask's
+    # tensors and its mask_mod's captured segment ids are graph inputs, so a new layout does not recompile.
+    return cast(Callable[..., Tensor], torch.compile(flex_attention, dynamic=True))
+
+
+def flex_attention_on(device: torch.device | str) -> bool:
+    """Whether the packed step takes the FlexAttention path on `device`: CUDA with Triton (compiled forward and
+    backward). Not the CPU, where torch 2.13's FlexAttention has no backward."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    try:
+        import triton  # noqa: F401  (torch.compile's CUDA backend)
+    except ImportError:
+        return False
+    return True
+
+
+def attention_for(attention: str, device: torch.device | str) -> str:
+    """The packed attention `group_step.install(attention=...)` runs: "auto" is "flex" where `flex_attention_on`
+    (CUDA), else "blockwise" (causal + masked SDPA); "dense" is one SDPA with the 4D tree mask."""
+    if attention not in ("auto", "blockwise", "dense", "flex"):
+        raise ValueError(f"attention must be 'auto', 'blockwise', 'dense' or 'flex', got {attention!r}")
+    return attention if attention != "auto" else "flex" if flex_attention_on(device) else "blockwise"
+
+
+def _flex(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: BlockMask, **kwargs: Any) -> Tensor:
+    if kwargs.get("dropout", 0.0) or kwargs.get("sliding_window") is not None:
+        raise ValueError("the FlexAttention tree mask supports neither attention dropout nor a sliding window")
+    attend = _compiled_flex() if query.is_cuda else cast(Callable[..., Tensor], flex_attention)
+    out = attend(
+        query, key, value, block_mask=mask, scale=kwargs.get("scaling"), enable_gqa=key.shape[1] != query.shape[1]
+    )
+    return cast(Tensor, out).transpose(1, 2).contiguous()  # (1, L, heads, head_dim), as sdpa_attention_forward's
 
 
 def _group_attention(
@@ -42,6 +89,8 @@ def _group_attention(
     wb_shared: int | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:  # kwargs: transformers' own (dropout, scaling, ...)
+    if isinstance(attention_mask, BlockMask):  # Pack.block_mask(): the whole pack in one FlexAttention call
+        return _flex(module, query, key, value, attention_mask, **kwargs), None
     if wb_shared is None:  # every other forward (TRL's own, generation): plain sdpa, same mask function
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     n = wb_shared
@@ -73,6 +122,42 @@ class Pack:
         i = torch.arange(len(self.ids))
         s = self.segment
         return ((i[None, :] <= i[:, None]) & ((s[None, :] == -1) | (s[None, :] == s[:, None])))[None, None]
+
+    def block_mask(self, device: torch.device | str = "cpu", block: int = FLEX_BLOCK) -> BlockMask:
+        """`mask()` as FlexAttention's BlockMask, built from the layout without the L x L matrix.
+
+        Row i sees keys [0, min(n, i + 1)) and [max(start of its run, n), i + 1), so the allowed keys of every
+        row in a key block are two interval overlaps: an (L, L / block) count, summed per query block. A block
+        pair is skipped when its count is 0, computed without the mask when it is block^2 (every pair allowed,
+        never a block holding padding past L), else masked by `mask_mod`. For torch's create_block_mask the
+        mask_mod's gathers would be (L, L) int64: 7.7 GB at a 31k-token pack (G = 16 opencode rows)."""
+        dev, L, n = torch.device(device), len(self.ids), self.n_shared
+        nb = -(-L // block)
+        seg = torch.full((nb * block,), -2, dtype=torch.int32)  # -2 past L: in-bounds reads, and never allowed
+        seg[:L] = self.segment
+        i = torch.arange(L)
+        run_start = torch.where(torch.cat([torch.tensor([True]), seg[1:L] != seg[: L - 1]]), i, 0).cummax(0).values
+        lo1, hi0, hi1 = run_start.clamp(min=n)[:, None], (i + 1).clamp(max=n)[:, None], (i + 1)[:, None]
+        c = torch.arange(nb) * block
+        d = (c + block).clamp(max=L)
+        count = (hi0.minimum(d) - c).clamp(min=0) + (hi1.minimum(d) - lo1.maximum(c)).clamp(min=0)
+        count = torch.cat([count, count.new_zeros(nb * block - L, nb)]).view(nb, block, nb).sum(1)
+        full, partial = count == block * block, (count > 0) & (count < block * block)
+
+        def ordered(blocks: Tensor) -> tuple[Tensor, Tensor]:  # (num, indices), the chosen blocks first, in order
+            idx = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True)
+            return blocks.sum(-1).to(torch.int32)[None, None].to(dev), idx.to(torch.int32)[None, None].to(dev)
+
+        seg_dev = seg.to(dev)
+
+        def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+            return (q >= kv) & ((seg_dev[kv] == -1) | (seg_dev[kv] == seg_dev[q]))
+
+        num, idx = ordered(partial)
+        full_num, full_idx = ordered(full)
+        return BlockMask.from_kv_blocks(
+            num, idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(L, L)
+        )
 
 
 @dataclass

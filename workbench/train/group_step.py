@@ -12,9 +12,9 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    segment starts with the cluster's last shared token (one duplicated token per row) so every hidden state
    predicts exactly one next token: the first completion token of every row is predicted from its own copy
    of the last prefix position. A segment attends to the shared tokens and causally to itself (a "tree"
-   mask), computed blockwise: causal SDPA over the shared block, masked SDPA of the segments against all
-   keys (rather than one SDPA with a dense 4D mask over the whole pack; no shipped script
-   measures the difference, so no figure is given here). The gradient is exact: a shared position's logprob is one tensor element gathered into every
+   mask), computed blockwise on the CPU: causal SDPA over the shared block, masked SDPA of the segments against
+   all keys; on CUDA as one compiled FlexAttention call with a BlockMask (`attention="auto"`; benchmarks/README.md
+   section 8b: the dense mask's SDPA was 0.22x TRL's step there). The gradient is exact: a shared position's logprob is one tensor element gathered into every
    row that scores it, so autograd sums every row's advantage-weighted gradient into the shared activations.
    Works with TRL's fused LM head (`shift_labels`) and with activation checkpointing (the layout travels as
    a forward kwarg, so the checkpoint replay sees it). The layout and the attention: `workbench.train.group_pack`.
@@ -76,7 +76,7 @@ from workbench._compat import (
     trl_use_triton,
 )
 from workbench.train._mlp_recompute import recompute_mlp_products, recomputing
-from workbench.train.group_pack import ATTENTION, plan  # importing it registers ATTENTION with transformers
+from workbench.train.group_pack import ATTENTION, attention_for, plan  # importing it registers ATTENTION
 from workbench.turns import Row
 
 __all__ = ["OWNER_FIELD", "GroupStep", "install", "every_row_fields"]
@@ -119,7 +119,7 @@ class GroupStep:
     shared_prefix: bool = True
     reuse_logps: bool = True
     bf16: bool = False
-    attention: str = "blockwise"  # or "dense": stock SDPA with the 4D tree mask (2x the attention FLOPs here)
+    attention: str = "blockwise"  # "dense": SDPA with the 4D tree mask (2x the FLOPs); "flex": Pack.block_mask()
     recompute_mlp: bool = True
     last: dict[str, int] = field(default_factory=dict)
     _undo_mlp: Callable[[], None] | None = None
@@ -201,9 +201,10 @@ class GroupStep:
         with self.trainer.accelerator.autocast(), mlp:
             for pack in p.packs:
                 extra = {"wb_shared": pack.n_shared} if self.attention == "blockwise" else {}
+                mask = pack.block_mask(dev) if self.attention == "flex" else pack.mask().to(dev)
                 out = model(
                     input_ids=pack.ids[None].to(dev),
-                    attention_mask=pack.mask().to(dev),
+                    attention_mask=mask,
                     position_ids=pack.positions[None].to(dev),
                     shift_labels=pack.labels[None].to(dev),
                     fused_lm_head=True,
@@ -305,7 +306,7 @@ def install(
     shared_prefix: bool = True,
     reuse_logps: bool = True,
     bf16: bool = False,
-    attention: str = "blockwise",
+    attention: str = "auto",
     recompute_mlp: bool = True,
 ) -> GroupStep:
     """Install the levers on `trainer` (a built GRPOTrainer with a fused LM head, sdpa attention).
@@ -316,8 +317,7 @@ def install(
             f"TRL's fused LM head scores every position on {device.type}: on CPU apply "
             "workbench.train.trl_trainer.score_only_labelled_positions_on_cpu() first"
         )
-    if attention not in ("blockwise", "dense"):
-        raise ValueError(f"attention must be 'blockwise' or 'dense', got {attention!r}")
+    attention = attention_for(attention, device)  # "auto": "flex" on CUDA with Triton, else "blockwise"
     if getattr(trainer, "group_step", None) is not None:
         raise RuntimeError("group_step is already installed on this trainer (workbench.train.grpo installs it)")
     step = GroupStep(trainer, shared_prefix, reuse_logps, bf16, attention, recompute_mlp)
