@@ -37,6 +37,7 @@ __all__ = [
     "GRPO_METRICS",
     "GRPO_LAST_LOADED_STEP",
     "ASYNC_RUN_SESSION",
+    "trl_lossless_rows",
     "trl_use_triton",
     "patch_trl_use_triton",
     "quiet_known_noise",
@@ -63,6 +64,21 @@ GRPO_LAST_LOADED_STEP = (
 )
 # trl.experimental.async_grpo.openenv_harness._HarnessRolloutLoop: what its spawned worker runs per rollout
 ASYNC_RUN_SESSION = "_run_session"  # (prompt, group_id=) -> (result, metrics)
+
+
+def trl_lossless_rows(trace: Any, fork_threshold: int = 0) -> list[Any]:
+    """TRL's training rows for an OpenEnv `TrainingTrace`, made as its AsyncGRPO loop-owning worker makes them with
+    ``lossless_capture`` (trl 1.16.0 private helpers: ``openenv_harness._turns_from_training_trace``, then
+    ``async_rollout_worker._chain_to_sequences``). Each row: ``input_ids``, ``completion_mask``, ``old_log_probs``.
+    `fork_threshold` 0: fork wherever a prompt stops extending the row, as `workbench.turns.rows` does."""
+    with warnings.catch_warnings():  # TRLExperimentalWarning: trl.experimental is what these names are
+        warnings.simplefilter("ignore")
+        from trl.experimental.async_grpo.async_rollout_worker import _chain_to_sequences
+        from trl.experimental.async_grpo.openenv_harness import _turns_from_training_trace
+
+    rows, _ = _chain_to_sequences(_turns_from_training_trace(trace), "workbench", fork_threshold)
+    return list(rows)
+
 
 # OpenEnv 0.10.0's capture helpers the streaming relay reuses (workbench.capture.stream), by module:
 OPENENV_PRIVATE: dict[str, tuple[str, str]] = {

@@ -15,7 +15,7 @@ from typing import Any
 from workbench.rollout import FAILED_STATUSES, RolloutOutcome, RolloutResult
 from workbench.tasks import Task
 from workbench.train.rows import longest_row_fields, rollout_rows
-from workbench.turns import Tokenizer, token_id, Row, load_trace
+from workbench.turns import MaskPolicy, Tokenizer, token_id, Row, load_trace
 from workbench.train.types import StepConfig
 
 __all__ = ["step_fields"]
@@ -26,7 +26,7 @@ def step_fields(
     tasks: Sequence[Task],
     results: Sequence[RolloutResult],
     reward_fn: Callable[[RolloutOutcome], float | None],
-    train_turn_fn: Callable[[dict[str, Any]], bool],
+    train_turn_fn: MaskPolicy,
     tokenizer: Tokenizer,
     *,
     policy: str | None,

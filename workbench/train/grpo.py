@@ -53,7 +53,7 @@ from workbench.train.config import TrainConfig, resolve_device, resolve_importan
 from workbench.train.resume import record_config
 from workbench.train.fields import step_fields
 from workbench.train.rows import rows_for_trl
-from workbench.turns import has_tool_call
+from workbench.turns import MaskPolicy, mask_policy
 
 # TrainConfig and resolve_device are defined in workbench.train.config and re-exported here: the run and its
 # config are imported together (tests, notebooks, benchmarks: ``from workbench.train import GRPORun, TrainConfig``).
@@ -123,7 +123,7 @@ class GRPORun:
         engine: Engine | None = None,
         client: ProxyClient | None = None,
         reward_fn: Callable[[RolloutOutcome], float | None] | None = None,
-        train_turn_fn: Callable[[dict[str, Any]], bool] | None = None,
+        train_turn_fn: MaskPolicy | None = None,
     ) -> None:
         if (engine is None) != (client is None):
             raise ValueError("pass both engine and client (an engine the proxy forwards to), or neither")
@@ -137,7 +137,7 @@ class GRPORun:
         self.reward_fn = reward_fn or (
             write_credit_reward(config.write_credit) if config.write_credit else hidden_test_reward
         )
-        self.train_turn_fn = train_turn_fn or (has_tool_call if config.train_turns == "tool_calls" else _all_turns)
+        self.train_turn_fn = train_turn_fn or mask_policy(config.train_turns)
         self.recording: Any = None
         if config.from_rollouts:
             from workbench.train.replay import load_recording
@@ -288,7 +288,3 @@ class GRPORun:
 def _mean(values: list[float | None] | None) -> float | None:
     scored = [v for v in values or () if v is not None]
     return sum(scored) / len(scored) if scored else None
-
-
-def _all_turns(call: dict[str, Any]) -> bool:
-    return True

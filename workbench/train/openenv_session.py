@@ -30,7 +30,6 @@ import contextlib
 import json
 import re
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,23 +42,14 @@ from workbench.rollout import HarnessSession, FAILED_STATUSES, RolloutConfig, ag
 from workbench.sandbox import SandboxError
 from workbench.tasks import Task, load_task
 from workbench.train.types import TurnPolicy
-from workbench.turns import analyse, has_tool_call
+from workbench.turns import MaskPolicy, all_turns, analyse, has_tool_call, mask_policy
 
 __all__ = ["OpenEnvSession", "HarnessSessionFactory", "ProxyAddress", "all_turns", "turn_policy"]
 
 
-def all_turns(call: dict[str, Any]) -> bool:
-    """``train_turns="all"``: every agent turn is trained (module-level: TRL pickles the factory)."""
-    return True
-
-
-def turn_policy(train_turns: TurnPolicy) -> Callable[[dict[str, Any]], bool]:
-    """TrainConfig.train_turns -> the train_turn_fn: ``tool_calls`` (the seed's `has_tool_call`) or ``all``."""
-    if train_turns == "tool_calls":
-        return has_tool_call
-    if train_turns == "all":
-        return all_turns
-    raise ValueError(f"train_turns must be 'tool_calls' or 'all', got {train_turns!r}")
+def turn_policy(train_turns: TurnPolicy) -> MaskPolicy:
+    """TrainConfig.train_turns -> the train_turn_fn (`workbench.turns.mask_policy`)."""
+    return mask_policy(train_turns)
 
 
 @dataclass(frozen=True)
@@ -91,7 +81,7 @@ class OpenEnvSession(HarnessSession, ResourceSession):
         *,
         out_dir: Path | None = None,
         episode_id: str | None = None,
-        train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call,
+        train_turn_fn: MaskPolicy = has_tool_call,
         token_budget: int | None = None,
     ) -> None:
         self.train_turn_fn, self.token_budget = train_turn_fn, token_budget
@@ -101,8 +91,8 @@ class OpenEnvSession(HarnessSession, ResourceSession):
         self._ready = True
 
     def fetch_training_trace(self) -> TrainingTrace:
-        """The agent turns with OpenEnv's full loss masks: 1 on the sampled tokens of turns the policy trains,
-        in rows that fit the budget; 0 everywhere else."""
+        """The agent turns with OpenEnv's full loss masks: each turn's per-token mask (its producer's: the policy's,
+        or a ``loss_mask`` the call carries) in rows that fit the budget; 0 everywhere else."""
         calls = self.calls()
         a = analyse(calls, None, self.train_turn_fn)
         kept = [r for r in a.rows if self.token_budget is None or len(r.input_ids) <= self.token_budget]
@@ -118,7 +108,7 @@ class OpenEnvSession(HarnessSession, ResourceSession):
         entries = []
         for turn in a.turns:
             for entry in agent_entries([calls[turn.call]]):
-                out = [int(turn.index in trained)] * len(entry["completion_token_ids"])
+                out = turn.output_mask if turn.index in trained else [0] * len(turn.output_ids)  # per token
                 entries.append({**entry, "loss_mask": [0] * len(entry["prompt_token_ids"]) + out})
         return TrainingTrace.from_entries(entries)
 

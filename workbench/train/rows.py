@@ -16,19 +16,16 @@ the previous prompt + output token for token; a fork starts a new row). TRL want
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from workbench.turns import Tokenizer, analyse, Row
+from workbench.turns import MaskPolicy, Tokenizer, analyse, Row
 
 __all__ = ["rollout_rows", "trl_row", "longest_row_fields", "rows_for_trl"]
 
 
 def rollout_rows(
-    calls: list[dict[str, Any]],
-    train_turn_fn: Callable[[dict[str, Any]], bool],
-    token_budget: int,
-    tokenizer: Tokenizer | None = None,
+    calls: list[dict[str, Any]], train_turn_fn: MaskPolicy, token_budget: int, tokenizer: Tokenizer | None = None
 ) -> tuple[list[Row], dict[str, int]]:
     """A rollout's rows that fit `token_budget`, and counters (rows, forks, dropped for the budget...)."""
     a = analyse(calls, tokenizer, train_turn_fn)
@@ -78,10 +75,7 @@ def longest_row_fields(
 
 
 def rows_for_trl(
-    calls: list[dict[str, Any]],
-    train_turn_fn: Callable[[dict[str, Any]], bool],
-    token_budget: int,
-    tokenizer: Tokenizer | None = None,
+    calls: list[dict[str, Any]], train_turn_fn: MaskPolicy, token_budget: int, tokenizer: Tokenizer | None = None
 ) -> tuple[dict[str, Any] | None, dict[str, int]]:
     """One TRL row for a rollout (its row with the most trained tokens, or None) and its counters."""
     rows, counts = rollout_rows(calls, train_turn_fn, token_budget, tokenizer)

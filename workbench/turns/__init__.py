@@ -5,7 +5,7 @@
     result = analyse(trace, tokenizer)          # turns, rows with loss masks, forks, what was excluded
 
 Private modules: ``derive`` (`analyse`), ``trace`` (the artefact reader), ``rows`` (turns to token rows with
-masks), ``drift`` (re-tokenisation checks), ``tokenizer`` (a rollout's tokenizer), ``protocol`` (what a
+masks), ``interop`` (OpenEnv training traces in and out), ``drift`` (re-tokenisation checks), ``tokenizer`` (a rollout's tokenizer), ``protocol`` (what a
 tokenizer must offer).
 """
 
@@ -30,8 +30,19 @@ __all__ = [
     "derive_turns",
     "has_tool_call",
     "load_trace",
+    "load_turns",
+    "MaskPolicy",
+    "output_mask",
+    "all_turns",
+    "mask_policy",
     "TraceError",
     "Turn",
+    "FORMATS",
+    "export_rollout",
+    "import_trace",
+    "read_trace",
+    "training_trace",
+    "validate_training_trace",
 ]
 
 __getattr__, __dir__ = face(
@@ -51,8 +62,19 @@ __getattr__, __dir__ = face(
         "derive_turns": "trace",
         "has_tool_call": "trace",
         "load_trace": "trace",
+        "load_turns": "trace",
+        "MaskPolicy": "trace",
+        "output_mask": "trace",
+        "all_turns": "trace",
+        "mask_policy": "trace",
         "TraceError": "trace",
         "Turn": "trace",
+        "FORMATS": "interop",
+        "export_rollout": "interop",
+        "import_trace": "interop",
+        "read_trace": "interop",
+        "training_trace": "interop",
+        "validate_training_trace": "interop",
     },
 )
 
@@ -61,4 +83,7 @@ if TYPE_CHECKING:
     from workbench.turns.protocol import decode_text, token_id, Tokenizer
     from workbench.turns.rows import build_rows, Fork, Row
     from workbench.turns.tokenizer import rollout_model, tokenizer_for_rollout
-    from workbench.turns.trace import derive_turns, has_tool_call, load_trace, TraceError, Turn
+    from workbench.turns.trace import derive_turns, has_tool_call, load_trace, load_turns, MaskPolicy, output_mask
+    from workbench.turns.trace import TraceError, Turn, all_turns, mask_policy
+    from workbench.turns.interop import FORMATS, export_rollout, import_trace, read_trace, training_trace
+    from workbench.turns.interop import validate_training_trace

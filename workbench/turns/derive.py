@@ -23,12 +23,12 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from workbench.turns.protocol import Tokenizer
 from workbench.turns.drift import diagnose
 from workbench.turns.rows import Fork, Row, build_rows
-from workbench.turns.trace import Turn, derive_turns, has_tool_call, load_trace
+from workbench.turns.trace import MaskPolicy, Turn, derive_turns, has_tool_call, load_trace
 
 __all__ = ["rollout_report", "run_report", "RolloutTurns", "analyse", "write_turns"]
 
@@ -85,9 +85,7 @@ class RolloutTurns:
 
 
 def analyse(
-    calls: list[dict[str, Any]],
-    tokenizer: Tokenizer | None = None,
-    train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call,
+    calls: list[dict[str, Any]], tokenizer: Tokenizer | None = None, train_turn_fn: MaskPolicy = has_tool_call
 ) -> RolloutTurns:
     """Turns, rows, forks (diagnosed when a tokenizer is given) and the report for one trace."""
     turns, excluded = derive_turns(calls, train_turn_fn)
@@ -98,7 +96,7 @@ def analyse(
 
 
 def write_turns(
-    rollout_dir: Path, tokenizer: Any | None = None, train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call
+    rollout_dir: Path, tokenizer: Any | None = None, train_turn_fn: MaskPolicy = has_tool_call
 ) -> RolloutTurns:
     """Write turns.json (and rows.json with the drift) beside trace.json."""
     rollout_dir = Path(rollout_dir)

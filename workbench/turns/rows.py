@@ -2,8 +2,9 @@
 
 A **row** chains turns wherever the next prompt extends the previous prompt + output token for token;
 a new row (a **fork**) starts where it does not. Sampled tokens are never overwritten with re-tokenised
-text (TRL's REALIGN does that; we fork instead). In a row, trained turns' outputs have mask 1;
-everything else (the prompt, tool results, the outputs of untrained turns) has mask 0.
+text (TRL's REALIGN does that; we fork instead). In a row, each turn's sampled tokens carry its per-token
+``output_mask`` (1 = trained: the whole output of a trained turn, or the part its producer kept); everything
+else (the prompt, tool results) has mask 0.
 
     rows, forks = build_rows(turns)              # turns from workbench.turns.trace.derive_turns
     diagnose(forks, turns, calls, tokenizer)     # workbench.turns.drift: fills each fork's cause
@@ -21,7 +22,7 @@ __all__ = ["Row", "Fork", "build_rows"]
 
 @dataclass
 class Row:
-    """One training sequence: chained turns. `mask` is 1 exactly on trained turns' sampled tokens."""
+    """One training sequence: chained turns. `mask` is 1 exactly on the sampled tokens the turns' masks train."""
 
     input_ids: list[int]
     mask: list[int]
@@ -85,7 +86,7 @@ def build_rows(turns: list[Turn]) -> tuple[list[Row], list[Fork]]:
             start, new_ctx = 0, t.prompt_ids
         out_start = start + len(new_ctx)
         row.input_ids += new_ctx + t.output_ids
-        row.mask += [0] * len(new_ctx) + [int(t.trained)] * len(t.output_ids)
+        row.mask += [0] * len(new_ctx) + t.output_mask
         row.logprobs += [0.0] * len(new_ctx) + list(t.per_token_logps)
         row.sampled += [0] * len(new_ctx) + [1] * len(t.output_ids)
         row.turns.append(t.index)

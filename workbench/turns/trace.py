@@ -1,10 +1,17 @@
 """Trace -> turns: the agent calls of a captured trace, with the engine's own token ids.
 
 A **turn** (`turns.json`, the seed artefact's format) is one agent call: the engine's ``prompt_ids``
-(never re-tokenised), ``output_ids`` and ``per_token_logps`` as captured, ``trained`` (from
-`train_turn_fn`, default `has_tool_call`: turns where the model acted), and ``mask`` (derived: 0 for
-the context, 1 for the generated tokens). Agent calls are selected by the purpose tag recorded at
-capture; title/compaction/subagent/failed calls are excluded **and counted**.
+(never re-tokenised), ``output_ids`` and ``per_token_logps`` as captured, ``trained`` (any token trained),
+and ``mask`` (derived: 0 for the context, 1 for the generated tokens). Agent calls are selected by the
+purpose tag recorded at capture; title/compaction/subagent/failed calls are excluded **and counted**.
+
+**What is trained is a per-token mask, owned by its producer** (OpenEnv's `TrainingTurn.loss_mask` contract):
+``output_mask`` has one 0/1 per sampled token, so a completion can be trained in part (a tail the harness
+rewrote or the output cap cut, left out). Two producers: a mask the trace itself carries (``loss_mask``
+over prompt + completion, e.g. an imported OpenEnv training trace: authoritative), else the turn policy
+``train_turn_fn(call)``, which answers a bool (the whole turn: `has_tool_call`, the purpose filter's
+``all``) or one 0/1 per sampled token. A whole-turn mask writes the seed's record byte for byte; a
+partial one adds ``loss_mask`` (prompt zeros + ``output_mask``) to it.
 
     calls = load_trace(run / "trace.json")       # TraceError names the file and position if damaged
     turns, excluded = derive_turns(calls)        # excluded: {"title": 1, "upstream_error": 2, ...}
@@ -21,9 +28,21 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-__all__ = ["Turn", "TraceError", "has_tool_call", "load_trace", "load_turns", "derive_turns"]
+__all__ = [
+    "Turn",
+    "MaskPolicy",
+    "TraceError",
+    "has_tool_call",
+    "load_trace",
+    "load_turns",
+    "derive_turns",
+    "output_mask",
+]
+
+# A mask policy (the turn policy): for one captured call, train the whole turn (True/False) or these sampled tokens (one 0/1 each).
+MaskPolicy = Callable[[dict[str, Any]], bool | Sequence[int]]
 
 
 class TraceError(ValueError):
@@ -42,13 +61,36 @@ class Turn:
     trained: bool
     finish_reason: str | None = None
     tool_calls: list[str] = field(default_factory=list)
+    output_mask: list[int] = field(default_factory=list)  # 1 = train this sampled token; [] = all `trained`
+
+    def __post_init__(self) -> None:
+        if not self.output_mask:
+            self.output_mask = [int(self.trained)] * len(self.output_ids)
+        elif len(self.output_mask) != len(self.output_ids) or any(m not in (0, 1) for m in self.output_mask):
+            raise ValueError(
+                f"turn {self.index}: output_mask needs one 0/1 per sampled token "
+                f"({len(self.output_ids)}), got {len(self.output_mask)} values"
+            )
+        if self.output_ids:  # an empty completion keeps the seed's recorded flag
+            self.trained = any(self.output_mask)
 
     @property
     def mask(self) -> list[int]:
-        """0 for the context, 1 for the generated tokens: derived, never recorded."""
+        """0 for the context, 1 for the generated tokens: derived, never recorded (the seed's field)."""
         return [0] * len(self.prompt_ids) + [1] * len(self.output_ids)
 
+    @property
+    def loss_mask(self) -> list[int]:
+        """What is trained, over prompt + completion (OpenEnv's `TrainingTurn.loss_mask`)."""
+        return [0] * len(self.prompt_ids) + self.output_mask
+
+    @property
+    def partial(self) -> bool:
+        """Only some of the sampled tokens are trained."""
+        return 0 < sum(self.output_mask) < len(self.output_mask)
+
     def to_json(self) -> dict[str, Any]:
+        partial = {"loss_mask": self.loss_mask} if self.partial else {}  # whole-turn masks: the seed's bytes
         return {
             "index": self.index,
             "call": self.call,
@@ -59,6 +101,7 @@ class Turn:
             "mask": self.mask,
             "finish_reason": self.finish_reason,
             "tool_calls": self.tool_calls,
+            **partial,
         }
 
 
@@ -66,6 +109,20 @@ def has_tool_call(call: dict[str, Any]) -> bool:
     """The seed's default `train_turn_fn`: reinforce turns where the model acted."""
     message = ((call.get("response") or {}).get("choices") or [{}])[0].get("message") or {}
     return bool(message.get("tool_calls"))
+
+
+def all_turns(call: dict[str, Any]) -> bool:
+    """``train_turns="all"``: every agent turn is trained (module-level: TRL pickles what holds it)."""
+    return True
+
+
+def mask_policy(name: str) -> MaskPolicy:
+    """TrainConfig.train_turns -> its mask policy: ``tool_calls`` (the seed's `has_tool_call`) or ``all``."""
+    if name == "tool_calls":
+        return has_tool_call
+    if name == "all":
+        return all_turns
+    raise ValueError(f"train_turns must be 'tool_calls' or 'all', got {name!r}")
 
 
 def _load_json(path: Path) -> Any:
@@ -120,9 +177,14 @@ def load_turns(path: Path) -> list[Turn]:
                 trained=bool(t["trained"]),
                 finish_reason=t.get("finish_reason"),
                 tool_calls=list(t.get("tool_calls") or []),
+                output_mask=list(t["loss_mask"][len(t["prompt_ids"]) :]) if "loss_mask" in t else [],
             )
         except (KeyError, TypeError) as exc:
             raise TraceError(f"{path}: turn {i} lacks or mangles {exc}") from None
+        except ValueError as exc:
+            raise TraceError(f"{path}: turn {i}: loss_mask: {exc}") from None
+        if "loss_mask" in t and (len(t["loss_mask"]) != len(turn.mask) or any(t["loss_mask"][: len(turn.prompt_ids)])):
+            raise TraceError(f"{path}: turn {i}: loss_mask must cover prompt + completion with the prompt at 0")
         if "mask" in t and list(t["mask"]) != turn.mask:
             raise TraceError(f"{path}: turn {i} has a mask that does not match its prompt/output lengths")
         turns.append(turn)
@@ -158,8 +220,29 @@ def _agent_calls(calls: list[dict[str, Any]]) -> list[int]:
     ]
 
 
+def output_mask(call: dict[str, Any], train_turn_fn: MaskPolicy, index: int = 0) -> list[int]:
+    """One 0/1 per sampled token of an agent call: the call's own ``loss_mask`` (its producer decided), else the
+    turn policy's answer. ValueError naming the call when either does not fit the completion."""
+    n_prompt, n_out = len(call["prompt_token_ids"]), len(call["completion_token_ids"])
+    if call.get("loss_mask") is not None:
+        full = list(call["loss_mask"])
+        if len(full) != n_prompt + n_out or any(full[:n_prompt]) or any(m not in (0, 1) for m in full):
+            raise ValueError(
+                f"call {index}: loss_mask must be 0/1 over prompt + completion ({n_prompt} + {n_out}) "
+                f"with the prompt at 0, got {len(full)} values"
+            )
+        return full[n_prompt:]
+    got = train_turn_fn(call)
+    if isinstance(got, bool):
+        return [int(got)] * n_out
+    mask = [int(m) for m in got]
+    if len(mask) != n_out or any(m not in (0, 1) for m in mask):
+        raise ValueError(f"call {index}: the turn policy gave {len(mask)} mask values for {n_out} sampled tokens")
+    return mask
+
+
 def derive_turns(
-    calls: list[dict[str, Any]], train_turn_fn: Callable[[dict[str, Any]], bool] = has_tool_call
+    calls: list[dict[str, Any]], train_turn_fn: MaskPolicy = has_tool_call
 ) -> tuple[list[Turn], dict[str, int]]:
     """Agent turns of a trace, and the excluded calls counted as ``{"title": 1, "upstream_error": 2, ...}``."""
     keep = _agent_calls(calls)
@@ -171,6 +254,7 @@ def derive_turns(
     for n, i in enumerate(keep):
         c = calls[i]
         message = ((c.get("response") or {}).get("choices") or [{}])[0].get("message") or {}
+        mask = output_mask(c, train_turn_fn, i)
         turns.append(
             Turn(
                 index=n,
@@ -178,9 +262,10 @@ def derive_turns(
                 prompt_ids=list(c["prompt_token_ids"]),
                 output_ids=list(c["completion_token_ids"]),
                 per_token_logps=list(c["per_token_logps"]),
-                trained=bool(train_turn_fn(c)),
+                trained=any(mask),
                 finish_reason=c.get("finish_reason"),
                 tool_calls=[(tc.get("function") or {}).get("name", "?") for tc in message.get("tool_calls") or []],
+                output_mask=mask,
             )
         )
     return turns, dict(excluded)

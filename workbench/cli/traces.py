@@ -1,0 +1,92 @@
+"""The trace commands: ``export`` and ``import`` (OpenEnv training traces out of and into rollout folders),
+``certify`` (is a harness x model training-grade?) and ``html`` (a whole run as one page, no kernel).
+
+    workbench export runs/x/rollouts --format openenv-trace --out out/traces      # one JSON per rollout
+    workbench import --format openenv-trace out/traces/easy_1.json --out runs/imported/easy_1 --reward 1
+    workbench certify --harness opencode --model smollm2 --json
+    workbench html runs/x --out runs/x/view.html
+
+Handlers import their stage on call, so ``--help`` stays instant (tests/test_imports.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["add_trace_commands"]
+
+Add = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]
+
+
+def _rollout_dirs(root: Path) -> list[Path]:
+    if (root / "trace.json").is_file():
+        return [root]
+    found = sorted(p.parent for p in root.rglob("trace.json") if "workspace" not in p.relative_to(root).parts)
+    if not found:
+        raise FileNotFoundError(f"no rollout folder (trace.json) in or under {root}")
+    return found
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from workbench.turns import export_rollout, mask_policy
+
+    root, out = Path(args.path), Path(args.out)
+    policy = mask_policy(args.train_turns)
+    dirs = _rollout_dirs(root)
+    for d in dirs:
+        name = d.name if d == root else "__".join(d.relative_to(root).parts)
+        doc = export_rollout(d, out / f"{name}.json", policy)
+        trained = sum(sum(t["loss_mask"]) for t in doc["turns"])
+        print(f"{d} -> {out / (name + '.json')}: {len(doc['turns'])} turns, {trained} trained tokens")
+    print(f"{len(dirs)} training trace(s) in OpenEnv's schema (validated by openenv {_openenv_version()}) in {out}")
+    return 0
+
+
+def _openenv_version() -> str:
+    from importlib.metadata import version
+
+    return version("openenv")
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from workbench.turns import import_trace, write_turns
+
+    files = [f for p in map(Path, args.files) for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    if not files:
+        raise FileNotFoundError(f"no .json training trace in {', '.join(args.files)}")
+    out = Path(args.out)
+    for f in files:
+        d = out if len(files) == 1 else out / f.stem
+        import_trace(f, d, task_id=args.task_id, reward=args.reward, model=args.model, harness=args.harness)
+        r = write_turns(d).report
+        print(f"{f} -> {d}: {r['turns']} turns, {r['rows']} rows, {r['trained_tokens']} trained tokens")
+    return 0
+
+
+def add_trace_commands(add: Add) -> None:
+    """Register export, import (and their flags) on the root parser's `add`."""
+    from workbench.turns import FORMATS
+
+    p = add(
+        "export", _cmd_export, "write each rollout's training trace in OpenEnv's schema (what TRL's AsyncGRPO reads)"
+    )
+    p.add_argument("path", help="a rollout folder (with trace.json) or a run folder holding several")
+    p.add_argument("--format", choices=FORMATS, required=True)
+    p.add_argument("--out", required=True, help="folder for one <rollout>.json per rollout")
+    p.add_argument(
+        "--train-turns",
+        choices=["tool_calls", "all"],
+        default="tool_calls",
+        help="the mask producer for calls that carry no loss_mask of their own (TrainConfig.train_turns)",
+    )
+
+    p = add("import", _cmd_import, "turn OpenEnv training traces (or trace-entry lists) into rollout folders")
+    p.add_argument("files", nargs="+", help="trace files, or folders of *.json")
+    p.add_argument("--format", choices=FORMATS, required=True)
+    p.add_argument("--out", required=True, help="the rollout folder (several files: one subfolder per file)")
+    p.add_argument("--task-id", default=None, help="the task (default: the trace's metadata, else the file's stem)")
+    p.add_argument("--reward", type=float, default=None, help="the rollout's reward (default: the trace's metadata)")
+    p.add_argument("--model", default=None, help="model asset whose tokenizer made the ids (views decode with it)")
+    p.add_argument("--harness", default=None, help="the harness that made the trace (default: its metadata)")
