@@ -21,6 +21,7 @@ from typing import Callable
 
 from workbench.cli.services import add_service_commands, read_secret
 from workbench.cli.traces import add_trace_commands
+from workbench.cli.certify import add_certify_command
 from workbench.cli.flags import add_config_arguments, given_fields
 from workbench.procs import unwind_on_signals
 
@@ -251,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_service_commands(add)
     add_trace_commands(add)
+    add_certify_command(add)
 
     p = add("rollout", _cmd_rollout, "run loop-owning rollouts of a task and write the artefact folder(s)")
     p.add_argument("--task", required=True, help="e.g. humaneval/0, deepcoder-fixture/1, jsonl:PATH#ID")

@@ -7,7 +7,7 @@
 Private modules: ``run`` (`run_eval`), ``report`` (`compare` and its table), ``stats`` (paired deltas,
 bootstrap intervals, the sign-flip test), ``adapter_check``, ``learn`` and ``evidence`` (the learning
 experiment: probe, pool, train, evaluate; what ships in workbench/data/learning_demo), ``diff`` (two rollouts
-side by side), ``rescoring`` (a rollout's logprobs under another policy), ``matrix`` (models x harnesses).
+side by side), ``rescoring`` (a rollout's logprobs under another policy), ``matrix`` (models x harnesses), ``certification`` (is a harness x model training-grade?).
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ __all__ = [
     "harness_table",
     "MatrixConfig",
     "run_matrix",
+    "CertifyConfig",
+    "certify",
+    "render_certificate",
     "compare",
     "delta_widget",
     "rescore",
@@ -57,6 +60,9 @@ __getattr__, __dir__ = face(
         "harness_table": "matrix",
         "MatrixConfig": "matrix",
         "run_matrix": "matrix",
+        "CertifyConfig": "certification",
+        "certify": "certification",
+        "render_certificate": "certification",
         "compare": "report",
         "delta_widget": "rescoring",
         "rescore": "rescoring",
@@ -71,6 +77,7 @@ if TYPE_CHECKING:
     from workbench.evaluate.diff import add_diff_arguments, diff_from_args, diff_rollouts, render_diff
     from workbench.evaluate.evidence import load_shipped, ship, SHIPPED
     from workbench.evaluate.learn import LearnConfig, run_learning
+    from workbench.evaluate.certification import CertifyConfig, certify, render_certificate
     from workbench.evaluate.matrix import exact_prompt_ids, harness_table, markdown_table, MatrixConfig, run_matrix
     from workbench.evaluate.report import compare
     from workbench.evaluate.rescoring import delta_widget, rescore

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from workbench.engine import prompting, Engine, EngineError, local_stack
-from workbench.harnesses import get_harness
+from workbench.harnesses import get_harness, refuse_broken
 from workbench.rollout import run_rollouts, RolloutConfig, RolloutResult, agent_prompt
 from workbench.runs import RunDir
 from workbench.tasks import load_tasks
@@ -253,6 +253,8 @@ def run_matrix(
 
     for h in config.harnesses:
         get_harness(h)  # an unknown name fails before any engine starts
+        for m in config.models:
+            refuse_broken(h, m)  # so does a pair certified broken (workbench certify)
     if config.n < 1:
         raise ValueError("n must be at least 1")
     tasks = load_tasks(config.tasks)

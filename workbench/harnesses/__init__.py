@@ -6,7 +6,8 @@
 
 The purpose vocabulary (`Purpose`, `CallInfo`, `Classifier`) lives here, below the capture proxy: the proxy
 asks `classify_call` what each call is for, and the harness that made it answers. Private modules:
-``catalog`` (the harnesses by name, and those that cannot run here), ``base`` (the contract), ``purpose``, one
+``catalog`` (the harnesses by name, and those that cannot run here), ``certified`` (what `workbench certify`
+found per harness x model; a pair certified broken is refused), ``base`` (the contract), ``purpose``, one
 module per harness (``opencode``, ``pi``, ``codex``, ``kilo``, ``claude_code``, ``gemini_cli``, ``qwen_code``,
 ``continue_cli``, ``grok_cli``, ``cline``, ``mini_swe_agent``, ``hermes``, ``aider``). docs/harnesses.md says how
 to add one.
@@ -19,6 +20,11 @@ from typing import TYPE_CHECKING
 from workbench._lazy import face
 
 __all__ = [
+    "certificate",
+    "refuse_broken",
+    "save_certificate",
+    "Verdict",
+    "VERDICTS",
     "Harness",
     "HarnessOptions",
     "HarnessRun",
@@ -41,6 +47,11 @@ __all__ = [
 __getattr__, __dir__ = face(
     __name__,
     {
+        "certificate": "certified",
+        "refuse_broken": "certified",
+        "save_certificate": "certified",
+        "Verdict": "certified",
+        "VERDICTS": "certified",
         "Harness": "base",
         "HarnessOptions": "base",
         "HarnessRun": "base",
@@ -62,6 +73,7 @@ __getattr__, __dir__ = face(
 )
 
 if TYPE_CHECKING:
+    from workbench.harnesses.certified import certificate, refuse_broken, save_certificate, Verdict, VERDICTS
     from workbench.harnesses.base import Harness, HarnessOptions, HarnessRun, json_events, Launch
     from workbench.harnesses.catalog import classify_call, DEFAULT_HARNESS, get_harness, HARNESSES, REFUSED
     from workbench.harnesses.opencode import OpenCode

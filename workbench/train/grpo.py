@@ -221,7 +221,10 @@ class GRPORun:
         scheduler state, the RNG and the step count; config.json is kept: `workbench.train.resume.record_config` refuses
         another config); returns the summary."""
         from workbench.engine import load_asset
+        from workbench.harnesses import refuse_broken
 
+        if self.recording is None:  # live rollouts: a pair certified broken is refused before anything starts
+            refuse_broken(self.config.rollout_config().harness, self.config.model)
         if self.config.trainer == "async":
             from workbench.train.async_grpo import train_async
 

