@@ -203,3 +203,29 @@ def test_the_commands_export_and_import(tmp_path):
         text=True,
     )
     assert bad.returncode == 1 and "metadata.node_id" in bad.stderr and not (tmp_path / "z").exists()
+
+
+def test_imported_openenv_traces_train_with_from_rollouts(tmp_path):
+    """Two OpenEnv traces with partial masks, imported as one recorded group (rewards 1 and 0), train one
+    GRPO step through TRL on the tiny model: the trainer's rows carry exactly the producers' 41 + 10 tokens."""
+    from workbench.runs import RunDir
+    from workbench.train import GRPORun, TrainConfig
+
+    rec = tmp_path / "rec"
+    for fixture, reward in zip(FIXTURES, (1.0, 0.0)):
+        import_trace(fixture, rec / fixture.stem, task_id="easy/3", reward=reward)
+    assert [sum(map(sum, (t["loss_mask"] for t in json.loads(f.read_text())["turns"]))) for f in FIXTURES] == [41, 10]
+    config = TrainConfig(
+        model="tiny",
+        from_rollouts=str(rec),
+        temperature=0.5,
+        group_size=2,
+        steps=1,
+        learning_rate=1e-2,
+        importance_sampling="token_truncate",  # the tiny model is ~12 nats from SmolLM2's logprobs (test_train.py)
+        device="cpu",
+    )
+    summary = GRPORun(config, run_dir=tmp_path / "run").train()
+    [step] = RunDir.open(tmp_path / "run").read_metrics()
+    assert summary["steps"] == 1 and step["trained_tokens"] == 51 and step["rows_trained"] == 2
+    assert step["loss"] is not None and step["off_policy"] is True
