@@ -5,7 +5,8 @@
     result = analyse(trace, tokenizer)          # turns, rows with loss masks, forks, what was excluded
 
 Private modules: ``derive`` (`analyse`), ``trace`` (the artefact reader), ``rows`` (turns to token rows with
-masks), ``interop`` (OpenEnv training traces in and out), ``drift`` (re-tokenisation checks), ``tokenizer`` (a rollout's tokenizer), ``protocol`` (what a
+masks), ``interop`` (OpenEnv training traces in and out), ``sources`` (any
+folder of traces in the three formats as rollout folders: `load_sources`), ``drift`` (re-tokenisation checks), ``tokenizer`` (a rollout's tokenizer), ``protocol`` (what a
 tokenizer must offer).
 """
 
@@ -43,6 +44,12 @@ __all__ = [
     "read_trace",
     "training_trace",
     "validate_training_trace",
+    "SOURCE_FORMATS",
+    "Source",
+    "Sources",
+    "load_sources",
+    "sniff",
+    "RolloutTurns",
 ]
 
 __getattr__, __dir__ = face(
@@ -75,6 +82,12 @@ __getattr__, __dir__ = face(
         "read_trace": "interop",
         "training_trace": "interop",
         "validate_training_trace": "interop",
+        "SOURCE_FORMATS": "sources",
+        "Source": "sources",
+        "Sources": "sources",
+        "load_sources": "sources",
+        "sniff": "sources",
+        "RolloutTurns": "derive",
     },
 )
 
@@ -87,3 +100,5 @@ if TYPE_CHECKING:
     from workbench.turns.trace import TraceError, Turn, all_turns, mask_policy
     from workbench.turns.interop import FORMATS, export_rollout, import_trace, read_trace, training_trace
     from workbench.turns.interop import validate_training_trace
+    from workbench.turns.sources import SOURCE_FORMATS, Source, Sources, load_sources, sniff
+    from workbench.turns.derive import RolloutTurns
