@@ -65,8 +65,29 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_html(args: argparse.Namespace) -> int:
+    import sys
+
+    from workbench.views import save_run_html
+
+    out = Path(args.out)
+    pages, skipped = save_run_html(
+        Path(args.path),
+        out,
+        work_dir=Path(args.work) if args.work else None,
+        model=args.model,
+        title=args.title,
+        max_context=args.max_context if args.max_context >= 0 else None,
+    )
+    for path, why in skipped:  # one unreadable trace must not hide the others: said, and the page has the rest
+        print(f"{path}: skipped: {why}", file=sys.stderr)
+    turns = sum(len(p.derived.turns) for p in pages)
+    print(f"{out}: {len(pages)} rollout(s), {turns} turns, {len(skipped)} skipped ({out.stat().st_size} bytes)")
+    return 1 if skipped else 0
+
+
 def add_trace_commands(add: Add) -> None:
-    """Register export, import (and their flags) on the root parser's `add`."""
+    """Register export, import, html (and their flags) on the root parser's `add`."""
     from workbench.turns import FORMATS
 
     p = add(
@@ -90,3 +111,19 @@ def add_trace_commands(add: Add) -> None:
     p.add_argument("--reward", type=float, default=None, help="the rollout's reward (default: the trace's metadata)")
     p.add_argument("--model", default=None, help="model asset whose tokenizer made the ids (views decode with it)")
     p.add_argument("--harness", default=None, help="the harness that made the trace (default: its metadata)")
+
+    p = add(
+        "html",
+        _cmd_html,
+        "write a run's traces (rollout folders, OpenEnv training traces, trace-entry lists) as one static HTML page",
+    )
+    p.add_argument("path", help="a folder (or one file) of traces in any of the three formats")
+    p.add_argument("--out", required=True, help="the page to write (self-contained: no script, no network)")
+    p.add_argument(
+        "--model", default=None, help="model asset whose tokenizer decodes traces that name no model of their own"
+    )
+    p.add_argument("--work", default=None, help="keep imported OpenEnv files here (default: a temporary folder)")
+    p.add_argument("--title", default=None, help="the page's title (default: the path)")
+    p.add_argument(
+        "--max-context", type=int, default=200, help="context tokens shown before each sampled span (-1: all)"
+    )

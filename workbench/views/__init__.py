@@ -2,10 +2,12 @@
 
     from workbench.views import browser, render_eval
     browser(run_dir, tokenizer)                 # each turn's tokens, coloured by loss mask (a widget)
+    save_run_html(Path("captures"), Path("run.html"))   # any folder of traces as one static page (no kernel)
     HTML(render_eval(evidence))                 # base and trained policies compared, with intervals
 
 Private modules: ``tables`` (HTML tables and the ipywidgets that wrap them), ``tokens`` (token and mask
-spans), ``figures`` (plotly figures). Headless runs show the same output statically.
+spans, logprob ribbons, a row's first mismatch), ``page`` (a whole run as one static HTML page), ``figures``
+(plotly figures). Headless runs show the same output statically.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ __all__ = [
     "render_turn",
     "STYLE",
     "token_texts",
+    "render_tokens",
+    "row_fork",
+    "LEGEND",
+    "RolloutPage",
+    "load_run",
+    "render_run",
+    "save_run_html",
 ]
 
 __getattr__, __dir__ = face(
@@ -46,6 +55,13 @@ __getattr__, __dir__ = face(
         "render_turn": "tokens",
         "STYLE": "tokens",
         "token_texts": "tokens",
+        "render_tokens": "tokens",
+        "row_fork": "tokens",
+        "LEGEND": "tokens",
+        "RolloutPage": "page",
+        "load_run": "page",
+        "render_run": "page",
+        "save_run_html": "page",
     },
 )
 
@@ -53,3 +69,5 @@ if TYPE_CHECKING:
     from workbench.views.figures import group_signal_figure, learning_curve_figure, save_figure, summary_figure
     from workbench.views.tables import browser, render_eval, render_table, render_trace
     from workbench.views.tokens import render_drift, render_row, render_turn, STYLE, token_texts
+    from workbench.views.tokens import LEGEND, render_tokens, row_fork
+    from workbench.views.page import RolloutPage, load_run, render_run, save_run_html

@@ -1,12 +1,16 @@
 """Token views: the engine's ids as coloured HTML spans, for a turn, a chained row or a fork's two sides.
 
-Each token shows its own text, its mask (context / trained sample / sampled but not trained) as a colour
-and its sampled probability as the colour's intensity; special tokens, tool-call spans, turn boundaries
-and the first diverging token are marked. Pure functions returning HTML strings, offline from saved folders.
+Each token shows its own text, its mask (context / trained sample / sampled but not trained, per token: a
+completion its producer trained in part shows both colours) as a colour and its sampled probability as the
+colour's intensity; special tokens, tool-call spans, turn boundaries and the first diverging token are marked.
+Above the tokens, a **logprob ribbon**: one thin bar per sampled token, taller the less likely the engine found
+it, coloured by its mask, its hover title the exact logprob and token id. A row given its conversation's forks
+says where the next turn's prompt stopped extending it ("first mismatch at token N") and outlines that token.
+Pure functions returning HTML strings, offline from saved folders.
 
     from IPython.display import HTML
     HTML(render_turn(tokenizer, turn))            # one turn: its prompt, then what was sampled
-    HTML(render_row(tokenizer, row))              # a chained row with turn boundaries
+    HTML(render_row(tokenizer, row, forks=forks)) # a chained row with turn boundaries and its first mismatch
     HTML(render_drift(tokenizer, fork, turns))    # both sides of a fork, aligned at the divergence
     HTML(render_tokens(tokenizer, ids, mask=mask, logprobs=lps))   # any ids
     token_texts(tokenizer, ids)                   # each token's own text (for other views' tables)
@@ -22,7 +26,7 @@ from typing import Any, Sequence
 
 from workbench.turns import Tokenizer, decode_text, Fork, Row, Turn
 
-__all__ = ["STYLE", "token_texts", "render_tokens", "render_turn", "render_row", "render_drift"]
+__all__ = ["STYLE", "LEGEND", "token_texts", "render_tokens", "render_turn", "render_row", "row_fork", "render_drift"]
 
 STYLE = """<style>
 .wb-tokens{font-family:ui-monospace,Menlo,monospace;font-size:12px;line-height:1.9;white-space:pre-wrap;word-break:break-all}
@@ -36,16 +40,29 @@ STYLE = """<style>
 .wb-div{outline:2px solid #dc2626}
 .wb-skip{color:#888;font-style:italic}
 .wb-legend span{margin-right:10px}
+.wb-ribbon{display:flex;flex-wrap:wrap;align-items:flex-end;gap:1px;min-height:26px;margin:2px 0 4px}
+.wb-lp{display:inline-block;width:4px;border-radius:1px 1px 0 0}
+.wb-lp-train{background:#16a34a}.wb-lp-untrained{background:#ea890c}
+.wb-lp-gap{display:inline-block;width:8px}
+.wb-mismatch{color:#b91c1c;font-weight:600}.wb-nomismatch{color:#15803d}
 .wb-table{border-collapse:collapse;font-size:12px}.wb-table td,.wb-table th{border:1px solid #ddd;padding:2px 6px;vertical-align:top}
 </style>"""
+
+# A bar's height: 2 px for a certain token up to 24 px at 8 nats of surprise (probability e^-8 = 0.03%), rarer
+# tokens sharing the top so one -30 outlier does not flatten the rest. The square root spreads the common small
+# values: half the sampled tokens of the shipped captures sit under 0.36 nats (linear: 3 px, square root: 7 px).
+_RIBBON_CAP = 8.0
+_RIBBON_PX = (2, 24)
 
 _LEGEND = (
     '<div class="wb-legend"><span class="wb-tok wb-ctx">context (mask 0)</span>'
     '<span class="wb-tok wb-train" style="--a:0.6">trained sample (mask 1)</span>'
     '<span class="wb-tok wb-untrained" style="--a:0.6">sampled, not trained</span>'
     '<span class="wb-tok wb-special">special</span><span class="wb-tool">tool call</span>'
-    "<span>intensity = probability of the sampled token</span></div>"
+    "<span>intensity = probability of the sampled token</span>"
+    f"<span>ribbon: one bar per sampled token, taller = less likely (√−logprob, capped at {_RIBBON_CAP:g} nats)</span></div>"
 )
+LEGEND = _LEGEND
 
 
 def token_texts(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
@@ -70,12 +87,15 @@ def render_tokens(
     highlight: int | None = None,
     max_context: int | None = None,
     title: str = "",
+    note: str = "",
+    ribbon: bool = True,
 ) -> str:
     """Tokens as coloured spans: context / trained sample / untrained sample, logprob as intensity.
 
     `boundaries` are token positions where a new turn's context starts (drawn as a red bar);
     `highlight` outlines one position (e.g. the first diverging token). With `max_context`, runs of
     context longer than that are elided to their last `max_context` tokens (a note says how many).
+    `note` is a line of HTML under the title; `ribbon` draws the logprob ribbon over the sampled tokens.
     """
     ids = list(ids)
     mask = list(mask) if mask is not None else [0] * len(ids)
@@ -117,7 +137,7 @@ def render_tokens(
             cls.append("wb-div")
         alpha = 0.15 + 0.85 * math.exp(logprobs[i]) if sampled[i] else 1.0
         shown = html.escape(text).replace("\n", "↵\n") if text else "∅"
-        tip = f"#{i} id {tid}" + (f" · logprob {logprobs[i]:.4f}" if sampled[i] else "") + f" · mask {mask[i]}"
+        tip = f"#{i} id {tid}" + (f" · logprob {logprobs[i]!r}" if sampled[i] else "") + f" · mask {mask[i]}"
         parts.append(
             f'<span class="{" ".join(cls)}" style="--a:{alpha:.3f}" title="{tip}" data-i="{i}" '
             f'data-id="{tid}">{shown}</span>'
@@ -126,13 +146,41 @@ def render_tokens(
             in_tool = False
     if skipped:
         parts.append(f'<span class="wb-skip">[… {skipped} context tokens …]</span>')
-    head = f"<div><b>{html.escape(title)}</b></div>" if title else ""
-    return f'{STYLE}{head}{_LEGEND}<div class="wb-tokens">{"".join(parts)}</div>'
+    head = (f"<div><b>{html.escape(title)}</b></div>" if title else "") + (f"<div>{note}</div>" if note else "")
+    bars = _ribbon(ids, mask, sampled, logprobs) if ribbon else ""
+    return f'{STYLE}{head}{_LEGEND}{bars}<div class="wb-tokens">{"".join(parts)}</div>'
+
+
+def _ribbon(ids: Sequence[int], mask: Sequence[int], sampled: Sequence[int], logprobs: Sequence[float]) -> str:
+    """One bar per sampled token, in order; a gap where context (a tool result, the next prompt) came between."""
+    lo, hi = _RIBBON_PX
+    bars, last = [], None
+    for i, tid in enumerate(ids):
+        if not sampled[i]:
+            continue
+        if last is not None and i != last + 1:
+            bars.append('<span class="wb-lp-gap"></span>')
+        last = i
+        lp = float(logprobs[i])
+        surprise = min(-lp, _RIBBON_CAP) if math.isfinite(lp) else _RIBBON_CAP
+        px = lo + round((hi - lo) * math.sqrt(max(surprise, 0.0) / _RIBBON_CAP))
+        kind = "train" if mask[i] else "untrained"
+        prob = f"{math.exp(lp):.4f}" if math.isfinite(lp) else "0"
+        bars.append(
+            f'<span class="wb-lp wb-lp-{kind}" style="height:{px}px" data-i="{i}" data-lp="{lp!r}" '
+            f'title="#{i} id {tid} · logprob {lp!r} · p {prob} · mask {mask[i]}"></span>'
+        )
+    return f'<div class="wb-ribbon" title="logprob ribbon">{"".join(bars)}</div>' if bars else ""
 
 
 def render_turn(tokenizer: Any, turn: Turn, *, max_context: int | None = None) -> str:
+    """One turn: its prompt (context), then its sampled tokens coloured by the turn's per-token mask."""
     n_p, n_o = len(turn.prompt_ids), len(turn.output_ids)
-    trained = "trained" if turn.trained else "not trained (no tool call)"
+    k = sum(turn.output_mask)
+    if turn.partial:
+        trained = f"partly trained ({k} of {n_o} sampled tokens, as its producer masked them)"
+    else:
+        trained = "trained" if turn.trained else "not trained"
     title = (
         f"turn {turn.index} (call {turn.call}): {n_p} prompt + {n_o} sampled tokens, {trained}, "
         f"finish {turn.finish_reason}, tools {turn.tool_calls or '-'}"
@@ -140,7 +188,7 @@ def render_turn(tokenizer: Any, turn: Turn, *, max_context: int | None = None) -
     return render_tokens(
         tokenizer,
         turn.prompt_ids + turn.output_ids,
-        mask=[0] * n_p + [int(turn.trained)] * n_o,
+        mask=turn.loss_mask,
         sampled=[0] * n_p + [1] * n_o,
         logprobs=[0.0] * n_p + list(turn.per_token_logps),
         max_context=max_context,
@@ -148,8 +196,25 @@ def render_turn(tokenizer: Any, turn: Turn, *, max_context: int | None = None) -
     )
 
 
-def render_row(tokenizer: Any, row: Row, *, max_context: int | None = None) -> str:
+def row_fork(row: Row, forks: Sequence[Fork]) -> Fork | None:
+    """The fork that ended `row`: where the turn after its last one stopped extending it (None: nothing did)."""
+    return next((f for f in forks if f.prev_turn == row.turns[-1]), None)
+
+
+def render_row(tokenizer: Any, row: Row, *, forks: Sequence[Fork] | None = None, max_context: int | None = None) -> str:
+    """A chained row, turn boundaries as red bars. Given the conversation's `forks` (`build_rows`' second
+    result), it says where the next turn's prompt first differed from this row and outlines that token."""
     title = f"row of turns {row.turns}: {len(row.input_ids)} tokens, {row.n_trained} trained"
+    fork = row_fork(row, forks) if forks is not None else None
+    note = ""
+    if fork is not None:
+        note = (
+            f'<span class="wb-mismatch" data-mismatch="{fork.index}">first mismatch at token {fork.index}</span>: '
+            f"turn {fork.turn}'s prompt stops extending this row there (cause {html.escape(fork.cause)}), "
+            "so it starts a new row"
+        )
+    elif forks is not None:
+        note = '<span class="wb-nomismatch">no mismatch</span>: no later turn diverged from this row'
     return render_tokens(
         tokenizer,
         row.input_ids,
@@ -157,8 +222,10 @@ def render_row(tokenizer: Any, row: Row, *, max_context: int | None = None) -> s
         sampled=row.sampled,
         logprobs=row.logprobs,
         boundaries=[s[0] for s in row.spans],
+        highlight=fork.index if fork is not None else None,
         max_context=max_context,
         title=title,
+        note=note,
     )
 
 
@@ -184,7 +251,13 @@ def render_drift(tokenizer: Any, fork: Fork, turns: Sequence[Turn], *, window: i
         sides.append(
             f"<tr><th>{html.escape(name)}</th><td>"
             + render_tokens(
-                tokenizer, seg, mask=[0] * len(seg), sampled=sampled, logprobs=lps, highlight=fork.index - lo
+                tokenizer,
+                seg,
+                mask=[0] * len(seg),
+                sampled=sampled,
+                logprobs=lps,
+                highlight=fork.index - lo,
+                ribbon=False,
             )
             .replace(STYLE, "")
             .replace(_LEGEND, "")
