@@ -19,7 +19,7 @@ import pytest
 
 from workbench.cli.notebooks import NotebookError, check_parameters
 from workbench.turns import TraceError, analyse, load_sources, load_trace, sniff, tokenizer_for_rollout
-from workbench.views import load_run, render_row, render_run, render_turn
+from workbench.views import STYLE, load_run, render_row, render_run, render_turn
 
 DATA = Path(__file__).resolve().parents[1] / "workbench" / "data"
 ROLLOUTS, TRACES = DATA / "rollouts", DATA / "traces"
@@ -42,6 +42,9 @@ def entries() -> list[dict]:
 def _captures(root: Path, entries: list[dict]) -> Path:
     """A folder with one trace of each format, two bad files and a JSON file that is no trace."""
     shutil.copytree(ROLLOUTS / "smollm2-fork-bpe", root / "ours" / "fork-bpe")
+    shutil.copytree(ROLLOUTS / "smollm2-easy", root / "ours" / "damaged")
+    trace = root / "ours" / "damaged" / "trace.json"
+    trace.write_text(trace.read_text()[:-200])  # cut short, as a killed writer leaves it
     (root / "openenv").mkdir()
     shutil.copy(TRACES / "openenv-fork-invalid.json", root / "openenv" / "fork-invalid.json")
     (root / "openenv" / "entries.json").write_text(json.dumps(entries))
@@ -63,7 +66,8 @@ def test_the_three_formats_load_and_a_bad_file_hides_nothing(tmp_path, entries):
         "openenv/fork-invalid": "openenv-trace",
     }
     skipped = {p.name: why for p, why in found.skipped}
-    assert set(skipped) == {"truncated.json", "short-mask.json"}
+    assert set(skipped) == {"trace.json", "truncated.json", "short-mask.json"}
+    assert skipped["trace.json"].startswith(f"{root / 'ours' / 'damaged' / 'trace.json'}: not valid JSON")
     assert str(root / "openenv" / "truncated.json") in skipped["truncated.json"]
     assert "not valid JSON" in skipped["truncated.json"]
     assert "turns[1]" in skipped["short-mask.json"] and "loss_mask" in skipped["short-mask.json"]
@@ -177,9 +181,17 @@ def test_the_run_page_is_one_self_contained_document(tmp_path):
     shutil.copytree(ROLLOUTS / "smollm2-easy", run / "rollouts" / "easy")
     shutil.copy(TRACES / "openenv-fork-invalid.json", run / "fork-invalid.json")
     (run / "broken.json").write_text('{"schema_version": 1, "turns": [')
+    nameless = json.loads((TRACES / "openenv-fork-bpe.json").read_text())
+    for t in nameless["turns"]:
+        del t["metadata"]["model"]
+    (run / "nameless.json").write_text(json.dumps(nameless))
     pages, skipped = load_run(run, tmp_path / "work")
+    assert {p.name for p, _ in skipped} == {"broken.json", "nameless.json"}
+    assert "naming the model" in dict((p.name, why) for p, why in skipped)["nameless.json"]
+    # told which tokenizer decodes it, the same trace renders
+    assert len(load_run(run / "nameless.json", tmp_path / "work2", model="smollm2")[0]) == 1
     page = render_run(pages, title="a run", skipped=skipped)
-    assert page.startswith("<!doctype html>") and page.count("<style>") == 2  # the page's and the tokens', once
+    assert page.startswith("<!doctype html>") and page.count(STYLE) == 1  # the tokens' stylesheet, once
     assert not re.search(r"<script|<link|\b(src|href)=", page), "the page must need nothing beside it"
     assert [p.source.name for p in pages] == ["rollouts/easy", "fork-invalid"]
     assert page.count('<details class="wb-rollout"') == 2 and "broken.json</b>: " in page

@@ -29,12 +29,14 @@ __all__ = ["RolloutPage", "load_run", "render_run", "save_run_html"]
 # summary.json fields worth a column on the run's overview (the rest are in each rollout's own table)
 _OVERVIEW = ("task_id", "harness", "model", "status", "reward")
 
-_PAGE_STYLE = """<style>
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:16px 24px;color:#111}
-h1{font-size:20px}h2{font-size:16px;display:inline}h3{font-size:14px;margin:14px 0 4px}
-details.wb-rollout{border-top:2px solid #ddd;padding:8px 0}
-.wb-view{margin:6px 0 14px}
-.wb-skipped{color:#b91c1c}
+_PAGE_STYLE = "<style>body{margin:16px 24px;color:#111}</style>"  # the whole page only: a notebook keeps its own
+# scoped to the run's own block, so the same rules hold in a notebook's output
+_RUN_STYLE = """<style>
+.wb-run{font-family:system-ui,-apple-system,Segoe UI,sans-serif}
+.wb-run h1{font-size:20px}.wb-run h2{font-size:16px;display:inline}.wb-run h3{font-size:14px;margin:14px 0 4px}
+.wb-run details.wb-rollout{border-top:2px solid #ddd;padding:8px 0}
+.wb-run .wb-view{margin:6px 0 14px}
+.wb-run .wb-skipped{color:#b91c1c}
 </style>"""
 
 
@@ -141,12 +143,13 @@ def render_run(
 ) -> str:
     """The run as HTML: an overview table, what was skipped and why, then each rollout's summary, turns, rows (first
     mismatch marked) and forks. `document` gives a whole page (<!doctype html> ...), else a fragment for a notebook."""
-    body = [f"<h1>{html.escape(title)}</h1>", STYLE, LEGEND]
+    body = [STYLE, _RUN_STYLE, f'<div class="wb-run"><h1>{html.escape(title)}</h1>', LEGEND]
     body.append(_table([_overview(p) for p in pages]) if pages else "<p><i>no rollout could be read</i></p>")
     if skipped:
         items = "".join(f"<li><b>{html.escape(str(p))}</b>: {html.escape(why)}</li>" for p, why in skipped)
         body.append(f'<div class="wb-skipped">skipped {len(skipped)}:<ul>{items}</ul></div>')
     body += [_section(n, p, max_context) for n, p in enumerate(pages)]
+    body.append("</div>")
     if not document:  # the charset keeps a fragment saved alone (a notebook's figures/*.html) readable: ↵, ∅
         return '<meta charset="utf-8">' + "".join(body)
     return (
