@@ -20,8 +20,8 @@ status (``warn`` counts as a pass). The checks, after OpenEnv's ``harbor_env`` f
   proxy each path records the ids of exactly the text the harness received (``/detokenize``).
 - ``chaining``: the chain rate and the fork causes (a fork is a new row, never a rewritten token).
 - ``harness_log``: the harness's own record of tool calls vs the captured completions' (``match`` /
-  ``MISMATCH`` / ``none``): a tool the harness ran that no captured completion asked for is a call that escaped
-  the capture (broken).
+  ``MISMATCH`` / ``none``): more tool runs than captured requests means calls escaped the capture (broken); the
+  same count under other names (opencode's ``invalid`` for a malformed call) is a warning.
 - ``degenerate``: rollouts that made one model call for the whole task (OpenEnv's ``degenerate_rollout``: warn).
 - ``trainable``: tokens the default turn policy trains (none: warn; a policy needs tool calls to reinforce).
 
@@ -257,8 +257,12 @@ def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[
 
 
 def _harness_log(rollout_dirs: list[Path]) -> Check:
+    """The harness's own tool-call record vs the captured completions'. More tool runs than captured requests means
+    calls escaped the capture (broken); the same count under other names is the harness renaming what it ran
+    (opencode runs a malformed call as its tool ``invalid``): MISMATCH, a warning with both records."""
     per: dict[str, str] = {}
-    escaped: dict[str, dict[str, int]] = {}
+    escaped: dict[str, dict[str, Any]] = {}
+    renamed: dict[str, dict[str, Any]] = {}
     for d in rollout_dirs:
         s = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
         said, seen = s.get("harness_tool_calls") or {}, s.get("tool_calls") or {}
@@ -266,17 +270,19 @@ def _harness_log(rollout_dirs: list[Path]) -> Check:
             per[d.name] = "none"
             continue
         per[d.name] = "match" if said == seen else "MISMATCH"
-        more = {k: n - seen.get(k, 0) for k, n in said.items() if n > seen.get(k, 0)}
-        if more:
-            escaped[d.name] = more
+        if sum(said.values()) > sum(seen.values()):
+            escaped[d.name] = {"harness": said, "captured": seen}
+        elif said != seen:
+            renamed[d.name] = {"harness": said, "captured": seen}
     counts = Counter(per.values())
     status: Status = "broken" if escaped else ("warn" if counts["MISMATCH"] else "pass")
     return Check(
         "harness_log",
         status,
         f"match {counts['match']}, MISMATCH {counts['MISMATCH']}, none {counts['none']}"
-        + (f"; tools the harness ran that no captured completion asked for: {escaped}" if escaped else ""),
-        {"per_rollout": per, "escaped": escaped},
+        + (f"; the harness ran more tools than captured completions asked for: {escaped}" if escaped else "")
+        + (f"; same count, other names: {renamed}" if renamed else ""),
+        {"per_rollout": per, "escaped": escaped, "renamed": renamed},
     )
 
 
@@ -285,7 +291,9 @@ def _probe_engine(engine: Engine) -> dict[str, Any]:
     gaps = {}
     pairing = {"tokens": 0, "paired": 0}
     for t in (1.0, 2.0):
-        reply = engine.chat(_PROBE, max_tokens=8, temperature=t, top_logprobs=2, seed=0)
+        # vLLM lists the sampled token first among the top logprobs even when it is not in the top k (seen at T=2 with
+        # SmolLM2): ask for 5 and take the two largest, which are then the true top 2.
+        reply = engine.chat(_PROBE, max_tokens=8, temperature=t, top_logprobs=5, seed=0)
         choice = reply["choices"][0]
         content = (choice.get("logprobs") or {}).get("content") or []
         ids = choice.get("token_ids") or []
@@ -349,16 +357,21 @@ def _probe_stream(engine: Engine, client: Any, harness: str) -> dict[str, Any]:
     ]
     first = next((i for i, (x, y) in enumerate(zip(plain, streamed)) if x != y), None)
     engine_equal = plain == streamed and bool(plain)
-    proxy_equal = len(decoded) == 2 and decoded == texts
+    # A trailing partial UTF-8 character: /detokenize of the whole list shows it as U+FFFD, the engine's incremental
+    # detokenizer may hold it back; not a difference in the ids. Any other difference keeps both texts as evidence.
+    same = [d is not None and d.rstrip("\ufffd") == t.rstrip("\ufffd") for d, t in zip(decoded, texts)]
+    proxy_equal = len(decoded) == 2 and all(same)
     return {
         "equal": engine_equal and proxy_equal,
         "engine_same_seed_equal": engine_equal,
         "first_difference": first if first is not None or engine_equal else min(len(plain), len(streamed)),
         "engine_tokens": [len(plain), len(streamed)],
-        "proxy_recorded_is_what_was_sent": {
-            "non_streamed": decoded[:1] == texts[:1],
-            "streamed": decoded[1:] == texts[1:],
-        },
+        "proxy_recorded_is_what_was_sent": {"non_streamed": same[:1] == [True], "streamed": same[1:] == [True]},
+        "proxy_differences": [
+            {"path": path, "decoded": (d or "")[:200], "sent": t[:200]}
+            for path, d, t, ok in zip(("non_streamed", "streamed"), decoded, texts, same)
+            if not ok
+        ],
     }
 
 
