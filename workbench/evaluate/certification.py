@@ -400,7 +400,13 @@ def certify(
     )
     t0 = time.monotonic()
     with local_stack(config.model, engine=engine) as (eng, _, client):
-        cell = run_matrix(matrix, run_dir=run.path / "matrix", engines={config.model: eng}, progress=progress)
+        cell = run_matrix(
+            matrix,
+            run_dir=run.path / "matrix",
+            engines={config.model: eng},
+            progress=progress,
+            refuse_broken_pairs=False,
+        )
         probes = {**_probe_engine(eng), "stream": _probe_stream(eng, client, config.harness)}
     dirs = [Path(r["dir"]) for r in cell.rollouts]
     checks = grade(dirs, cell.rollouts, probes)

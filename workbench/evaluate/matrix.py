@@ -247,13 +247,15 @@ def run_matrix(
     run_dir: Path | None = None,
     engines: dict[str, Engine] | None = None,
     progress: bool = True,
+    refuse_broken_pairs: bool = True,
 ) -> MatrixResult:
-    """Run every cell, write matrix.json / matrix.md / matrix.html into the run folder."""
+    """Run every cell, write matrix.json / matrix.md / matrix.html into the run folder. A pair certified broken is
+    refused first (`workbench.harnesses.refuse_broken`), unless `refuse_broken_pairs` is off: certify re-runs one."""
     from transformers import AutoTokenizer
 
     for h in config.harnesses:
         get_harness(h)  # an unknown name fails before any engine starts
-        for m in config.models:
+        for m in config.models if refuse_broken_pairs else ():
             refuse_broken(h, m)  # so does a pair certified broken (workbench certify)
     if config.n < 1:
         raise ValueError("n must be at least 1")
