@@ -10,6 +10,7 @@ the per-row bf16 path's own error (the bf16 floor, measured in the same test), w
 
 from __future__ import annotations
 
+import copy
 import pytest
 import torch
 import torch.nn.functional as F
@@ -89,21 +90,21 @@ def test_flex_logprobs_and_entropies_equal_trls_per_row(tiny):  # noqa: F811
 # -- CUDA: the compiled forward and backward against the per-row path --------------------------------------------
 
 
-def lora_model(device: str, dtype: torch.dtype) -> torch.nn.Module:
-    """A small random Qwen2 (GQA 4:2, qkv bias, tied head) with LoRA r=8 on every linear layer, seed 0."""
+SMALL = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
+
+
+def lora_model(device: str, dtype: torch.dtype, **shape: int) -> torch.nn.Module:
+    """A random Qwen2 (SMALL unless `shape`; GQA, qkv bias, tied head), LoRA on every linear layer, seed 0.
+    benchmarks/gpu_group_step.py measures the bf16 floor with these helpers at the Qwen2.5-0.5B shape."""
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **({"num_attention_heads": 4, "num_key_value_heads": 2} | SMALL | shape),
         tie_word_embeddings=True,
         use_cache=False,
     )
     model = AutoModelForCausalLM.from_config(config, attn_implementation=group_pack.ATTENTION, dtype=dtype)
-    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj"])
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=targets)
     model = get_peft_model(model, lora).to(device)
     for name, p in model.named_parameters():  # LoRA B is 0 at init: A would get no gradient
         if "lora_B" in name:
@@ -111,11 +112,13 @@ def lora_model(device: str, dtype: torch.dtype) -> torch.nn.Module:
     return model
 
 
-def group_batch(G: int, prefix: int, device: str) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+def group_batch(
+    G: int, prefix: int, device: str, tail: tuple[int, int] = (40, 300), vocab: int = 512
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
     """G rows of one shared prompt and private tails of different lengths: TRL's right-padded (B, P + K)."""
     g = torch.Generator().manual_seed(G)
-    shared = torch.randint(0, 512, (prefix,), generator=g)
-    tails = [torch.randint(0, 512, (int(m),), generator=g) for m in torch.randint(40, 300, (G,), generator=g)]
+    shared = torch.randint(0, vocab, (prefix,), generator=g)
+    tails = [torch.randint(0, vocab, (int(m),), generator=g) for m in torch.randint(*tail, (G,), generator=g)]
     K = max(len(t) for t in tails)
     ids = torch.zeros(G, prefix + K, dtype=torch.long)
     am = torch.zeros_like(ids)
@@ -172,7 +175,7 @@ def test_cuda_flex_loss_and_lora_gradients_equal_the_per_row_path():
 
     torch.backends.cuda.matmul.allow_tf32 = False
     fp32 = lora_model("cuda", torch.float32)
-    bf16 = lora_model("cuda", torch.bfloat16)
+    bf16 = copy.deepcopy(fp32).to(torch.bfloat16)  # the same weights, rounded
     errors = []
     for G, prefix in ((8, 700), (5, 1100), (16, 400)):  # three pack lengths: dynamic shapes, one compiled graph
         args = group_batch(G, prefix, "cuda")

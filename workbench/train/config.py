@@ -71,8 +71,11 @@ class TrainConfig:
         shared_prefix: compute a group's shared prefix (system prompt, tools, few-shot turns, task:
             ~2.8k of ~3.1k tokens per row) once in the forward and the backward, exactly
             (`workbench.train.group_step`). ``auto``: on for the CPU trainer (14.2x with reuse_logps, see
-            benchmarks/trainer_step.py), off on CUDA, where its packed attention with a dense mask
-            measured 4.6x slower than TRL's per-row step on the H200 (benchmarks/gpu_trl_step.py).
+            benchmarks/trainer_step.py, blockwise SDPA) and on CUDA with Triton, where the packed attention is
+            one compiled FlexAttention call with a block mask: on the H200, 4.19x TRL's own step at 0.23x its
+            memory for 8 opencode-shaped rows sharing 7,000 tokens, 7.94x at 0.14x for 16, and 1.00x at 0.84x
+            on section 8's 4 x 16k rows sharing 4k (benchmarks/gpu_group_step.py, benchmarks/README.md
+            section 8b). Its dense-mask SDPA had measured 0.22x there (section 8).
         reuse_logps: take the importance-sampling ratio from the loss pass instead of TRL's extra
             no-grad forward (the weights are the same in both with one iteration per generation).
         activation_checkpointing: recomputes every layer in the backward (TRL's default, kept by the

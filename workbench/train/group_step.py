@@ -13,8 +13,8 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    predicts exactly one next token: the first completion token of every row is predicted from its own copy
    of the last prefix position. A segment attends to the shared tokens and causally to itself (a "tree"
    mask), computed blockwise on the CPU: causal SDPA over the shared block, masked SDPA of the segments against
-   all keys; on CUDA as one compiled FlexAttention call with a BlockMask (`attention="auto"`; benchmarks/README.md
-   section 8b: the dense mask's SDPA was 0.22x TRL's step there). The gradient is exact: a shared position's logprob is one tensor element gathered into every
+   all keys; on CUDA as one compiled FlexAttention call with a BlockMask (`attention="auto"`: 4.19x TRL's step at
+   0.23x its memory on 8 opencode-shaped rows, benchmarks/README.md section 8b). The gradient is exact: a shared position's logprob is one tensor element gathered into every
    row that scores it, so autograd sums every row's advantage-weighted gradient into the shared activations.
    Works with TRL's fused LM head (`shift_labels`) and with activation checkpointing (the layout travels as
    a forward kwarg, so the checkpoint replay sees it). The layout and the attention: `workbench.train.group_pack`.
