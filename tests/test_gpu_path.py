@@ -56,7 +56,7 @@ def test_device_cpu_is_todays_behaviour(tmp_path):
     assert isinstance(trainer.vllm_generation, MergedSync) and trainer.use_vllm
     assert trainer.args.gradient_checkpointing == TrainConfig().activation_checkpointing is False  # our default
     baseline = GRPORun(TrainConfig.baseline(device="cpu"), run_dir=tmp_path / "b")._build_trainer(asset.path)
-    assert trainer.group_step.shared_prefix  # shared_prefix auto: on for the CPU trainer (off on CUDA)
+    assert trainer.group_step.shared_prefix  # shared_prefix auto: on for the CPU trainer (and CUDA with Triton)
     assert baseline.args.gradient_checkpointing  # TRL's default, kept by the baseline
     assert isinstance(baseline.vllm_generation, LoraSync)  # as is the adapter served through vLLM's LoRA layers
 
