@@ -132,30 +132,7 @@ def write_opencode_recording(
         for k in range(turns):
             start, stop = bounds[k], bounds[k] + max(1, round((bounds[k + 1] - bounds[k]) * 0.4))
             stop = bounds[k + 1] if k == turns - 1 else stop  # the last output runs to the end of the row
-            tool = k < turns - 1
-            message = {
-                "role": "assistant",
-                "content": None if tool else "done",
-                "tool_calls": [{"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]
-                if tool
-                else [],
-            }
-            calls.append(
-                {
-                    "purpose": "agent",
-                    "status": "ok",
-                    "model": "bench",
-                    "turn": k,
-                    "node_id": f"r{r}-{k}",
-                    "prompt_token_ids": ids[:start],
-                    "completion_token_ids": ids[start:stop],
-                    "per_token_logps": lps[start - 1 : stop - 1],
-                    "finish_reason": "tool_calls" if tool else "stop",
-                    "request": {"messages": []},
-                    "response": {"choices": [{"message": message}]},
-                    "sampling_params": {"temperature": trl_step.TEMPERATURE},
-                }
-            )
+            calls.append(trl_step.bench_call(r, k, k < turns - 1, ids, lps, start, stop))
             sampled += stop - start
             pos = stop
         assert pos == len(ids)

@@ -154,6 +154,32 @@ def own_logprobs(model: Any, ids: list[int], device: torch.device) -> list[float
     return torch.cat(out).tolist()
 
 
+def bench_call(r: int, k: int, tool: bool, ids: list[int], lps: list[float], start: int, stop: int) -> dict[str, Any]:
+    """Call k of rollout r as the proxy records it: the prompt ids[:start], the output ids[start:stop] with their
+    logprobs (`own_logprobs`' index t-1), a bash tool call unless it is the last (`tool`)."""
+    message = {
+        "role": "assistant",
+        "content": None if tool else "done",
+        "tool_calls": [{"id": f"call_{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]
+        if tool
+        else [],
+    }
+    return {
+        "purpose": "agent",
+        "status": "ok",
+        "model": "bench",
+        "turn": k,
+        "node_id": f"r{r}-{k}",
+        "prompt_token_ids": ids[:start],
+        "completion_token_ids": ids[start:stop],
+        "per_token_logps": lps[start - 1 : stop - 1],
+        "finish_reason": "tool_calls" if tool else "stop",
+        "request": {"messages": []},
+        "response": {"choices": [{"message": message}]},
+        "sampling_params": {"temperature": TEMPERATURE},
+    }
+
+
 def write_recording(root: Path, model: Any, seq_len: int, group: int, device: torch.device) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, TOKEN_LIMIT, (seq_len // 4,), generator=g).tolist()
@@ -163,30 +189,7 @@ def write_recording(root: Path, model: Any, seq_len: int, group: int, device: to
         lps = own_logprobs(model, ids, device)
         calls = []
         for k, (start, stop) in enumerate(spans):
-            tool = k < TURNS - 1
-            message = {
-                "role": "assistant",
-                "content": None if tool else "done",
-                "tool_calls": [{"id": f"call_{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]
-                if tool
-                else [],
-            }
-            calls.append(
-                {
-                    "purpose": "agent",
-                    "status": "ok",
-                    "model": "bench",
-                    "turn": k,
-                    "node_id": f"r{r}-{k}",
-                    "prompt_token_ids": ids[:start],
-                    "completion_token_ids": ids[start:stop],
-                    "per_token_logps": lps[start - 1 : stop - 1],
-                    "finish_reason": "tool_calls" if tool else "stop",
-                    "request": {"messages": []},
-                    "response": {"choices": [{"message": message}]},
-                    "sampling_params": {"temperature": TEMPERATURE},
-                }
-            )
+            calls.append(bench_call(r, k, k < TURNS - 1, ids, lps, start, stop))
             sampled += stop - start
         folder = root / f"{r:02d}-easy-0"
         folder.mkdir(parents=True)
