@@ -182,6 +182,12 @@ def test_the_commands_export_and_import(tmp_path):
         "rollouts__smollm2-easy.json",
         "rollouts__smollm2-fork-bpe.json",
     ]
+    again = subprocess.run(
+        [*cmd, "export", str(run), "--format", "openenv-trace", "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 1 and "would replace" in again.stderr  # an earlier export is never overwritten
     done = subprocess.run(
         [*cmd, "import", "--format", "openenv-trace", str(tmp_path / "x"), "--out", str(tmp_path / "y")],
         capture_output=True,

@@ -30,17 +30,29 @@ def _rollout_dirs(root: Path) -> list[Path]:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from workbench.turns import export_rollout, mask_policy
+    import json
+
+    from workbench.turns import load_trace, mask_policy, training_trace, validate_training_trace
 
     root, out = Path(args.path), Path(args.out)
     policy = mask_policy(args.train_turns)
-    dirs = _rollout_dirs(root)
-    for d in dirs:
+    docs: list[tuple[Path, Path, dict]] = []
+    for d in _rollout_dirs(root):  # every rollout checked by OpenEnv's validator before any file is written
         name = d.name if d == root else "__".join(d.relative_to(root).parts)
-        doc = export_rollout(d, out / f"{name}.json", policy)
+        summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else None
+        doc = validate_training_trace(training_trace(load_trace(d / "trace.json"), policy, summary), str(d))
+        docs.append((d, out / f"{name}.json", doc))
+    taken = [str(target) for _, target, _ in docs if target.exists()]
+    if taken:
+        raise ValueError(
+            f"export: would replace {', '.join(taken[:3])}{' ...' if len(taken) > 3 else ''}: another --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    for d, target, doc in docs:
+        target.write_text(json.dumps(doc))
         trained = sum(sum(t["loss_mask"]) for t in doc["turns"])
-        print(f"{d} -> {out / (name + '.json')}: {len(doc['turns'])} turns, {trained} trained tokens")
-    print(f"{len(dirs)} training trace(s) in OpenEnv's schema (validated by openenv {_openenv_version()}) in {out}")
+        print(f"{d} -> {target}: {len(doc['turns'])} turns, {trained} trained tokens")
+    print(f"{len(docs)} training trace(s) in OpenEnv's schema (validated by openenv {_openenv_version()}) in {out}")
     return 0
 
 
