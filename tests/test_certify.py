@@ -163,9 +163,9 @@ def test_certify_one_real_pair(engine, tmp_path, monkeypatch):
 
 
 def test_a_held_back_partial_character_is_no_difference():
-    from workbench.evaluate.certification import _same_text
+    from workbench.evaluate.certify_probes import same_text
 
-    assert _same_text("abc naiveswift \ufffd", "abc naiveswift")  # the engine held back a partial last token
-    assert _same_text("abc", "abc") and not _same_text(None, "abc")
-    assert not _same_text("abc naiveswift", "abc naive")  # a real difference
-    assert not _same_text("abX \ufffd", "abc")
+    assert same_text("abc naiveswift \ufffd", "abc naiveswift")  # the engine held back a partial last token
+    assert same_text("abc", "abc") and not same_text(None, "abc")
+    assert not same_text("abc naiveswift", "abc naive")  # a real difference
+    assert not same_text("abX \ufffd", "abc")
