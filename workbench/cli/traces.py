@@ -32,16 +32,14 @@ def _rollout_dirs(root: Path) -> list[Path]:
 def _cmd_export(args: argparse.Namespace) -> int:
     import json
 
-    from workbench.turns import load_trace, mask_policy, training_trace, validate_training_trace
+    from workbench.turns import mask_policy, rollout_training_trace
 
     root, out = Path(args.path), Path(args.out)
     policy = mask_policy(args.train_turns)
     docs: list[tuple[Path, Path, dict]] = []
     for d in _rollout_dirs(root):  # every rollout checked by OpenEnv's validator before any file is written
         name = d.name if d == root else "__".join(d.relative_to(root).parts)
-        summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else None
-        doc = validate_training_trace(training_trace(load_trace(d / "trace.json"), policy, summary), str(d))
-        docs.append((d, out / f"{name}.json", doc))
+        docs.append((d, out / f"{name}.json", rollout_training_trace(d, policy)))
     taken = [str(target) for _, target, _ in docs if target.exists()]
     if taken:
         raise ValueError(

@@ -40,6 +40,7 @@ __all__ = [
     "Turn",
     "FORMATS",
     "export_rollout",
+    "rollout_training_trace",
     "import_trace",
     "read_trace",
     "training_trace",
@@ -78,6 +79,7 @@ __getattr__, __dir__ = face(
         "Turn": "trace",
         "FORMATS": "interop",
         "export_rollout": "interop",
+        "rollout_training_trace": "interop",
         "import_trace": "interop",
         "read_trace": "interop",
         "training_trace": "interop",
@@ -98,7 +100,8 @@ if TYPE_CHECKING:
     from workbench.turns.tokenizer import rollout_model, tokenizer_for_rollout
     from workbench.turns.trace import derive_turns, has_tool_call, load_trace, load_turns, MaskPolicy, output_mask
     from workbench.turns.trace import TraceError, Turn, all_turns, mask_policy
-    from workbench.turns.interop import FORMATS, export_rollout, import_trace, read_trace, training_trace
+    from workbench.turns.interop import FORMATS, export_rollout, import_trace, read_trace, rollout_training_trace
+    from workbench.turns.interop import training_trace
     from workbench.turns.interop import validate_training_trace
     from workbench.turns.sources import SOURCE_FORMATS, Source, Sources, load_sources, sniff
     from workbench.turns.derive import RolloutTurns

@@ -33,6 +33,7 @@ __all__ = [
     "training_trace",
     "validate_training_trace",
     "export_rollout",
+    "rollout_training_trace",
     "read_trace",
     "import_trace",
 ]
@@ -102,14 +103,18 @@ def validate_training_trace(doc: Any, where: str = "training trace") -> dict[str
     return trace.model_dump(mode="json")
 
 
-def export_rollout(rollout_dir: Path, out_file: Path, train_turn_fn: MaskPolicy = has_tool_call) -> dict[str, Any]:
-    """One rollout folder's training trace, validated by OpenEnv, written to `out_file`; returns the document."""
+def rollout_training_trace(rollout_dir: Path, train_turn_fn: MaskPolicy = has_tool_call) -> dict[str, Any]:
+    """One rollout folder's training trace (its summary's task, reward... in each turn's metadata), validated."""
     rollout_dir = Path(rollout_dir)
     summary_path = rollout_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
-    doc = validate_training_trace(
-        training_trace(load_trace(rollout_dir / "trace.json"), train_turn_fn, summary), str(rollout_dir)
-    )
+    calls = load_trace(rollout_dir / "trace.json")
+    return validate_training_trace(training_trace(calls, train_turn_fn, summary), str(rollout_dir))
+
+
+def export_rollout(rollout_dir: Path, out_file: Path, train_turn_fn: MaskPolicy = has_tool_call) -> dict[str, Any]:
+    """`rollout_training_trace` written to `out_file`; returns the document."""
+    doc = rollout_training_trace(rollout_dir, train_turn_fn)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_text(json.dumps(doc))
     return doc
