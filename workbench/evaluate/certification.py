@@ -14,7 +14,8 @@ status (``warn`` counts as a pass). The checks, after OpenEnv's ``harbor_env`` f
 - ``logprob_mode``: processed (after temperature) or raw logprobs, measured: the top-2 logprob gap of one
   position at T=2 over T=1 is 0.5 for processed logprobs, 1.0 for raw ones; raw ones give a wrong IS ratio.
 - ``full_vocab_sampling``: requested vs effective sampling parameters; the engine must have sampled the whole
-  vocabulary (top_p 1, top_k off, min_p 0), else the recorded logprobs are not the trainer's distribution.
+  vocabulary (OpenEnv's `truncating_params`: top_p 1, top_k off, min_p 0, no penalties), else the recorded
+  logprobs are not the trainer's distribution.
 - ``exact_prompt_ids``: each recorded prompt equals the engine's ``/tokenize`` of the recorded request.
 - ``stream_ids``: streamed vs non-streamed: the engine gives the same ids both ways for one seed, and through the
   proxy each path records the ids of exactly the text the harness received (``/detokenize``).
@@ -41,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from openenv.core.harness.capture.upstream import truncating_params
 
 from workbench.engine import Engine, local_stack
 from workbench.evaluate.certify_probes import host, probe_engine, probe_stream
@@ -107,14 +109,6 @@ def _level(call: dict[str, Any]) -> str:
     if ids and lps is not None and len(lps) == len(call["completion_token_ids"]):
         return "tokens"
     return "logprobs" if lps else "text"
-
-
-def _sampling_is_full_vocab(params: dict[str, Any]) -> bool:
-    return (
-        float(params.get("top_p", 1.0)) == 1.0
-        and int(params.get("top_k", -1)) in (-1, 0)
-        and float(params.get("min_p", 0.0)) == 0.0
-    )
 
 
 def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[str, Any]) -> list[Check]:
@@ -184,7 +178,7 @@ def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[
     )
     effective = [c.get("sampling_params") or {} for c in agent]
     requested = Counter(json.dumps(c.get("requested_sampling_params") or {}, sort_keys=True) for c in agent)
-    narrowed = sum(not _sampling_is_full_vocab(p) for p in effective)
+    narrowed = sum(bool(truncating_params(p)) for p in effective)  # OpenEnv's own test of a narrowed policy
     checks.append(
         Check(
             "full_vocab_sampling",
