@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -134,3 +135,24 @@ def test_engine_routes_need_its_api_key(engine):
         == 401
     )
     assert engine.api_key and engine.api_key not in open(f"/proc/{engine.proc.pid}/cmdline").read()
+
+
+def test_prefix_cache_counters_count_a_repeated_prompt_as_hits(engine):
+    """vLLM's /metrics counters (stats on): a prompt sent twice is found in the prefix cache the second time, in
+    whole 16-token blocks; the engine's private TMPDIR (where merged weights go) is in RAM where there is a tmpfs,
+    and the engine was warmed up (its first logprob request) before it was handed over."""
+    before = engine.prefix_cache_counters()
+    assert before is not None
+    prompt = list(range(3000, 3400))  # 400 tokens, 25 blocks
+    for _ in range(2):
+        body = {"model": engine.served_name, "prompt": prompt, "max_tokens": 1}
+        assert (
+            httpx.post(f"{engine.url}/v1/completions", json=body, headers=engine.headers, timeout=60).status_code == 200
+        )
+    after = engine.prefix_cache_counters()
+    assert after is not None
+    queried, hit = after[0] - before[0], after[1] - before[1]
+    assert queried >= 2 * 400 - 2 and 384 <= hit < 400, (queried, hit)
+    if Path("/dev/shm").is_dir():
+        assert engine.tmp_dir is not None and engine.tmp_dir.parent == Path("/dev/shm")
+    assert engine.serves_asset_weights and engine.weights_folder() == engine.tmp_dir / "weights"

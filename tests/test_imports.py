@@ -72,7 +72,7 @@ PACKAGE = ROOT / "workbench"
 # The stages from the bottom up: a stage may import those on lower lines only (and the leaves); stages on one
 # line do not import each other. README's "The package" draws the same picture.
 LAYERS = [
-    {"_compat", "_lazy", "paths", "procs", "_watchdog"},  # leaves: every stage may use them
+    {"_compat", "_lazy", "paths", "procs", "_watchdog", "cpu"},  # leaves: every stage may use them
     {"runs"},  # a leaf too (a run folder), on paths
     {"tasks", "turns", "sandbox"},
     {"harnesses", "verify", "views"},

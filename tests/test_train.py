@@ -90,6 +90,7 @@ def test_advantages_and_loss_match_a_direct_computation(tmp_path, levers):
         temperature=0.7,
         learning_rate=1e-3,
         every_row=False,
+        precision="fp32",  # the exact mode: this test checks ratios of 1 to 1e-5 (`auto` is bf16 on BF16 hosts)
     )
     run = GRPORun(config, run_dir=tmp_path / "run")
     trainer = run._build_trainer(asset.path)
@@ -158,6 +159,7 @@ def test_two_step_run_syncs_the_policy_to_the_engine(engine, tmp_path):
         learning_rate=2e-2,
         max_output_tokens=24,
         train_turns="all",
+        precision="fp32",  # the exact mode: the logprob gap below is fp32's
     )
     with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
         run = GRPORun(config, run_dir=tmp_path / "run", engine=engine, client=proxy.client(), reward_fn=mean_logprob)

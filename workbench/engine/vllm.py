@@ -55,6 +55,12 @@ KV_TOKENS = 65536  # two groups of 8 rollouts of ~3.5k tokens, with room: what t
 TOOL_PARSER_PLUGIN = DATA / "vllm_plugins" / "json_tool_calls.py"
 
 
+def _ram_folder() -> str | None:
+    """/dev/shm when it is a writable folder (a tmpfs on Linux), else None (tempfile's default)."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
+
+
 class EngineError(RuntimeError):
     """The engine could not be started or answered badly."""
 
@@ -134,6 +140,9 @@ class Engine:
         # vLLM leaves ZMQ sockets and a vllm_dist_* folder in TMPDIR at every start (~210 of
         # them in /tmp after one session of tests and benchmarks): its TMPDIR is this folder, removed by stop()
         self.tmp_dir: Path | None = None
+        # True from start() until a reload from another folder than the asset's: what a weight sync may skip
+        # reloading (a fresh LoRA adapter, every B = 0, adds nothing to these weights)
+        self.serves_asset_weights = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -185,7 +194,8 @@ class Engine:
                 if c.lora
                 else []
             ),
-            "--disable-log-stats",
+            # Stats on: the prefix cache's hit counters (`prefix_cache_counters`) live there; a line in the log every
+            # 10 s while the engine works.
             *([] if c.prefix_caching else ["--no-enable-prefix-caching"]),
             *c.extra_args,
         ]
@@ -195,6 +205,11 @@ class Engine:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "VLLM_"))}
         env.update(
             VLLM_CACHE_ROOT=str(cache_dir() / "vllm"),
+            # vLLM compiles its sampler's logprob kernels with inductor even under --enforce-eager, at the first
+            # request that asks for logprobs: 20-25 s on 2 cores (py-spy: torch/_inductor codegen and its ISA probe).
+            # Inductor caches what it built under TMPDIR by default, which is this engine's private folder, removed
+            # at stop(): every engine paid it again. A persistent cache pays it once per machine.
+            TORCHINDUCTOR_CACHE_DIR=str(cache_dir() / "vllm" / "inductor"),
             HF_HOME=str(cache_dir() / "hf"),
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
@@ -239,7 +254,10 @@ class Engine:
         self.url = f"http://{self.config.host}:{self.config.port}"
         self.served_name = self.asset.served_name
         self.api_key = secrets.token_urlsafe(24)
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix="wb-vllm-"))
+        # In RAM where there is a tmpfs: merged weights are written here every step (`weights_folder`), 0.7-2.5 GB
+        # that a disk folder would have to write back (a 2.5 GB write took 8.5-9.3 s to the run folder's disk here,
+        # 3.7-4.6 s to /dev/shm, at load 2-3). Removed by stop(), or by the watchdog when this process dies.
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix="wb-vllm-", dir=_ram_folder()))
         env = {**self.environment(), "TMPDIR": str(self.tmp_dir)}
         with open(self.log_path, "wb") as log:
             # Own process group: stop() kills vLLM's engine-core child too. die_with_us: the group
@@ -256,10 +274,30 @@ class Engine:
             )
         try:
             self._wait_ready()
+            self._warm_up()
+            self.serves_asset_weights = True
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _warm_up(self) -> None:
+        """One request that asks for logprobs, as every captured call does: vLLM builds its logprob kernels at the
+        first such request (9.6 s with the inductor cache warm, 20.8 s cold, qwen-coder on one core), which would
+        otherwise land in the first rollout or the first weight-sync probe of a step."""
+        r = httpx.post(
+            f"{self.url}/v1/completions",
+            headers=self.headers,
+            timeout=self.config.startup_timeout_s,
+            json={"model": self.served_name, "prompt": [0, 1], "max_tokens": 1, "logprobs": 1, "prompt_logprobs": 0},
+        )
+        if r.status_code != 200:
+            raise EngineError(f"the engine's warm-up request answered {r.status_code}: {r.text[:300]}")
+
+    def weights_folder(self) -> Path | None:
+        """A private folder (in RAM where there is a tmpfs) for weights this engine is to reload, removed with the
+        engine; None for an engine started elsewhere, which cannot open it."""
+        return None if self.tmp_dir is None else self.tmp_dir / "weights"
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -304,6 +342,26 @@ class Engine:
             return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
+
+    def prefix_cache_counters(self) -> tuple[float, float] | None:
+        """(tokens looked up in the prefix cache, tokens found there) since the engine started: vLLM's
+        ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` counters from ``/metrics``, summed over its
+        engine cores. Two readings around a phase give its hit rate. None when the engine exposes neither (an
+        external server without metrics)."""
+        try:
+            r = httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10)
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            return None
+        totals = {"vllm:prefix_cache_queries_total": 0.0, "vllm:prefix_cache_hits_total": 0.0}
+        seen = False
+        for line in r.text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in totals:
+                totals[name] += float(line.rsplit(" ", 1)[1])
+                seen = True
+        return (totals["vllm:prefix_cache_queries_total"], totals["vllm:prefix_cache_hits_total"]) if seen else None
 
     def models(self) -> list[str]:
         r = httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=10)
@@ -368,6 +426,7 @@ class Engine:
                 "reload_weights needs the engine's development routes: start it with EngineConfig(dev_routes=True)"
             )
         t = time.monotonic()
+        self.serves_asset_weights = False  # until this reload is known to have loaded the asset's own weights
         r = httpx.post(
             f"{self.url}/collective_rpc",
             headers=self.headers,
@@ -379,6 +438,7 @@ class Engine:
         r = httpx.post(f"{self.url}/reset_prefix_cache", headers=self.headers, timeout=60)
         if r.status_code != 200:
             raise EngineError(f"resetting the prefix cache failed ({r.status_code}): {r.text[:300]}")
+        self.serves_asset_weights = self.asset is not None and Path(folder).resolve() == self.asset.path.resolve()
         return time.monotonic() - t
 
     @property

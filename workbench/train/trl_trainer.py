@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from workbench._compat import GRPO_LAST_LOADED_STEP, quiet_known_noise
+from workbench.train.config import resolve_precision
 from workbench.train.policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync
 
 if TYPE_CHECKING:
@@ -165,11 +166,12 @@ def build_trainer(
 
     # TrainConfig.shared_prefix says why: CPU blockwise SDPA 14.2x; CUDA FlexAttention 4.2x at G = 8 (benchmarks §8b)
     shared = cfg.shared_prefix == "on" or (cfg.shared_prefix == "auto" and (cpu or flex_attention_on(run.device)))
-    if shared or cfg.reuse_logps or (cpu and cfg.precision == "bf16") or cfg.every_row:
+    cpu_bf16 = cpu and resolve_precision(cfg, run.device) == "bf16"  # `auto`: bf16 where the cores have it
+    if shared or cfg.reuse_logps or cpu_bf16 or cfg.every_row:
         from workbench.train.group_step import install
 
         install(
-            trainer, shared_prefix=shared, reuse_logps=cfg.reuse_logps, bf16=cpu and cfg.precision == "bf16"
+            trainer, shared_prefix=shared, reuse_logps=cfg.reuse_logps, bf16=cpu_bf16
         )  # on CUDA, TRL's own bf16 autocast
 
     class _Metrics(TrainerCallback):
