@@ -2,6 +2,11 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/proxy_overhead.py            # c = 1, 8, 64; ~8 min
     .venv/bin/python benchmarks/proxy_overhead.py --concurrency 1 8 --calls 40 160   # a quicker look
+    # before/after in one run: the streamed proxy of another checkout (here HEAD) beside this one's, ~7 min
+    git worktree add --detach /tmp/wb-proxy-base HEAD
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/proxy_overhead.py --concurrency 1 --calls 200 \
+        --paths direct streamed --baseline /tmp/wb-proxy-base
+    git worktree remove /tmp/wb-proxy-base
 
 Three processes besides this one (the load generator, an aiohttp client): a fast scripted engine that
 speaks vLLM 0.32's dialect (streamed: a role chunk with ``prompt_token_ids``, one chunk per token with
@@ -13,6 +18,11 @@ the real opencode agent call shipped in ``workbench/data/rollouts/tiny-humaneval
 character system prompt, 9 tools), and the engine answers with that call's 7,097 prompt ids and its
 first ``--tokens`` sampled ids and logprobs. The engine is paced like a serving engine: the first token
 after ``--ttft-ms``, then one every ``--itl-ms`` (a GPU engine's decode step); it spends next to no CPU.
+
+``--paths`` picks some of them; ``--baseline DIR`` adds ``streamed-base``: the same streamed proxy served by
+this script with the ``workbench`` package of the checkout DIR (a commit to compare against), so that before and
+after are measured side by side in one run, under the same load. Each proxy process freezes its start-up
+objects (`CaptureProxy.freeze_startup_objects`) as ``workbench proxy`` does.
 
 Each path runs the same closed loop: ``c`` concurrent streams, each sending its next call when the last
 one ended, a new session key every 10 calls (a rollout's worth; keys minted outside the timed blocks), the
@@ -49,6 +59,7 @@ from run_file import host, new_run_file
 
 FIXTURE = ROOT / "workbench" / "data" / "rollouts" / "tiny-humaneval" / "trace.json"
 PATHS = ("direct", "openenv", "streamed")
+BASELINE = "streamed-base"  # --baseline: the streamed proxy of another checkout
 SESSION_CALLS = 10  # calls per session key: one rollout's worth
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
 
@@ -189,6 +200,7 @@ def serve_proxy(upstream: str, admin_key: str, stream_upstream: bool) -> None:
     from workbench.capture import CaptureProxy
 
     proxy = CaptureProxy(upstream, "tiny", admin_key=admin_key, stream_upstream=stream_upstream).start()
+    proxy.freeze_startup_objects()  # as `workbench proxy` does: this process hosts the proxy alone
     print(proxy.port, flush=True)
     try:
         sys.stdin.read()  # until the benchmark closes our stdin
@@ -202,12 +214,13 @@ def serve_proxy(upstream: str, admin_key: str, stream_upstream: bool) -> None:
 class Child:
     """A server process of this script; its first stdout line is its port. Stopped on close()."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, root: Path = ROOT) -> None:
+        """`root`: the checkout whose ``workbench`` package the process imports (this one unless --baseline)."""
         self.proc = subprocess.Popen(
             [sys.executable, __file__, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": str(root)},
             text=True,
         )
         line = self.proc.stdout.readline()
@@ -298,6 +311,17 @@ def _timed_block(
     return result
 
 
+def _checkout(root: Path) -> dict[str, Any]:
+    """Which code a proxy ran: the checkout, its commit, and whether its capture code had uncommitted changes."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+        return done.stdout.rstrip() if done.returncode == 0 else ""
+
+    changed = git("status", "--porcelain", "--", "workbench/capture")
+    return {"root": str(root), "commit": git("rev-parse", "HEAD").strip(), "capture_changed": changed.splitlines()}
+
+
 def _pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1] if len(values) > 1 else values[0]
 
@@ -305,6 +329,7 @@ def _pct(values: list[float], q: float) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from workbench.capture import ProxyClient
 
+    paths = tuple(args.paths) + ((BASELINE,) if args.baseline else ())
     body = _request_body()
     call_s = (args.ttft_ms + (args.tokens - 1) * args.itl_ms) / 1000  # one call's length at the engine
     engine = Child("--serve-engine", str(args.tokens), str(args.ttft_ms / 1000), str(args.itl_ms / 1000))
@@ -313,18 +338,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for c, calls in zip(args.concurrency, args.calls):
             per_stream = max(1, calls // c // args.rounds)
-            proxies = {
-                "openenv": Child("--serve-proxy", engine.url, admin, "0"),
-                "streamed": Child("--serve-proxy", engine.url, admin, "1"),
-            }
+            proxies = {}
+            if "openenv" in paths:
+                proxies["openenv"] = Child("--serve-proxy", engine.url, admin, "0")
+            if "streamed" in paths:
+                proxies["streamed"] = Child("--serve-proxy", engine.url, admin, "1")
+            if BASELINE in paths:
+                proxies[BASELINE] = Child("--serve-proxy", engine.url, admin, "1", root=args.baseline)
             clients = {name: ProxyClient(p.url, admin) for name, p in proxies.items()}
             servers = {"direct": engine, **proxies}
-            blocks: dict[str, list[dict[str, Any]]] = {p: [] for p in PATHS}
+            blocks: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
             try:
-                for path in PATHS:  # warm-up: connections, first-call imports
+                for path in paths:  # warm-up: connections, first-call imports
                     _timed_block(servers[path], clients.get(path), body, c, 2, call_s)
                 for r in range(args.rounds):
-                    order = PATHS[r % 3 :] + PATHS[: r % 3]
+                    k = r % len(paths)
+                    order = paths[k:] + paths[:k]
                     for path in order:
                         blocks[path].append(_timed_block(servers[path], clients.get(path), body, c, per_stream, call_s))
                         print(
@@ -358,7 +387,7 @@ def _summarise(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "server_cpu_ms_per_call": 1000 * sum(b["server_cpu_s"] for b in bs) / calls,
         }
     direct = out["direct"]
-    for path in ("openenv", "streamed"):
+    for path in (p for p in out if p != "direct"):
         o = out[path]
         o["added_ms"] = {q: o["latency_ms"][q] - direct["latency_ms"][q] for q in ("p50", "p99")}
         o["added_ttfc_ms"] = {q: o["ttfc_ms"][q] - direct["ttfc_ms"][q] for q in ("p50", "p99")}
@@ -384,9 +413,23 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="sampled tokens per call")
     parser.add_argument("--ttft-ms", type=float, default=50.0, help="the engine's time to first token")
     parser.add_argument("--itl-ms", type=float, default=20.0, help="the engine's time per further token")
+    parser.add_argument(
+        "--paths", nargs="+", choices=PATHS, default=list(PATHS), help="the paths to measure (direct always is)"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help=f"a checkout (e.g. a git worktree of the commit before a change) whose streamed proxy runs as "
+        f"'{BASELINE}' beside this one's, in the same run",
+    )
     args = parser.parse_args()
     if len(args.calls) != len(args.concurrency):
         parser.error("--calls needs one number per --concurrency")
+    args.paths = ["direct", *(p for p in PATHS[1:] if p in args.paths)]
+    if args.baseline is not None:
+        args.baseline = args.baseline.resolve()
+        if not (args.baseline / "workbench" / "capture" / "proxy.py").is_file():
+            parser.error(f"--baseline {args.baseline}: not a checkout of this project (no workbench/capture/proxy.py)")
 
     started = dt.datetime.now(dt.timezone.utc)
     load0 = os.getloadavg()[0]
@@ -411,28 +454,28 @@ def main() -> None:
             "request_bytes": len(_request_body()),
             "session_calls": SESSION_CALLS,
         },
+        "code": {"checkout": _checkout(ROOT), "baseline": _checkout(args.baseline) if args.baseline else None},
         **result,
     }
-    path = new_run_file("proxy_overhead")
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    out = new_run_file("proxy_overhead")
+    out.write_text(json.dumps(record, indent=1) + "\n")
 
     print(
-        f"\n{'c':>3} {'path':<9} {'calls':>5} {'p50 ms':>8} {'p99 ms':>8} {'+p50':>7} {'+p99':>7} "
+        f"\n{'c':>3} {'path':<13} {'calls':>5} {'p50 ms':>8} {'p99 ms':>8} {'+p50':>7} {'+p99':>7} "
         f"{'TTFC p50':>9} {'TTFC p99':>9} {'calls/s':>8} {'ratio':>6} {'CPU ms/call':>11}"
     )
     for level in result["levels"]:
-        for path in PATHS:
-            s = level["paths"][path]
+        for path, s in level["paths"].items():
             added = s.get("added_ms", {})
             print(
-                f"{level['concurrency']:>3} {path:<9} {s['calls']:>5} {s['latency_ms']['p50']:>8.1f} "
+                f"{level['concurrency']:>3} {path:<13} {s['calls']:>5} {s['latency_ms']['p50']:>8.1f} "
                 f"{s['latency_ms']['p99']:>8.1f} {added.get('p50', 0):>+7.1f} {added.get('p99', 0):>+7.1f} "
                 f"{s['ttfc_ms']['p50']:>9.1f} {s['ttfc_ms']['p99']:>9.1f} {s['calls_per_s']:>8.1f} "
                 f"{s.get('throughput_ratio', 1.0):>6.3f} {s['server_cpu_ms_per_call']:>11.2f}"
             )
     print(
         f"(CPU ms/call: the engine's for direct, the proxy's otherwise.) load average {machine['load_avg_1m']} "
-        f"on {machine['cpus']} CPUs; wrote {path}"
+        f"on {machine['cpus']} CPUs; wrote {out}"
     )
 
 

@@ -111,28 +111,40 @@ class _PromptCountingStream:
         return events
 
 
+class _Stripping:
+    """One dialect's transformer (`inner`), its requests stripped of `_DROPPED_REQUEST_KEYS`."""
+
+    def __init__(self, inner: Any, anthropic: bool) -> None:
+        self._inner, self._anthropic = inner, anthropic
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def transform_request(self, body: dict[str, Any]) -> dict[str, Any]:
+        for key in _DROPPED_REQUEST_KEYS:
+            body.pop(key, None)
+        return self._inner.transform_request(body)
+
+    def create_stream_state(self, original_request: dict[str, Any]) -> Any:
+        state = self._inner.create_stream_state(original_request)
+        return _PromptCountingStream(state) if self._anthropic and state is not None else state
+
+
 class _StrippingTransforms(TransformManager):
     """Dialect transformers whose requests lose the keys the engine must not see (and whose streamed
-    Anthropic replies say how long the prompt was: `_PromptCountingStream`)."""
+    Anthropic replies say how long the prompt was: `_PromptCountingStream`). One wrapper per dialect,
+    made once: a class made per call (as before) cost ~9 us and left a reference cycle per model call
+    for the garbage collector (benchmarks/README.md, proxy overhead)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._wrapped: dict[Any, _Stripping] = {}
 
     def get(self, api_type: Any) -> Any:  # api_type: OpenEnv's APIType
-        inner = super().get(api_type)
-        anthropic = api_type == APIType.ANTHROPIC
-
-        class _Stripping:
-            def __getattr__(self, name: str) -> Any:
-                return getattr(inner, name)
-
-            def transform_request(self, body: dict[str, Any]) -> dict[str, Any]:
-                for key in _DROPPED_REQUEST_KEYS:
-                    body.pop(key, None)
-                return inner.transform_request(body)
-
-            def create_stream_state(self, original_request: dict[str, Any]) -> Any:
-                state = inner.create_stream_state(original_request)
-                return _PromptCountingStream(state) if anthropic and state is not None else state
-
-        return _Stripping()
+        wrapped = self._wrapped.get(api_type)
+        if wrapped is None:  # OpenEnv's manager holds one transformer per dialect, made in its __init__
+            wrapped = self._wrapped[api_type] = _Stripping(super().get(api_type), api_type == APIType.ANTHROPIC)
+        return wrapped
 
 
 class _CheckedClient(InferenceClient):

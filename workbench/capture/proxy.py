@@ -54,6 +54,7 @@ from openenv.core.harness.capture.sessions import Session
 from starlette.types import Message, Receive, Scope, Send
 
 from workbench.harnesses import Classifier, Dialect, classify_call
+from workbench.capture import fastjson
 from workbench.capture.client import ProxyClient, ProxyError
 from workbench.capture.gate import DUPLICATE, body_problem, offered_key, route
 from workbench.capture.guard import ConnectionGuard, ConnectionLimits
@@ -87,16 +88,17 @@ async def _answer(send: Send, status: int, message: str, *, kind: str = "invalid
     await send({"type": "http.response.body", "body": body})
 
 
-def _parse(dialect: Dialect, messages: list[Message]) -> tuple[str | None, dict[str, Any]]:
-    """(problem, body) of a model call's body messages: problem None when it can be served."""
+def _parse(dialect: Dialect, messages: list[Message]) -> tuple[str | None, dict[str, Any], bool]:
+    """(problem, body, fast) of a model call's body messages: problem None when it can be served; fast when
+    orjson read the body (`workbench.capture.fastjson`: it may be written back with orjson too)."""
     if any(m["type"] != "http.request" for m in messages):
-        return None, {}  # the client left during the body: OpenEnv's path records the disconnect
+        return None, {}, False  # the client left during the body: OpenEnv's path records the disconnect
     try:
-        body = json.loads(b"".join(m.get("body", b"") for m in messages))
+        body, fast = fastjson.loads(b"".join(m.get("body", b"") for m in messages))
     except (ValueError, RecursionError):
-        return "body must be JSON", {}
+        return "body must be JSON", {}, False
     problem = body_problem(dialect, body)
-    return problem, body if problem is None else {}
+    return problem, body if problem is None else {}, fast
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:
@@ -207,7 +209,7 @@ class CaptureProxy:
         call = self._new_call(session, scope, dialect=where.dialect)
         if call is None:  # the session was closed (DELETE) between the lookup and now
             return await _answer(send, 401, "this session was closed")
-        problem, body = _parse(where.dialect, messages)
+        problem, body, fast = _parse(where.dialect, messages)
         if problem is not None:
             call.request_body = bytearray(b"".join(m.get("body", b"") for m in messages)[:65536])
             call.http_status, call.error, call.status, call.t_end = 400, problem, "rejected", time.time()
@@ -215,7 +217,7 @@ class CaptureProxy:
             call.request_body = bytearray()
             return await _answer(send, 400, problem)
         messages = self._clamp_bookkeeping(call, body, messages)
-        await self._serve_call(scope, _replay(messages, receive), send, session, call, body)
+        await self._serve_call(scope, _replay(messages, receive), send, session, call, body, fast)
 
     def _clamp_bookkeeping(self, call: CallRecord, body: dict[str, Any], messages: list[Message]) -> list[Message]:
         """Tag the call from its request now; if its purpose has an output cap, lower the request's
@@ -236,14 +238,21 @@ class CaptureProxy:
         return [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
 
     async def _serve_call(
-        self, scope: Scope, receive: Receive, send: Send, session: Session, call: CallRecord, body: dict[str, Any]
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        session: Session,
+        call: CallRecord,
+        body: dict[str, Any],
+        fast: bool = False,
     ) -> None:
         recorder = CallRecorder(self.log, call, session, receive, send)
         with recorder.serving():
             # The streaming fast path takes a streamed chat completion it can serve exactly as OpenEnv
             # would (workbench.capture.stream); every other call, and every refusal, is OpenEnv's.
             streaming = self._streaming
-            prepared = streaming.prepare(scope, session, body) if streaming is not None else None
+            prepared = streaming.prepare(scope, session, body, fast=fast) if streaming is not None else None
             if streaming is not None and prepared is not None:
                 # It records the turn right after the last byte, with no await before serving() settles.
                 recorder.finish_on_last_byte = False

@@ -40,6 +40,7 @@ from openenv.core.harness.capture.upstream import (
 )
 
 from workbench._compat import client_policy, retry_after_seconds  # OpenEnv 0.10.0's private policy and helper
+from workbench.capture import fastjson
 
 __all__ = ["StreamingUpstream", "UPSTREAM_ERRORS", "transport_error"]
 
@@ -135,9 +136,13 @@ class StreamingUpstream:
             )
         return self._http
 
-    async def open(self, client: InferenceClient, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def open(
+        self, client: InferenceClient, body: dict[str, Any], *, fast: bool = False
+    ) -> aiohttp.ClientResponse:
         """The engine's streaming response (2xx), after OpenEnv's client policy: transient statuses
-        retried with backoff, a 400 naming a parameter fixed (and remembered) and retried."""
+        retried with backoff, a 400 naming a parameter fixed (and remembered) and retried. `fast`: the body
+        may be written with orjson (`workbench.capture.fastjson`); not once a fix from the engine's own
+        error reply has edited it (a value json read, which orjson could write differently)."""
         http = self._session(client)
         url = f"{client.base_url}/chat/completions"
         while True:
@@ -145,7 +150,7 @@ class StreamingUpstream:
                 try:
                     response = await http.post(
                         url,
-                        data=json.dumps(body).encode(),
+                        data=fastjson.dumps(body, fast and not client.param_fixes),
                         proxy=self._proxy,
                         headers={"content-type": "application/json"},
                     )
