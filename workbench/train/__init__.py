@@ -6,7 +6,7 @@
 
 Private modules: ``grpo`` (`GRPORun`), ``config`` (`TrainConfig`, every knob documented), ``trl_trainer`` (the
 TRL GRPOTrainer it builds), ``fields``, ``rows`` and ``types`` (what a step reads), ``group_step`` and
-``group_pack`` (the shared-prefix step), ``policy_sync`` and ``sync_probe`` (weights to the engine, checked),
+``group_pack`` (the shared-prefix step), ``policy_sync``, ``merged_file`` and ``sync_probe`` (weights to the engine, checked),
 ``replay`` (training from recorded rollouts), ``async_grpo`` and ``openenv_session`` (TRL's async trainer over
 OpenEnv), ``resume``, ``_mlp_recompute``, ``experimental/``. docs/training.md: the levers and their costs.
 """
