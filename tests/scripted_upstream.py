@@ -12,7 +12,7 @@ It answers with random prompt ids, sampled ids and logprobs (shapes exactly as v
 `ToolLoop(tool, arguments, usage)` answers "tool" with a call of a harness's own tool instead of opencode's write.
 
 Faults beyond HTTP statuses: "close" (the connection drops halfway through the body), "notjson" (a 200
-whose body is an SSE line, not JSON), "bash:CMD" (a bash tool call running CMD).
+whose body is an SSE line, not JSON), "bash:CMD" (a bash tool call running CMD). "say:TEXT" answers TEXT.
 
 Holding a request: "hang:S" holds it S seconds, then answers "text". "wait" holds it until the test sets
 ``up.release`` (a ``threading.Event``, unset at start; `stop` sets it), then answers "text": a request
@@ -107,6 +107,8 @@ class ScriptedUpstream:
             finish = "tool_calls"
         elif mode == "reasoning":
             message["reasoning_content"] = "thinking about it"
+        elif mode.startswith("say:"):
+            message["content"] = mode[4:]
         return {
             "id": f"chatcmpl-{rng.randrange(10**9)}",
             "object": "chat.completion",

@@ -15,7 +15,7 @@ import pytest
 
 from workbench.evaluate.adapter_check import AdapterMismatch, check_adapter
 from workbench.evaluate.stats import bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
-from workbench.evaluate import EvalConfig, add_eval_arguments, compare, run_eval
+from workbench.evaluate import EvalConfig, add_eval_arguments, compare, harness_tax, run_eval
 
 TINY = {"hidden": 64, "inter": 128, "q": 128, "kv": 64, "layers": 2}  # .cache/assets/tiny/config.json
 SMOL = {"hidden": 576, "inter": 1536, "q": 576, "kv": 192, "layers": 30}  # .cache/assets/smollm2
@@ -84,9 +84,15 @@ def test_cluster_bootstrap_is_wider_than_wilson_on_clustered_rollouts():
         cluster_bootstrap_ci([[], []])
 
 
-def _eval(means: list[float], model: str = "tiny", tasks: str = "easy-eval") -> dict:
+def _eval(means: list[float], model: str = "tiny", tasks: str = "easy-eval", **settings) -> dict:
+    from workbench.evaluate.report import SETTINGS
+
+    defaults = {k: getattr(EvalConfig(), k) for k in SETTINGS}
     return {
         "model": model,
+        "harness": settings.get("harness", "opencode"),
+        "settings": {**defaults, "isolation": "bwrap", "few_shot": False, "agent_prompt": "default", **settings},
+        "infra_failed_rate": 0.0,
         "tasks": tasks,
         "n": 4,
         "adapter": None,
@@ -114,6 +120,36 @@ def test_compare_is_paired_by_task():
     assert partial["task_ids"] == ["easy/15", "easy/17"] and partial["tasks_left_out"] == ["easy/13"]
     with pytest.raises(ValueError, match="different models"):
         compare(base, _eval([0.5, 1.0, 0.5], model="smollm2"))
+
+
+def test_compare_refuses_evaluations_made_under_different_settings_naming_each():
+    """Only the adapter and the serving may differ: a different temperature, call cap, harness, ... is another
+    experiment, and every differing field is named."""
+    base = _eval([0.0, 0.5, 0.5])
+    with pytest.raises(ValueError, match=r"temperature: 1.0 vs 0.0; max_model_calls: 8 vs 1$"):
+        compare(base, _eval([0.5, 1.0, 0.5], temperature=0.0, max_model_calls=1))
+    with pytest.raises(ValueError, match="harness: 'opencode' vs 'pi'"):
+        compare(base, _eval([0.5, 1.0, 0.5], harness="pi"))
+    old = _eval([0.5, 1.0, 0.5])
+    del old["settings"]
+    with pytest.raises(ValueError, match="the second evaluation records no settings"):
+        compare(base, old)
+    served = _eval([0.5, 1.0, 0.5])
+    served.update(adapter="runs/x/adapters/final")
+    assert compare(base, served)["settings"] == base["settings"]
+
+
+def test_harness_tax_pairs_the_direct_baseline_with_a_harness_on_the_same_tasks():
+    direct, through = _eval([1.0, 1.0, 0.5], harness="direct"), _eval([0.0, 1.0, 0.0])
+    tax = harness_tax(direct, through)
+    assert tax["delta"]["mean"] == pytest.approx(-0.5) and tax["harnesses"] == {"base": "direct", "trained": "opencode"}
+    assert (tax["delta"]["tasks_better"], tax["delta"]["tasks_worse"]) == (0, 2)
+    with pytest.raises(ValueError, match="must be the direct baseline"):
+        harness_tax(through, direct)
+    with pytest.raises(ValueError, match="temperature: 1.0 vs 0.0"):  # the harness is the only other difference
+        harness_tax(direct, _eval([0.0, 1.0, 0.0], temperature=0.0))
+    with pytest.raises(ValueError, match="harness: 'direct' vs 'opencode'"):
+        compare(direct, through)
 
 
 # -- adapters --------------------------------------------------------------------------------------
@@ -478,13 +514,14 @@ def test_a_fresh_learning_eval_ships_its_rollouts_and_every_number_recomputes(mo
     """run_learning and ship, with the evaluations and training replaced by hand-made records (no engine): the
     eval.json that ships carries every rollout, and every rate, interval and p-value in it recomputes from them."""
     import workbench.evaluate.learn as learn
-    from workbench.evaluate.report import aggregate
+    from workbench.evaluate.report import SETTINGS, aggregate
 
     def fake_run_eval(config, *, run_dir, engine, client):
         records = _records(5 if config.adapter else 2)
         task_ids = ["easy/13", "easy/15", "easy/17"]
         policy = "smollm2+final (merged)" if config.adapter else "smollm2"
         out = {"model": config.model, "adapter": config.adapter, "policy": policy, "tasks": config.tasks, "n": 4}
+        out["settings"] = {k: getattr(config, k) for k in SETTINGS}  # what run_eval records
         return {**out, "task_ids": task_ids, **aggregate(records, config.seed, task_ids), "records": records}
 
     class FakeRun:

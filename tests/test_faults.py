@@ -183,16 +183,21 @@ def test_opencode_killed_mid_rollout_is_crashed_and_its_group_proceeds(tmp_path,
     upstream.script = ["tool", "tool", "wait", "wait"]  # then "text": an agent's answer that ends it
     client = proxy.client()
     killed: list[int] = []
+    seen: dict[str, object] = {}  # the killer's last look, for the failure message (it failed once in CI, unexplained)
 
     def victim() -> int | None:
         # An opencode with an `ok` agent call behind it and one in flight: its key is in its config.
-        for pid in _opencode_pids(tmp_base):
+        pids = _opencode_pids(tmp_base)
+        seen.update(at=round(time.monotonic() - started, 1), opencode_pids=pids, under_base=len(_pids_under(tmp_base)))
+        for pid in pids:
             try:
                 env = dict(e.split(b"=", 1) for e in _proc(str(pid), "environ").split(b"\0") if b"=" in e)
                 key = json.loads(env[b"OPENCODE_CONFIG_CONTENT"])["provider"]["wb"]["options"]["apiKey"]
                 calls = client.trace(key)
-            except (OSError, KeyError, ValueError):
+            except (OSError, KeyError, ValueError) as exc:
+                seen[f"pid {pid}"] = repr(exc)[:120]
                 continue
+            seen[f"pid {pid}"] = [(c["purpose"], c["status"]) for c in calls]
             agent = [c for c in calls if c["purpose"] == "agent"]
             if any(c["status"] == "ok" for c in agent) and any(c["status"] == "pending" for c in agent):
                 return pid
@@ -211,13 +216,14 @@ def test_opencode_killed_mid_rollout_is_crashed_and_its_group_proceeds(tmp_path,
         finally:
             upstream.release.set()  # the held calls answer: the other rollout runs on
 
+    started = time.monotonic()
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     config = replace(FAST, isolation=isolation)
     jobs = [(load_task("humaneval/0"), tmp_path / name) for name in ("a", "b")]
     results = run_rollouts(jobs, client, config, parallel=2, progress=False)
     thread.join(5)
-    assert killed, "no opencode was caught mid-call"
+    assert killed, f"no opencode was caught mid-call: {seen}; {[(r.status, r.reason) for r in results]}"
     by_status = {r.status: r for r in results}
     assert sorted(by_status) == ["crashed", "ok"], [(r.status, r.reason) for r in results]
     crashed = by_status["crashed"]

@@ -15,7 +15,7 @@ from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy
 from workbench.procs import group_alive
 from workbench.train import HarnessSessionFactory
-from workbench.rollout import run_rollout, RolloutConfig
+from workbench.rollout import FAILED_STATUSES, run_rollout, RolloutConfig
 from workbench.sandbox import bwrap_available
 from workbench.tasks import load_task
 
@@ -95,7 +95,8 @@ def test_captured_logprobs_are_the_engines_at_the_pinned_temperature(engine, pro
 
 
 def test_harness_hang_ends_at_the_wall_clock_limit(tmp_path):
-    """The engine never answers: status timeout, partial trace kept, no process of the session left."""
+    """The engine never answers: status stalled (the infrastructure's failure, unscored: no call was answered, so
+    the agent never had a chance), partial trace kept, no process of the session left."""
     up = ScriptedUpstream().start()
     up.script = ["hang:60"] * 4
     try:
@@ -116,7 +117,8 @@ def test_harness_hang_ends_at_the_wall_clock_limit(tmp_path):
             assert not root.exists()
     finally:
         up.stop()
-    assert summary["status"] == "timeout" and "wall-clock" in summary["reason"]
+    assert summary["status"] == "stalled" and "no model call answered" in summary["reason"], summary["reason"]
+    assert summary["status"] in FAILED_STATUSES  # left out of a group's baseline and an evaluation's rates
     calls = json.loads((tmp_path / "r" / "trace.json").read_text())
     assert calls and {c["purpose"] for c in calls} >= {"agent"}  # the call in flight is kept, tagged
 

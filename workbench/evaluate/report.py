@@ -8,6 +8,7 @@ tool calls, solution written: ~180 bytes each as `workbench.evaluate.learn.ship`
 rate and interval it and `aggregate` report can be recomputed from the file alone (``intervals`` names the method
 of each; tests/test_evaluate.py recomputes them).
 Which number is which is in `workbench.evaluate.run`'s docstring; the interval arithmetic is `workbench.evaluate.stats`'s.
+`harness_tax` is `compare` of the direct baseline with a harness (the one setting allowed to differ).
 `workbench.evaluate.run` re-exports `compare`, so ``from workbench.evaluate import compare`` stays the usual import.
 
     from workbench.evaluate.report import aggregate, compare
@@ -29,7 +30,24 @@ from workbench.evaluate.stats import (
     wilson,
 )
 
-__all__ = ["aggregate", "compare", "RATES", "ROLLOUT_FIELDS", "INTERVALS"]
+__all__ = ["aggregate", "compare", "harness_tax", "check_settings", "SETTINGS", "RATES", "ROLLOUT_FIELDS", "INTERVALS"]
+
+# What an evaluation measured under (eval.json's ``settings``, as resolved for its model): two evaluations are
+# compared only when all of these are equal; the policy (adapter) and how it is served (lora or merged) may
+# differ, and for a harness's tax the harness does.
+SETTINGS = (
+    "harness",
+    "temperature",
+    "max_model_calls",
+    "max_output_tokens",
+    "few_shot",
+    "agent_prompt",
+    "tool_parser",
+    "timeout_s",
+    "isolation",
+    "skip_title_call",
+    "verifier",
+)
 
 # eval.json's rates: name -> the per-rollout flag it counts among scored rollouts
 RATES = {"solve_rate": "solved", "tool_call_rate": "used_tools", "solution_written_rate": "solution_written"}
@@ -70,6 +88,8 @@ def aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> 
             "unscored": len(records) - len(scored),
             "by_status": count([r for r in records if not r["scored"]], "status"),
         },
+        # the infrastructure's failures (FAILED_STATUSES: a stall before any answer, an engine error, ...): unscored
+        "infra_failed_rate": sum(r["status"] in FAILED_STATUSES for r in records) / len(records) if records else None,
     }
     for name, key in RATES.items():
         hits = sum(r[key] for r in scored)
@@ -104,6 +124,37 @@ def aggregate(records: list[dict[str, Any]], seed: int, task_ids: list[str]) -> 
     return out
 
 
+def check_settings(a: dict[str, Any], b: dict[str, Any], may_differ: tuple[str, ...] = ()) -> None:
+    """Refuse to pair two eval.json dicts measured under different `SETTINGS` (all but `may_differ`), naming
+    every field that differs; an evaluation that recorded no settings cannot be paired with anything."""
+    if a["model"] != b["model"]:
+        raise ValueError(f"cannot compare evaluations of different models: {a['model']!r} vs {b['model']!r}")
+    missing = [side for side, e in (("first", a), ("second", b)) if not isinstance(e.get("settings"), dict)]
+    if missing:
+        raise ValueError(
+            f"cannot compare: the {' and '.join(missing)} evaluation records no settings (eval.json written before "
+            "they were recorded); evaluate it again"
+        )
+    differ = [
+        f"{k}: {a['settings'].get(k)!r} vs {b['settings'].get(k)!r}"
+        for k in SETTINGS
+        if k not in may_differ and a["settings"].get(k) != b["settings"].get(k)
+    ]
+    if differ:
+        raise ValueError("cannot compare evaluations made under different settings: " + "; ".join(differ))
+
+
+def harness_tax(direct: dict[str, Any], through: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """A harness's tax on the same tasks: `compare` of the ``direct`` baseline (the model asked once) with the
+    same model through a harness, every other setting equal; ``delta`` is through minus direct (a tax is
+    negative). ``base``/``trained`` are the direct and the harness sides."""
+    if (direct.get("settings") or {}).get("harness") != "direct":
+        raise ValueError("the first evaluation of a harness tax must be the direct baseline (--harness direct)")
+    out = compare(direct, through, _may_differ=("harness",), **kwargs)
+    out["harnesses"] = {"base": "direct", "trained": through["settings"]["harness"]}
+    return out
+
+
 def compare(
     base: dict[str, Any],
     trained: dict[str, Any],
@@ -111,13 +162,16 @@ def compare(
     resamples: int = RESAMPLES,
     seed: int = 0,
     permutations: int = 100_000,
+    _may_differ: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Paired by task: delta = mean over tasks of (trained task mean - base task mean), with a paired
     bootstrap interval over tasks and a sign-flip permutation p-value. Tasks scored in only one of the
     two evaluations are left out (and listed). Each side also carries its rates with their clustered intervals,
-    and ``rollouts`` every rollout record of both (when both evaluations have their ``records``)."""
-    if base["model"] != trained["model"]:
-        raise ValueError(f"cannot compare evaluations of different models: {base['model']!r} vs {trained['model']!r}")
+    and ``rollouts`` every rollout record of both (when both evaluations have their ``records``).
+
+    Refused (`check_settings`) unless both were measured under the same `SETTINGS`: only the adapter and the
+    serving may differ (`harness_tax` lets the harness differ too)."""
+    check_settings(base, trained, _may_differ)
     a = {t["task_id"]: t["mean"] for t in base["per_task"] if t["mean"] is not None}
     b = {t["task_id"]: t["mean"] for t in trained["per_task"] if t["mean"] is not None}
     common = [t for t in a if t in b]
@@ -152,6 +206,7 @@ def compare(
             "tasks_worse": int((d < 0).sum()),
         },
         "per_task": [{"task_id": t, "base": a[t], "trained": b[t], "delta": b[t] - a[t]} for t in common],
+        "settings": base["settings"],
         "bootstrap": {"resamples": resamples, "seed": seed, "permutations": permutations},
         "intervals": INTERVALS,
     }

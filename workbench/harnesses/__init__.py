@@ -10,7 +10,8 @@ asks `classify_call` what each call is for, and the harness that made it answers
 found per harness x model; a pair certified broken is refused), ``base`` (the contract), ``purpose``, one
 module per harness (``opencode``, ``pi``, ``codex``, ``kilo``, ``claude_code``, ``gemini_cli``, ``qwen_code``,
 ``continue_cli``, ``grok_cli``, ``cline``, ``mini_swe_agent``, ``hermes``, ``aider``). docs/harnesses.md says how
-to add one.
+to add one. ``direct`` is the baseline they are measured against (`BASELINES`): the model asked the task once,
+run and graded like a harness's rollout.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "get_harness",
     "HARNESSES",
     "REFUSED",
+    "BASELINES",
     "OpenCode",
     "CallInfo",
     "Classifier",
@@ -62,6 +64,7 @@ __getattr__, __dir__ = face(
         "get_harness": "catalog",
         "HARNESSES": "catalog",
         "REFUSED": "catalog",
+        "BASELINES": "catalog",
         "OpenCode": "opencode",
         "CallInfo": "purpose",
         "Classifier": "purpose",
@@ -75,6 +78,6 @@ __getattr__, __dir__ = face(
 if TYPE_CHECKING:
     from workbench.harnesses.certified import certificate, refuse_broken, save_certificate, Verdict, VERDICTS
     from workbench.harnesses.base import Harness, HarnessOptions, HarnessRun, json_events, Launch
-    from workbench.harnesses.catalog import classify_call, DEFAULT_HARNESS, get_harness, HARNESSES, REFUSED
+    from workbench.harnesses.catalog import classify_call, DEFAULT_HARNESS, get_harness, HARNESSES, REFUSED, BASELINES
     from workbench.harnesses.opencode import OpenCode
     from workbench.harnesses.purpose import DIALECTS, PURPOSES, CallInfo, Classifier, Dialect, Purpose

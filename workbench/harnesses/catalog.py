@@ -27,6 +27,7 @@ from workbench.harnesses.claude_code import ClaudeCode
 from workbench.harnesses.cline import Cline
 from workbench.harnesses.codex import Codex
 from workbench.harnesses.continue_cli import ContinueCli
+from workbench.harnesses.direct import Direct
 from workbench.harnesses.gemini_cli import GeminiCli
 from workbench.harnesses.grok_cli import GrokCli
 from workbench.harnesses.hermes import Hermes
@@ -48,6 +49,7 @@ __all__ = [
     "classify_call",
     "DEFAULT_HARNESS",
     "REFUSED",
+    "BASELINES",
     "json_events",
 ]
 
@@ -71,6 +73,10 @@ HARNESSES: dict[str, Harness] = {
     "aider": Aider(),
 }
 
+# Not harnesses but run like one, for comparison: the model asked directly (`direct.py`). Not in the matrix or
+# certification, which cover harnesses people ship.
+BASELINES: dict[str, Harness] = {"direct": Direct()}
+
 # Harnesses people use that were tried and cannot run here, with the reason (docs/harnesses.md shows them).
 REFUSED: dict[str, str] = {
     "crush": "npm @charmland/crush 0.96.1: its install script downloads the binary from github.com, and only the "
@@ -82,10 +88,10 @@ REFUSED: dict[str, str] = {
 
 def get_harness(name: str) -> Harness:
     try:
-        return HARNESSES[name]
+        return HARNESSES[name] if name in HARNESSES else BASELINES[name]
     except KeyError:
         why = f" (it cannot run here: {REFUSED[name]})" if name in REFUSED else ""
-        raise ValueError(f"unknown harness {name!r}{why}; available: {', '.join(HARNESSES)}") from None
+        raise ValueError(f"unknown harness {name!r}{why}; available: {', '.join([*HARNESSES, *BASELINES])}") from None
 
 
 def classify_call(

@@ -176,7 +176,10 @@ class HarnessSession:
                     self.exit_code = code
                     break
                 if time.monotonic() >= deadline:
-                    self._end("timeout", f"no exit after {limit:.0f} s (wall-clock limit)")
+                    if self._answered():
+                        self._end("timeout", f"no exit after {limit:.0f} s (wall-clock limit)")
+                    else:
+                        self._end("stalled", f"no model call answered in {limit:.0f} s (wall-clock limit): unscored")
                     raise TimeoutError(self.reason)
                 over = self.sandbox.over_quota()
                 if over:  # the agent's own doing: scored 0, like a timeout that solved nothing
@@ -234,6 +237,13 @@ class HarnessSession:
             else:
                 self.status = "ok"
         return code
+
+    def _answered(self) -> bool:
+        """Whether any model call of this rollout was answered (its reply delivered, or cut at the budget)."""
+        try:
+            return any(c.get("status") in ("ok", "budget_stop") for c in self.client.trace(self.key))
+        except ProxyError:
+            return True  # the proxy cannot tell: the agent's timeout, as before
 
     def _engine_failure(self, upstream_errors: int) -> tuple[Status, str]:
         """The status and reason of a rollout whose engine calls failed: ``agent_error`` (scored) when every

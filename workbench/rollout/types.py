@@ -55,6 +55,7 @@ def agent_prompt(name: str) -> dict[str, Any]:
 FinalStatus = Literal[
     "ok",
     "timeout",
+    "stalled",
     "limit_exceeded",
     "crashed",
     "harness_error",
@@ -68,8 +69,9 @@ Status = Literal["running", FinalStatus]
 STATUSES: tuple[FinalStatus, ...] = get_args(FinalStatus)
 # The rollouts the infrastructure failed, not the agent: unscored (left out of a group's baseline and of an
 # evaluation's mean). Everything the agent caused (crashed, timeout, limit_exceeded, agent_error) is scored, 0 where
-# nothing passed.
-FAILED_STATUSES: tuple[FinalStatus, ...] = ("setup_failed", "upstream_error", "interrupted", "verify_error")
+# nothing passed. ``stalled`` is a wall-clock timeout before any model call was answered: the engine (a loaded
+# host) never let the agent act, so it is not the agent's 0 (a timeout after an answer is).
+FAILED_STATUSES: tuple[FinalStatus, ...] = ("setup_failed", "upstream_error", "interrupted", "verify_error", "stalled")
 
 # Engine refusals that say nothing about the agent's output: credentials (401, 403), a model or route the
 # engine does not serve (404: e.g. a LoRA that never loaded), load (408, 429) and the request size limit

@@ -10,14 +10,15 @@ A task is what an agent is asked to do (``instruction``, starting ``files``, the
     load_tasks("deepcoder-fixture")            # the five shipped DeepCoder-format problems
     load_tasks("easy")                         # 48 one-line function problems (small models)
     load_tasks("easy-train"), load_tasks("easy-eval")  # their fixed split: 30 to train on, 18 held out
+    load_tasks("humaneval-train"), load_tasks("humaneval-eval")  # HumanEval's fixed split: 100 / the last 64
     load_tasks("jsonl:/data/mine.jsonl")       # your own problems, DeepCoder schema
     load_tasks("deepcoder")                    # agentica-org/DeepCoder-Preview-Dataset (needs the Hub)
     load_tasks("harbor:/data/tasks")           # Harbor task folders (one, or a folder of them: workbench.tasks.harbor)
     load_tasks("repo-tasks")                   # the repository tasks shipped in Harbor format
     task.public_json()                         # what task.json holds: no held-out tests
 
-Specs: ``humaneval``, ``deepcoder``, ``deepcoder-fixture``, ``easy``, ``easy-train``, ``easy-eval``,
-``jsonl:PATH``, ``harbor:PATH`` and ``repo-tasks`` name collections; a ``[start:stop]`` suffix slices the
+Specs: ``humaneval``, ``humaneval-train``, ``humaneval-eval``, ``deepcoder``, ``deepcoder-fixture``, ``easy``,
+``easy-train``, ``easy-eval``, ``jsonl:PATH``, ``harbor:PATH`` and ``repo-tasks`` name collections; a ``[start:stop]`` suffix slices the
 loaded tasks; ``NAME/N`` (``jsonl:PATH#N``) names row N (0-based); ``harbor:PATH`` (a task folder) and
 ``repo-tasks/NAME`` one Harbor task; single-task specs joined by commas name a list (``easy/3,easy/5``). The easy split keeps ids: ``easy-eval`` holds ``easy/13``,
 ``easy/15``, ... and ``load_task("easy/13")`` loads that task (rule: `easy_split`).
@@ -62,6 +63,8 @@ __all__ = [
     "DEEPCODER_SUBSET",
     "TEST_KINDS",
     "easy_split",
+    "humaneval_split",
+    "HUMANEVAL_TRAIN",
 ]
 
 FIXTURE_PATH = DATA / "deepcoder_fixture.jsonl"
@@ -72,6 +75,14 @@ _EASY_ORIGINAL = 12  # easy/0-11, the first set: earlier demos (notebook 05, lea
 DEEPCODER_DATASET = "agentica-org/DeepCoder-Preview-Dataset"
 DEEPCODER_SUBSET = "primeintellect"  # the subset TRL's opencode example trains on; the schema parsed here
 _HUMANEVAL_COUNT = 164
+# HumanEval's split, declared before any run probed or trained on it: humaneval/0-99 to train on (and probe for
+# a training pool), humaneval/100-163 held out for evaluation only.
+HUMANEVAL_TRAIN = 100
+
+
+def humaneval_split(task_id: str) -> str:
+    """``train`` or ``eval`` for a HumanEval task id (``humaneval/N``): eval iff N >= `HUMANEVAL_TRAIN`."""
+    return "eval" if int(task_id.rsplit("/", 1)[1]) >= HUMANEVAL_TRAIN else "train"
 
 
 def easy_split(task_id: str) -> str:
@@ -128,7 +139,7 @@ def load_task(spec: str, *, max_tests: int = 12, limits: Limits | None = None) -
 
 
 def load_tasks(spec: str, *, max_tests: int = 12, limits: Limits | None = None) -> list[Task]:
-    """Tasks of a collection (``humaneval``, ``deepcoder``, ``deepcoder-fixture``, ``easy``, ``easy-train``,
+    """Tasks of a collection (``humaneval``, ``humaneval-train``, ``humaneval-eval``, ``deepcoder``, ``deepcoder-fixture``, ``easy``, ``easy-train``,
     ``easy-eval``, ``jsonl:PATH``), optionally sliced (``humaneval[:8]``, after the split: ``easy-eval[:4]``), or
     single-task specs joined by commas (``easy/3,easy/5``: a training pool);
     a single-task spec gives a list of one. ``harbor:PATH`` and ``repo-tasks`` keep their tasks' own
@@ -144,8 +155,9 @@ def load_tasks(spec: str, *, max_tests: int = 12, limits: Limits | None = None) 
     if base.startswith("harbor:") or base == "repo-tasks":
         return load_specs(base, limits)[window]
     limits = limits or Limits()
-    if base == "humaneval":
+    if base in ("humaneval", "humaneval-train", "humaneval-eval"):
         tasks = [humaneval_task(row, limits) for row in _humaneval_rows()]
+        tasks = [t for t in tasks if base == "humaneval" or humaneval_split(t.id) == base[len("humaneval-") :]]
     elif base == "deepcoder-fixture":
         tasks = usable_tasks(_fixture_rows(), "deepcoder-fixture/", "deepcoder", max_tests, limits, base)
     elif base == "deepcoder":
@@ -160,7 +172,7 @@ def load_tasks(spec: str, *, max_tests: int = 12, limits: Limits | None = None) 
         return [load_task(spec, max_tests=max_tests, limits=limits)]
     else:
         raise ValueError(
-            f"cannot slice {spec!r}: slices apply to humaneval, deepcoder, deepcoder-fixture, "
+            f"cannot slice {spec!r}: slices apply to humaneval, humaneval-train, humaneval-eval, deepcoder, deepcoder-fixture, "
             "easy, easy-train, easy-eval, jsonl:PATH, harbor:PATH, repo-tasks"
         )
     return tasks[window]
