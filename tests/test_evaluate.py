@@ -9,6 +9,7 @@ import argparse
 import itertools
 import json
 from dataclasses import fields
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -574,3 +575,19 @@ def test_the_shipped_learning_eval_recomputes_or_the_docs_say_it_cannot():
     docs = " ".join((Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text().split())
     assert "predates the per-rollout records" in docs, "say plainly that its rates cannot be recomputed"
     assert {"mean", "ci95", "p"} <= set(e["delta"]) and "per_task" in e  # what it does keep
+
+
+def test_the_shipped_runs_recheck_recomputes_its_committed_answer():
+    """What README and docs/training.md say the shipped run shows (solve given written, the pool without its
+    timeouts, the flat groups) is `benchmarks/learning_demo_recheck.py` on the shipped records, committed."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("recheck", root / "benchmarks" / "learning_demo_recheck.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    got = module.recheck(root / "workbench" / "data" / "learning_demo")
+    assert got == json.loads((root / "benchmarks" / "results" / "learning_demo" / "recheck.json").read_text())
+    assert got["solve_given_written"]["paired"] == {"tasks": 12, "delta": 0.0417, "ci95": [-0.0833, 0.1667], "p": 1.0}
+    assert (got["pool_without_timeouts"]["delta"], got["zero_variance_groups"]["steps"]) == (0.1026, 16)
