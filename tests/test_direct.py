@@ -35,6 +35,13 @@ SOLUTION = (
         ("def g():\n    return 2", "reply", "def g():\n    return 2\n"),  # no fence: the reply itself
         ("```python\ndef h(:\n```\nI cannot.", "none", None),  # nothing that parses
         ("```python\ndef k():\n    return 3", "fenced-def", "def k():\n    return 3\n"),  # cut by the cap, parses
+        # its own tries below the definition would run at import: dropped; imports, decorators, constants kept
+        (
+            "```python\nimport math\n\n@staticmethod\ndef f(x):\n    return x\n\nprint(f(2))\nassert f(1) == 2\n"
+            "if __name__ == '__main__':\n    f(3)\nK = 3\n```",
+            "fenced-def",
+            "import math\n\n@staticmethod\ndef f(x):\n    return x\n\nK = 3\n",
+        ),
         ("```text\ndef t():\n    pass\n```", "none", None),  # another language's block is not code
     ],
 )

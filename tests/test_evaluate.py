@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
@@ -517,11 +517,13 @@ def test_a_fresh_learning_eval_ships_its_rollouts_and_every_number_recomputes(mo
     import workbench.evaluate.learn as learn
     from workbench.evaluate.report import SETTINGS, aggregate
 
-    def fake_run_eval(config, *, run_dir, engine, client):
+    def fake_run_eval(config, *, run_dir, engine, client, progress=True):
         records = _records(5 if config.adapter else 2)
         task_ids = ["easy/13", "easy/15", "easy/17"]
         policy = "smollm2+final (merged)" if config.adapter else "smollm2"
         out = {"model": config.model, "adapter": config.adapter, "policy": policy, "tasks": config.tasks, "n": 4}
+        out.update(harness=config.harness, adapter_info=None, isolation="bwrap", temperature=config.temperature)
+        out.update(config=asdict(config), stale_calls=0, reloads=[], wall_s=1.0)
         out["settings"] = {k: getattr(config, k) for k in SETTINGS}  # what run_eval records
         return {**out, "task_ids": task_ids, **aggregate(records, config.seed, task_ids), "records": records}
 
@@ -536,6 +538,7 @@ def test_a_fresh_learning_eval_ships_its_rollouts_and_every_number_recomputes(mo
             return {"reward": [0.1], "test_reward": [0.0], "isolation": "bwrap"}
 
     monkeypatch.setattr(learn, "run_eval", fake_run_eval)
+    monkeypatch.setattr("workbench.evaluate.paired.run_eval", fake_run_eval)
     monkeypatch.setattr(learn, "GRPORun", FakeRun)
     config = learn.LearnConfig(steps=1, eval_tasks="easy-eval[:3]", probe_n=0)  # the pool's part: tests/test_learn.py
     evidence = learn.run_learning(config, run_dir=tmp_path / "run", engine=object(), client=object())

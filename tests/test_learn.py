@@ -6,12 +6,14 @@ silently spoil."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 import workbench.evaluate.learn as learn
-from workbench.evaluate.report import aggregate
+import workbench.evaluate.paired as paired
+from workbench.evaluate.report import SETTINGS, aggregate
 from workbench.evaluate.learn import LearnConfig, choose_pool, run_learning
 from workbench.runs import RunDir
 from workbench.tasks import load_tasks
@@ -30,8 +32,10 @@ class _Calls:
 def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> _Calls:
     calls = _Calls()
 
-    def run_eval(cfg, *, run_dir, engine, client):  # noqa: ARG001 - the stage passes the shared engine
-        calls.evals.append((Path(run_dir).name, cfg.tasks, cfg.n, cfg.adapter))
+    def run_eval(cfg, *, run_dir, engine, client, progress=True):  # noqa: ARG001 - the stage passes the shared engine
+        where = Path(run_dir)  # a block of an interleaved pair is named by its pair and policy: eval-pool/base
+        name = f"{where.parent.parent.name}/{where.parent.name}" if where.name.startswith("block") else where.name
+        calls.evals.append((name, cfg.tasks, cfg.n, cfg.adapter))
         ids = [t.id for t in load_tasks(cfg.tasks)]
         records = []
         for tid in ids:
@@ -53,7 +57,16 @@ def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> _Calls:
                 )
         out = {
             "model": cfg.model,
+            "harness": cfg.harness,
             "adapter": cfg.adapter,
+            "adapter_info": None,
+            "policy": "trained" if cfg.adapter else "base",
+            "isolation": "bwrap",
+            "settings": {k: getattr(cfg, k) for k in SETTINGS},
+            "config": asdict(cfg),
+            "stale_calls": 0,
+            "reloads": [],
+            "wall_s": 1.0,
             "tasks": cfg.tasks,
             "temperature": cfg.temperature,
             "task_ids": ids,
@@ -79,6 +92,7 @@ def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> _Calls:
             return {}
 
     monkeypatch.setattr(learn, "run_eval", run_eval)
+    monkeypatch.setattr(paired, "run_eval", run_eval)
     monkeypatch.setattr(learn, "GRPORun", GRPORun)
     return calls
 
@@ -99,7 +113,8 @@ def test_the_pool_is_the_tasks_solved_sometimes_and_training_uses_only_it(monkey
     assert ev["pool"]["left_out"] == {"always_solved": ["easy/0"], "never_solved": ["easy/1"], "not_all_scored": []}
     assert calls.trained_on == [("easy/2,easy/3", False)]
     names = [e[0] for e in calls.evals]
-    assert names == ["probe", "eval-base-pool", "eval-base", "eval-trained-pool", "eval-trained"]
+    # after training, base and trained interleaved on one engine (one block each here), pool then held out
+    assert names == ["probe", "eval-pool/base", "eval-pool/trained", "eval-held-out/base", "eval-held-out/trained"]
     # the pool's comparison uses fresh base rollouts, not the probe's: base 1/4 and 2/4 -> trained 4/4 each
     d = ev["train_pool_solve_delta"]
     assert d["mean"] == pytest.approx(((1 - 0.25) + (1 - 0.5)) / 2) and d["ci95"][0] > 0
@@ -123,15 +138,16 @@ def test_a_stopped_run_resumes_where_it_stopped_and_refuses_another_config(monke
     calls.fail_training = True
     with pytest.raises(KeyboardInterrupt):
         run_learning(_config(), run_dir=tmp_path / "r", engine=object(), client=object())  # type: ignore[arg-type]
-    assert [e[0] for e in calls.evals] == ["probe", "eval-base-pool", "eval-base"]
+    assert [e[0] for e in calls.evals] == ["probe"]  # base and trained are evaluated together, after training
     with pytest.raises(ValueError, match="learning_rate"):
         run_learning(_config(learning_rate=0.5), run_dir=tmp_path / "r", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
     calls.fail_training, calls.evals = False, []
     ev = run_learning(_config(), run_dir=tmp_path / "r", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
-    assert [e[0] for e in calls.evals] == ["eval-trained-pool", "eval-trained"]  # finished stages are not re-run
+    names = [e[0] for e in calls.evals]  # finished stages are not re-run
+    assert names == ["eval-pool/base", "eval-pool/trained", "eval-held-out/base", "eval-held-out/trained"]
     assert calls.trained_on[-1] == ("easy/2,easy/3", True)  # GRPO continues from its checkpoint
-    assert all(e[3] and e[3].endswith("adapters/final") for e in calls.evals)
-    assert set(ev["timings_s"]) >= {"probe_s", "eval-base_s", "train_s", "eval-trained_s"}
+    assert all((e[3] or "").endswith("adapters/final") == e[0].endswith("/trained") for e in calls.evals)
+    assert set(ev["timings_s"]) >= {"probe_s", "train_s", "eval-pool_s", "eval-held-out_s"}
 
     # a finished run re-reads its evidence without starting an engine
     def no_engine(**kw):
@@ -182,3 +198,35 @@ def test_pool_rules_and_bad_input():
     for bad_spec in ("easy/3,easy/3", "easy/3,", "easy/3,nope/1"):
         with pytest.raises(ValueError):
             load_tasks(bad_spec)
+
+
+def test_an_adapter_and_its_base_are_evaluated_interleaved_block_by_block(monkeypatch, tmp_path):
+    """`run_paired`: blocks of about `parallel` rollouts, both policies in each block one right after the other, the
+    order alternating; each policy's eval.json aggregates all its blocks' records; the pair is compared."""
+    from workbench.evaluate import EvalConfig, run_paired
+
+    calls = _stand_ins(monkeypatch)
+    config = EvalConfig(model="tiny", adapter="runs/x/adapters/final", tasks="easy-train[:5]", n=2, parallel=4)
+    from workbench.evaluate.run import run_eval as real_run_eval
+
+    with pytest.raises(ValueError, match="run_paired"):
+        real_run_eval(EvalConfig(model="tiny", adapter="a", with_base=True))
+    out = run_paired(config, run_dir=tmp_path / "p", engine=object(), client=object())  # type: ignore[arg-type]
+    blocks = [(e[1], e[3] is not None) for e in calls.evals]
+    assert blocks == [
+        ("easy/0,easy/1", False),
+        ("easy/0,easy/1", True),
+        ("easy/2,easy/3", True),  # the second block starts with the adapter
+        ("easy/2,easy/3", False),
+        ("easy/4", False),
+        ("easy/4", True),
+    ]
+    base = json.loads((tmp_path / "p" / "base" / "eval.json").read_text())
+    trained = json.loads((tmp_path / "p" / "trained" / "eval.json").read_text())
+    assert (base["rollouts"], trained["rollouts"], base["tasks"]) == (10, 10, "easy-train[:5]")
+    assert base["task_ids"] == [f"easy/{i}" for i in range(5)] and base["interleaved"]["blocks"] == 3
+    # BASE: easy/0 solved, easy/1 never, easy/2 1 of 2, easy/3 2 of 2; the stand-in's adapter solves all but easy/1
+    assert out["delta"]["mean"] == pytest.approx((0 + 0 + 0.5 + 0 + 1) / 5)
+    assert json.loads((tmp_path / "p" / "paired.json").read_text())["delta"] == out["delta"]
+    with pytest.raises(ValueError, match="give an adapter"):
+        EvalConfig(model="tiny", with_base=True)

@@ -364,6 +364,10 @@ def test_a_merged_evaluation_serves_the_adapter_then_the_base_model_again(plain_
         result = run_eval(config, run_dir=tmp_path / "run", engine=engine, client=proxy.client(), progress=False)
     assert result["policy"] == f"{engine.served_name}+adapter (merged)" and result["stale_calls"] == 0
     assert result["rollouts"] == 1 and not (tmp_path / "run" / "merged").exists()
+    # each reload verified against the same weights' own forward (ReloadCheck): the adapter's, then the base's
+    assert [r["weights"] for r in result["reloads"]] == ["merged", "base"], result["reloads"]
+    assert all(r["max_abs"] <= r["tolerance"]["gap"] for r in result["reloads"])
+    assert result["reloads"][1]["moved"] > 0  # the base weights answer differently from the merged ones
     messages = [{"role": "user", "content": "Count to five."}]
     out = engine.chat(messages, max_tokens=8, temperature=1.0)["choices"][0]
     prompt, completion = engine.tokenize(messages), out["token_ids"]
@@ -373,6 +377,27 @@ def test_a_merged_evaluation_serves_the_adapter_then_the_base_model_again(plain_
     want = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
     got = [t["logprob"] for t in out["logprobs"]["content"]]
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4  # the base model again
+
+
+@pytest.mark.engine
+def test_an_evaluation_reload_that_did_not_take_fails_loudly(plain_engine, tmp_path, monkeypatch):
+    """vLLM answers 200 whether or not a reload took: `ReloadCheck` asks the engine for the probe's logprobs and
+    compares them with the reloaded folder's own forward, so an engine still serving the base weights is caught."""
+    from workbench.evaluate.served import ReloadCheck
+    from workbench.train import merge_adapter_folder
+    from workbench.train.sync_probe import WeightSyncError
+
+    path, peft = _peft_tiny(seed=2)
+    peft.save_pretrained(tmp_path / "adapter")
+    merged = merge_adapter_folder(path, tmp_path / "adapter", tmp_path / "merged")
+    engine = plain_engine
+    check = ReloadCheck(engine, path)
+    monkeypatch.setattr(engine, "reload_weights", lambda folder: 0.0)  # answers, reloads nothing
+    with pytest.raises(WeightSyncError, match="does not serve|still serves"):
+        check.reload(merged, "merged")
+    monkeypatch.undo()
+    check.reload(path, "base")  # the engine serves the base: verified
+    assert check.log[-1]["weights"] == "base" and check.log[-1]["max_abs"] <= check.log[-1]["tolerance"]["gap"]
 
 
 def test_a_partial_merge_holds_what_lora_changes_and_the_small_tensors_in_the_engines_dtype():

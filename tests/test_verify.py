@@ -444,3 +444,21 @@ def test_network_is_unreachable(tmp_path, sandbox_dir, sandbox):
         with pytest.raises(BlockingIOError):
             server.accept()
     _assert_clean("never-used-marker", sandbox_dir)
+
+
+def test_the_jails_interpreter_is_named_by_its_real_folder(tmp_path, monkeypatch):
+    """Under bwrap the jail mounts the interpreter's folders by their real paths (`python_dirs`): an interpreter
+    reached through a linked folder (a worktree's .venv linked to the main checkout's) must be named through the
+    real folder, or every graded test 'crashes' with the jail unable to start it (seen: 64 of 64)."""
+    import os
+    import sys
+
+    from workbench.verify import jail_host
+
+    real = tmp_path / "venv" / "bin"
+    real.mkdir(parents=True)
+    (tmp_path / "linked").symlink_to(tmp_path / "venv")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "linked" / "bin" / "python"))
+    host = jail_host.Host(root=False, prlimit="prlimit", setpriv="setpriv", bwrap="bwrap", unshare=None)
+    got = jail_host.interpreter(host, bwrap=True)
+    assert got == os.path.join(os.path.realpath(real), "python")

@@ -6,7 +6,8 @@
     direct = run_eval(EvalConfig(model="qwen-coder", tasks="easy-eval[:12]", n=2, harness="direct"))
     harness_tax(direct, base)["delta"]     # through opencode minus asked directly, paired by task
 
-Private modules: ``run`` (`run_eval`), ``report`` (`compare`, `harness_tax` and their table), ``stats`` (paired deltas,
+Private modules: ``run`` (`run_eval`), ``paired`` (`run_paired`: an adapter and its base interleaved on one engine),
+``served`` (every reload an evaluation makes, verified), ``report`` (`compare`, `harness_tax` and their table), ``stats`` (paired deltas,
 bootstrap intervals, the sign-flip test), ``adapter_check``, ``learn`` and ``evidence`` (the learning
 experiment: probe, pool, train, evaluate; what ships in workbench/data/learning_demo), ``diff`` (two rollouts
 side by side), ``rescoring`` (a rollout's logprobs under another policy), ``matrix`` (models x harnesses), ``certification`` + ``certify_probes`` (is a harness x model training-grade?).
@@ -38,6 +39,7 @@ __all__ = [
     "render_certificate",
     "compare",
     "harness_tax",
+    "run_paired",
     "delta_widget",
     "rescore",
     "add_eval_arguments",
@@ -68,6 +70,7 @@ __getattr__, __dir__ = face(
         "render_certificate": "certification",
         "compare": "report",
         "harness_tax": "report",
+        "run_paired": "paired",
         "delta_widget": "rescoring",
         "rescore": "rescoring",
         "add_eval_arguments": "run",
@@ -84,5 +87,6 @@ if TYPE_CHECKING:
     from workbench.evaluate.certification import CertifyConfig, certify, render_certificate
     from workbench.evaluate.matrix import exact_prompt_ids, harness_table, markdown_table, MatrixConfig, run_matrix
     from workbench.evaluate.report import compare, harness_tax
+    from workbench.evaluate.paired import run_paired
     from workbench.evaluate.rescoring import delta_widget, rescore
     from workbench.evaluate.run import add_eval_arguments, EvalConfig, run_eval, run_from_args

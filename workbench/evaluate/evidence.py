@@ -68,13 +68,13 @@ def example_pair(run_dir: Path) -> tuple[Path, Path] | None:
 
     def by_task(folder: Path) -> dict[str, list[Path]]:
         out: dict[str, list[Path]] = {}
-        for summary in sorted(folder.glob("rollouts/*/summary.json")):
+        for summary in sorted(folder.glob("block*/rollouts/*/summary.json")):  # `run_paired`'s blocks
             s = json.loads(summary.read_text())
             if s.get("status") == "ok" and (summary.parent / "trace.json").exists():
                 out.setdefault(s["task_id"], []).append(summary.parent)
         return out
 
-    base, trained = by_task(run_dir / "eval-base"), by_task(run_dir / "eval-trained")
+    base, trained = by_task(run_dir / "eval-held-out" / "base"), by_task(run_dir / "eval-held-out" / "trained")
 
     def reward(p: Path) -> float:
         return json.loads((p / "summary.json").read_text()).get("reward") or 0.0

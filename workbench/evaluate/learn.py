@@ -8,10 +8,11 @@ checkpoint, through `GRPORun.train(resume=True)`):
 2. ``pool.json``: the training pool, the tasks whose base solve count is strictly between 0 and ``probe_n``
    (the DeepCoder recipe's offline difficulty filter: a task always or never solved gives GRPO a group of equal
    rewards, nothing to learn from).
-3. ``eval-base-pool/`` and ``eval-base/``: the base model on the pool (``pool_eval_n`` fresh rollouts a task: the
-   probe's own rollouts chose the pool, so they would overstate its failures) and on the held-out ``eval_tasks``.
-4. ``grpo/``: `workbench.train.grpo.GRPORun` on the pool, one task per step, a group of ``group_size``.
-5. ``eval-trained-pool/`` and ``eval-trained/``: the final adapter on the same two sets.
+3. ``grpo/``: `workbench.train.grpo.GRPORun` on the pool, one task per step, a group of ``group_size``.
+4. ``eval-pool/`` and ``eval-held-out/``: the base model and the final adapter, interleaved block by block on one
+   engine (`workbench.evaluate.paired.run_paired`: host load falls on both alike), on the pool (``pool_eval_n``
+   fresh rollouts a task: the probe's own rollouts chose the pool, so they would overstate its failures) and on the
+   held-out ``eval_tasks``; each writes ``base/eval.json``, ``trained/eval.json`` and ``paired.json``.
 
 Each comparison is paired by task (`workbench.evaluate.run.compare`: 95% paired-bootstrap interval over tasks,
 sign-flip p): ``delta``/``solve_delta`` on the held-out split, ``train_pool_delta``/``train_pool_solve_delta`` on
@@ -29,13 +30,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from workbench.engine import DISCLOSURE, Engine
 from workbench.capture import ProxyClient
+from workbench.evaluate.paired import run_paired
 from workbench.evaluate.run import EvalConfig, compare, run_eval
 from workbench.evaluate.evidence import SHIPPED, example_pair, headline, load_shipped, rate_delta, ship
 from workbench.runs import RunDir
@@ -240,6 +243,19 @@ def run_learning(
 
         return stage(name, work)
 
+    def paired(name: str, adapter: Path, *, tasks: str | None = None, n: int | None = None) -> tuple[Any, Any]:
+        """The base model and `adapter` interleaved on one engine (`run_paired`): their two eval.json."""
+        cfg = replace(config.eval_config(adapter, tasks=tasks, n=n), with_base=True)
+        folder = run.path / name
+        if not (folder / "paired.json").is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # an attempt stopped half-way: its blocks are not kept
+            t = time.monotonic()
+            eng, cli = stack()
+            run_paired(cfg, run_dir=folder, engine=eng, client=cli)
+            timings[f"{name}_s"] = round(time.monotonic() - t, 1)
+            run.write_json("timings.json", timings)
+        return tuple(json.loads((folder / side / "eval.json").read_text()) for side in ("base", "trained"))
+
     with exits:
         pool = None
         if config.probe_n:
@@ -250,8 +266,6 @@ def run_learning(
             run.write_json("pool.json", pool)
             if not pool["task_ids"]:
                 raise RuntimeError(f"no task of {config.train_tasks} is in the pool: {pool['left_out']}")
-            base_pool = evaluate("eval-base-pool", tasks=pool["spec"], n=config.pool_eval_n)
-        base = evaluate("eval-base")
         train = config.train_config(pool["spec"] if pool else None)
         grpo_dir = run.path / "grpo"
         adapter = grpo_dir / "adapters" / "final"
@@ -262,9 +276,10 @@ def run_learning(
             GRPORun(train, run_dir=grpo_dir, engine=eng, client=cli).train(resume=again)
             timings["train_s"] = round(timings.get("train_s", 0.0) + time.monotonic() - t, 1)
             run.write_json("timings.json", timings)
+        # base and trained interleaved on one engine, after training: host load falls on both alike
         if pool:
-            trained_pool = evaluate("eval-trained-pool", adapter, tasks=pool["spec"], n=config.pool_eval_n)
-        trained = evaluate("eval-trained", adapter)
+            base_pool, trained_pool = paired("eval-pool", adapter, tasks=pool["spec"], n=config.pool_eval_n)
+        base, trained = paired("eval-held-out", adapter)
     metrics = RunDir.open(grpo_dir).read_metrics()
     evidence = {
         **compare(base, trained),

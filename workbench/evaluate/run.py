@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get
 
 from workbench.evaluate.adapter_check import check_adapter
 from workbench.evaluate.report import SETTINGS, aggregate, compare, harness_tax
+from workbench.evaluate.served import ReloadCheck
 from workbench.runs import RunDir
 from workbench.sandbox import Isolation, check_isolation
 
@@ -98,6 +99,8 @@ class EvalConfig:
             (`TrainConfig.engine_cores`).
         tool_parser: how the engine reads tool calls (`EngineConfig.tool_parser`): ``asset`` (the model's own
             choice: ``json`` for qwen-coder, ``hermes`` otherwise), ``hermes`` or ``json``.
+        with_base: with an adapter, evaluate the base model too, interleaved with it block by block on the same
+            engine (`workbench.evaluate.paired`: host load falls on both alike), and write their paired comparison.
     """
 
     model: str = "tiny"
@@ -121,6 +124,7 @@ class EvalConfig:
     skip_title_call: bool = False
     engine_cores: Literal["all", "half"] = "all"
     tool_parser: Literal["asset", "hermes", "json"] = "asset"
+    with_base: bool = False
 
     def __post_init__(self) -> None:
         if self.serving not in ("lora", "merged"):
@@ -129,6 +133,8 @@ class EvalConfig:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
+        if self.with_base and not self.adapter:
+            raise ValueError("with_base compares an adapter with its base model: give an adapter too")
         if self.engine_cores not in ("all", "half"):
             raise ValueError(f"engine_cores must be 'all' or 'half', got {self.engine_cores!r}")
 
@@ -148,10 +154,12 @@ def run_eval(
 
     The engine and proxy are started here (`local_stack`) unless both are given. Everything that can be
     refused (adapter, isolation, tasks, agent prompt) is checked before any of them starts."""
-    from workbench.engine import load_asset, prompting, EngineConfig, engine_threads, local_stack
+    from workbench.engine import load_asset, prompting, EngineConfig
     from workbench.rollout import run_rollouts, RolloutConfig, agent_prompt
     from workbench.tasks import load_tasks
 
+    if config.with_base:
+        raise ValueError("with_base is an interleaved pair of evaluations: run it with workbench.evaluate.run_paired")
     if (engine is None) != (client is None):
         raise ValueError("pass both engine and client (the proxy in front of that engine), or neither")
     if engine is not None and engine.asset is not None and engine.asset.name != config.model:
@@ -198,31 +206,23 @@ def run_eval(
     merged = config.serving == "merged"
     stack: contextlib.AbstractContextManager[tuple[Engine, object, ProxyClient]]
     if engine is None or client is None:
-        stack = local_stack(
-            engine_config=EngineConfig(
-                model=config.model,
-                lora=not merged,
-                dev_routes=merged,
-                threads=engine_threads(config.engine_cores),
-                tool_parser=config.tool_parser,
-            ),
-            max_output_tokens=config.max_output_tokens,
-        )
+        stack = eval_stack(config)
     else:
         stack = contextlib.nullcontext((engine, None, client))
     asset_path = load_asset(config.model).path
+    reloads: list[dict[str, Any]] = []  # every reload of served weights, verified (`served.ReloadCheck`)
     with stack as (eng, _, cli):
         previous = cli.model
         name = f"eval-{uuid.uuid4().hex[:8]}" if adapter and not merged else None
+        check = ReloadCheck(eng, asset_path) if merged else None
         try:
-            if merged:  # whatever the engine served before (a trained policy), it serves this policy's weights now
+            if check is not None:  # whatever the engine served before (a trained policy), it serves this policy now
                 from workbench.train import merge_adapter_folder
 
-                eng.reload_weights(
-                    merge_adapter_folder(asset_path, Path(adapter["path"]), run.path / "merged")
-                    if adapter
-                    else asset_path
-                )
+                if adapter:
+                    check.reload(merge_adapter_folder(asset_path, Path(adapter["path"]), run.path / "merged"), "merged")
+                else:
+                    check.reload(asset_path, "base")
                 served = eng.served_name
                 policy = f"{served}+{Path(adapter['path']).name} (merged)" if adapter else served
             else:
@@ -235,9 +235,13 @@ def run_eval(
             cli.set_model(previous)
             if name and name in eng.adapters:
                 eng.unload_adapter(name)
-            if merged and adapter:  # the engine serves the base model again; the merged copy goes
-                eng.reload_weights(asset_path)
-                shutil.rmtree(run.path / "merged", ignore_errors=True)
+            if check is not None and adapter:  # the engine serves the base model again; the merged copy goes
+                try:
+                    check.reload(asset_path, "base")
+                finally:
+                    shutil.rmtree(run.path / "merged", ignore_errors=True)
+            if check is not None:
+                reloads = check.log
     records = []
     for r in results:
         assert r.out_dir is not None  # every job above names its rollout folder
@@ -281,12 +285,31 @@ def run_eval(
         "config": asdict(config),
         **aggregate(records, config.seed, [t.id for t in tasks]),
         "stale_calls": sum(r["stale_calls"] for r in records),
+        "reloads": reloads,
         "run_dir": str(run.path),
         "wall_s": round(time.monotonic() - started, 1),
         "records": records,
     }
     run.write_json("eval.json", out)
     return out
+
+
+def eval_stack(config: EvalConfig) -> contextlib.AbstractContextManager[tuple[Engine, object, ProxyClient]]:
+    """The engine and proxy an evaluation starts when it is given none (`local_stack`): LoRA layers for ``lora``
+    serving, development routes (in-place reloads) for ``merged``."""
+    from workbench.engine import EngineConfig, engine_threads, local_stack
+
+    merged = config.serving == "merged"
+    return local_stack(
+        engine_config=EngineConfig(
+            model=config.model,
+            lora=not merged,
+            dev_routes=merged,
+            threads=engine_threads(config.engine_cores),
+            tool_parser=config.tool_parser,
+        ),
+        max_output_tokens=config.max_output_tokens,
+    )
 
 
 # -- command line ----------------------------------------------------------------------------------
@@ -323,6 +346,21 @@ def run_from_args(args: argparse.Namespace) -> int:
     # read before the evaluation runs: a missing or broken file is said at once (a mismatch only once both exist;
     # the evaluation is in its run folder either way)
     earlier = json.loads(Path(args.baseline).read_text()) if args.baseline else None
+    if config.with_base:
+        if earlier is not None:
+            raise SystemExit(
+                "workbench eval: --with-base compares with the base model evaluated beside it; no --baseline"
+            )
+        from workbench.evaluate.paired import run_paired
+
+        both = run_paired(config, run_dir=Path(args.out) if args.out else None)
+        paired = {k: both[k] for k in ("model", "tasks", "n", "base", "trained", "delta", "interleaved", "run_dir")}
+        print(
+            json.dumps(paired)
+            if args.json
+            else f"trained - base, paired by task: {both['delta']}\nrun folder: {both['run_dir']}"
+        )
+        return 0
     result = run_eval(config, run_dir=Path(args.out) if args.out else None)
     head = {
         k: result[k]

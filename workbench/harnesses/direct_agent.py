@@ -18,9 +18,12 @@ The rule that takes the code from the reply (`extract_code`), first match wins:
 3. ``reply``: else the whole reply, when it parses as Python and defines a function or class;
 4. ``none``: else no solution.py is written (the hidden tests then fail: reward 0).
 
-A block cut off by the output cap (no closing fence) counts when what there is parses. This is what the
-usual HumanEval harnesses do with a chat model's answer (take its code block); the rule is applied before
-grading and never sees the tests.
+From code that defines something (rules 1 and 3) only the imports, definitions and top-level assignments are
+kept (`sanitize`): a model often tries its function out below it (asserts, prints, a ``__main__`` block), and
+that code would run, and may fail, when the hidden tests import solution.py. A block cut off by the output cap
+(no closing fence) counts when what there is parses. This is what the usual HumanEval harnesses do with a chat
+model's answer (evalplus's sanitiser: the code block, its definitions); the rule is applied before grading and
+never sees the tests.
 """
 
 from __future__ import annotations
@@ -67,6 +70,23 @@ def _defines(tree: ast.Module) -> bool:
     return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in tree.body)
 
 
+# what a definition needs at import: the rest of a module's top level (asserts, prints, calls, a __main__ block,
+# loops) is the model trying its code out, and it runs when the tests import solution.py
+_KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+
+
+def sanitize(code: str, tree: ast.Module) -> str:
+    """`code`'s imports, definitions and top-level assignments, in order, as written (decorators and comments
+    inside them kept); every other top-level statement dropped."""
+    lines = code.splitlines()
+    kept = []
+    for node in tree.body:
+        if isinstance(node, _KEEP):
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            kept.append("\n".join(lines[start - 1 : node.end_lineno]))
+    return "\n\n".join(kept) + "\n"
+
+
 def extract_code(reply: str) -> tuple[str | None, str]:
     """(code for solution.py or None, the rule that chose it: fenced-def, fenced, reply or none)."""
     parsed = [
@@ -76,12 +96,12 @@ def extract_code(reply: str) -> tuple[str | None, str]:
     ]
     for text, tree in parsed:
         if _defines(tree):
-            return text.rstrip() + "\n", "fenced-def"
+            return sanitize(text, tree), "fenced-def"
     if parsed:
         return parsed[0][0].rstrip() + "\n", "fenced"
     tree = _parses(reply)
     if tree is not None and _defines(tree):
-        return reply.rstrip() + "\n", "reply"
+        return sanitize(reply, tree), "reply"
     return None, "none"
 
 

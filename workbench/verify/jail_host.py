@@ -78,7 +78,10 @@ def interpreter(info: Host, bwrap: bool) -> str:
     """The Python that runs graded code: ours under bwrap (its folders are mounted); in plain mode as
     root, one the test uid reaches on its own rights (a pyenv under /root is not), else none."""
     if bwrap or not info.root or all(reachable(Path(p)) for p in python_dirs()):
-        return sys.executable
+        # its folder as mounted (`python_dirs` are real paths): a venv reached through a linked folder (a worktree's
+        # .venv -> the main checkout's) is not at the linked path in the jail, and every test would "crash"
+        here = os.path.dirname(sys.executable)
+        return os.path.join(os.path.realpath(here), os.path.basename(sys.executable))
     for candidate in ("/usr/local/bin/python3", "/usr/bin/python3"):
         real = Path(os.path.realpath(candidate))
         if real.exists() and reachable(real.parent):
