@@ -5,9 +5,9 @@
 
 One engine and proxy for everything. For each temperature: ``workbench eval --harness direct`` and then each
 harness on the same tasks (`EvalConfig`: the same temperature, output cap, call cap, prompting, tool parser,
-timeout, isolation; 0 is greedy, one rollout a task), then `workbench.evaluate.harness_tax` per harness: paired
+timeout, isolation; at `NEAR_GREEDY` or below one rollout a task), then `workbench.evaluate.harness_tax` per harness: paired
 by task, harness minus direct, with a paired bootstrap interval and a sign-flip p. ``--greedy-all SPEC`` also
-asks every task of SPEC directly at temperature 0: the weights' greedy pass@1, set beside the maker's figure
+asks every task of SPEC directly at `NEAR_GREEDY`: the weights' (near-)greedy pass@1, set beside the maker's figure
 (Qwen2.5-Coder-0.5B-Instruct, HumanEval 61.6, report's instruct table), so the repack's cost is a number.
 
 Writes benchmarks/results/harness_tax/<date>_<host>.json (`run_file`): args, host, load, every evaluation's
@@ -30,6 +30,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # Qwen2.5-Coder technical report (arXiv 2409.12186), instruct models' table: HumanEval pass@1, greedy.
 MAKERS_HUMANEVAL = {"qwen-coder": 61.6}
+# OpenEnv's sessions refuse temperature 0 ("training sampling requires a finite positive temperature"): near-greedy
+NEAR_GREEDY = 0.01
 HEADLINE = (
     "harness",
     "temperature",
@@ -63,9 +65,13 @@ def main() -> None:
     ap.add_argument("--model", default="qwen-coder")
     ap.add_argument("--tasks", default="humaneval-eval")
     ap.add_argument("--harnesses", default="opencode", help="comma-separated harness names")
-    ap.add_argument("--temperatures", default="1.0", help="comma-separated; 0 is greedy (one rollout a task)")
+    ap.add_argument(
+        "--temperatures",
+        default="1.0",
+        help=f"comma-separated, each > 0; {NEAR_GREEDY} is near-greedy (one rollout a task)",
+    )
     ap.add_argument("--n", type=int, default=1, help="rollouts a task at a temperature above 0")
-    ap.add_argument("--greedy-all", default=None, help="a task spec asked directly at temperature 0 as well")
+    ap.add_argument("--greedy-all", default=None, help="a task spec asked directly at NEAR_GREEDY as well")
     ap.add_argument("--max-output-tokens", type=int, default=512)
     ap.add_argument("--max-model-calls", type=int, default=8)
     ap.add_argument("--timeout-s", type=float, default=600.0)
@@ -93,7 +99,7 @@ def main() -> None:
             tasks=tasks,
             harness=harness,
             temperature=temperature,
-            n=1 if temperature == 0 else args.n,
+            n=1 if temperature <= NEAR_GREEDY else args.n,
             max_output_tokens=args.max_output_tokens,
             max_model_calls=args.max_model_calls,
             timeout_s=args.timeout_s,
@@ -130,7 +136,7 @@ def main() -> None:
                 )
                 save()
         if args.greedy_all:
-            ev = evaluate(engine, client, "direct", 0.0, args.greedy_all)
+            ev = evaluate(engine, client, "direct", NEAR_GREEDY, args.greedy_all)
             result["greedy_direct"] = {
                 "tasks": args.greedy_all,
                 "solve_rate": ev["solve_rate"],

@@ -72,7 +72,8 @@ class EvalConfig:
         adapter: a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) to evaluate instead of the base model.
         tasks: task spec (easy-eval, easy-train, easy[:4], humaneval[:8], jsonl:PATH).
         n: rollouts per task.
-        temperature: sampling temperature, pinned by the proxy for every call; 0 is greedy.
+        temperature: sampling temperature, pinned by the proxy for every call; above 0 (OpenEnv's sessions refuse 0:
+            near-greedy is a small one, 0.01).
         few_shot: prefix two worked tool-call turns (what makes SmolLM2-135M call tools); unset: the model's own
             (`assets.prompting`: on for qwen-coder, off for the others).
         agent_prompt: the harness's agent prompt: default (as shipped) or short; unset: the model's own (short for
@@ -131,8 +132,10 @@ class EvalConfig:
             raise ValueError(f"serving must be 'lora' or 'merged', got {self.serving!r}")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
+        if not self.temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0 (OpenEnv's sessions refuse 0; near-greedy: 0.01), got {self.temperature}"
+            )
         if self.with_base and not self.adapter:
             raise ValueError("with_base compares an adapter with its base model: give an adapter too")
         if self.engine_cores not in ("all", "half"):
