@@ -117,12 +117,13 @@ def shared(engine):
 @pytest.mark.engine
 @pytest.mark.opencode
 def test_02_when_no_agent_call_is_answered_shows_each_attempts_reason(shared, tmp_path):
-    """A rollout stopped before opencode can even start (10 ms) answers no call, on any machine."""
+    """A rollout stopped before opencode can even start (10 ms) answers no call, on any machine: each attempt is
+    `stalled` (the infrastructure's, unscored), never the agent's timeout."""
     params = {**shared, "task": "easy/0", "timeout_s": 0.01, "attempts": 2}
     ename, message, printed = _execute("02_capture", params, tmp_path)
     assert ename == "NotebookError"
     assert message.startswith("no agent call was answered in 2 rollout(s):")
-    assert "attempt-0: timeout: " in message and "attempt-1: timeout: " in message
+    assert "attempt-0: stalled: " in message and "attempt-1: stalled: " in message
     assert message.splitlines()[0] in printed
 
 
@@ -134,7 +135,7 @@ def test_05_when_no_rollout_is_answered_says_why_and_shows_no_trl_noise(shared, 
     ename, message, printed = _execute("05_grpo", params, tmp_path)
     assert ename == "NotebookError"
     assert message.startswith("no agent call was answered in 2 rollout(s):")
-    assert "step-0001/00-00_easy-0: timeout: " in message and "step-0001/00-01_easy-0: timeout: " in message
+    assert "step-0001/00-00_easy-0: stalled: " in message and "step-0001/00-01_easy-0: stalled: " in message
     # the step ran on padding rows only (rewards None on purpose): TRL says nothing about them, nor
     # transformers about the checkpointing name we pass
     assert "All reward functions returned None" not in printed and "FutureWarning" not in printed

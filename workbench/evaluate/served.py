@@ -36,7 +36,7 @@ class ReloadCheck:
     def __init__(self, engine: Engine, asset_path: Path) -> None:
         from transformers import AutoTokenizer
 
-        from workbench.train.sync_probe import PROBE_TEXT, SyncProbe, served_dtype, tolerance
+        from workbench.train import PROBE_TEXT, SyncProbe, served_dtype, tolerance
 
         ids = AutoTokenizer.from_pretrained(asset_path).encode(PROBE_TEXT, add_special_tokens=False)
         self.engine, self.asset_path = engine, Path(asset_path)
@@ -48,7 +48,7 @@ class ReloadCheck:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from workbench.train.sync_probe import engine_prompt_logprobs, model_logprobs, probe_threads
+        from workbench.train import engine_prompt_logprobs, model_logprobs, probe_threads
 
         def expected(path: Path) -> list[float]:
             """The probe under the weights in `path`: the asset's model, with a merged folder's tensors (a

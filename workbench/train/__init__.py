@@ -26,6 +26,10 @@ __all__ = [
     "write_merged",
     "engine_prompt_logprobs",
     "model_logprobs",
+    "PROBE_TEXT",
+    "probe_threads",
+    "served_dtype",
+    "tolerance",
     "SyncProbe",
     "WeightSyncError",
     "build_trainer",
@@ -42,6 +46,10 @@ __getattr__, __dir__ = face(
         "write_merged": "policy_sync",
         "engine_prompt_logprobs": "sync_probe",
         "model_logprobs": "sync_probe",
+        "PROBE_TEXT": "sync_probe",
+        "probe_threads": "sync_probe",
+        "served_dtype": "sync_probe",
+        "tolerance": "sync_probe",
         "SyncProbe": "sync_probe",
         "WeightSyncError": "sync_probe",
         "build_trainer": "trl_trainer",
@@ -54,4 +62,5 @@ if TYPE_CHECKING:
     from workbench.train.openenv_session import HarnessSessionFactory
     from workbench.train.policy_sync import merge_adapter_folder, write_merged
     from workbench.train.sync_probe import engine_prompt_logprobs, model_logprobs, SyncProbe, WeightSyncError
+    from workbench.train.sync_probe import PROBE_TEXT, probe_threads, served_dtype, tolerance
     from workbench.train.trl_trainer import build_trainer
