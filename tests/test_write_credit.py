@@ -112,3 +112,15 @@ def test_the_eval_table_quotes_the_clustered_rate_interval_and_flags_a_wilson_on
     assert "[0.111, 0.889]" in new and "Wilson" not in new
     old = render_eval({"base": paired, "trained": paired, "base_eval": side(False), "trained_eval": side(False)})
     assert "[0.200, 0.800] (Wilson, too narrow)" in old
+
+
+def test_the_write_credit_decays_to_zero_over_its_steps_and_then_trains_on_the_plain_reward():
+    from workbench.train.grpo import reward_at
+
+    cfg = TrainConfig(tasks="easy-train[:1]", write_credit=0.4, write_credit_decay_steps=4)
+    assert [cfg.write_credit_at(s) for s in (1, 2, 3, 4, 5, 9)] == pytest.approx([0.4, 0.3, 0.2, 0.1, 0.0, 0.0])
+    assert reward_at(cfg, 2)(_outcome("ok", 0.0, True)) == pytest.approx(0.3)
+    assert reward_at(cfg, 5) is hidden_test_reward
+    assert TrainConfig(write_credit=0.4).write_credit_at(100) == pytest.approx(0.4)  # 0 decay steps: constant
+    with pytest.raises(ValueError, match="write_credit_decay_steps"):
+        TrainConfig(write_credit_decay_steps=-1)

@@ -61,6 +61,9 @@ class LearnConfig:
         temperature: sampling temperature, pinned by the proxy, for the probe, training and evaluation alike.
         write_credit: training-only credit for writing solution.py (`TrainConfig.write_credit`); the evaluations
             report the plain hidden-test reward.
+        write_credit_decay_steps: the credit falls linearly to 0 over this many steps (`TrainConfig`; 0: constant).
+        train_turns: which agent turns carry the loss (`TrainConfig.train_turns`): ``tool_calls`` or ``all`` (a
+            failed rollout's prose replies then take its negative advantage too).
         max_model_calls / rollout_timeout_s: per-rollout limits, for every stage. 1: the call that writes
             solution.py is the rollout (the harness's next call, its reply to the tool result, is refused and the
             harness stops; the file is graded as written). Chosen for time, and it saved less than hoped: median
@@ -91,6 +94,8 @@ class LearnConfig:
     lora_rank: int = 16
     temperature: float = 1.0
     write_credit: float = 0.0
+    write_credit_decay_steps: int = 0
+    train_turns: Literal["tool_calls", "all"] = "tool_calls"
     max_model_calls: int = 1
     rollout_timeout_s: float = 300.0
     max_output_tokens: int = 256
@@ -129,6 +134,8 @@ class LearnConfig:
             max_model_calls=self.max_model_calls,
             rollout_timeout_s=self.rollout_timeout_s,
             write_credit=self.write_credit,
+            write_credit_decay_steps=self.write_credit_decay_steps,
+            train_turns=self.train_turns,
             parallel_rollouts=self.group_size,
             seed=self.seed,
             weight_sync=self.serving,

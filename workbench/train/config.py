@@ -41,6 +41,9 @@ class TrainConfig:
             run in the grading jail) instead of its own tests; unset: each task's (Harbor tasks may name one).
         write_credit: training-only credit for a rollout that wrote solution.py (``credit + (1 - credit) x`` the
             fraction of tests passed; `workbench.train.grpo.write_credit_reward`); 0 = the plain hidden-test reward.
+        write_credit_decay_steps: the credit falls linearly to 0 over this many steps (step s gets ``credit x (1 -
+            (s - 1) / decay_steps)``, nothing from step ``decay_steps + 1`` on): a scaffold for a policy that rarely
+            writes, gone before the run ends so its last steps train on the plain reward. 0: constant.
         tasks_per_step: distinct tasks per optimizer step.
         group_size: rollouts per task (the GRPO group; advantages are relative within it).
         steps: optimizer steps.
@@ -138,6 +141,7 @@ class TrainConfig:
     tasks: str = "easy-train"
     verifier: str | None = None
     write_credit: float = 0.0
+    write_credit_decay_steps: int = 0
     tasks_per_step: int = 1
     group_size: int = 4
     steps: int = 2
@@ -205,6 +209,12 @@ class TrainConfig:
         )
         return cls(**{**levers, **overrides})
 
+    def write_credit_at(self, step: int) -> float:
+        """The write credit step `step` (1-based) trains with (`write_credit_decay_steps`)."""
+        if not self.write_credit_decay_steps:
+            return self.write_credit
+        return self.write_credit * max(0.0, 1.0 - (step - 1) / self.write_credit_decay_steps)
+
     @property
     def slots(self) -> int:
         """Rows per group TRL sees: the group's rollouts, plus room for the extra rows of forks."""
@@ -224,6 +234,8 @@ class TrainConfig:
             raise ValueError(f"train_turns must be 'tool_calls' or 'all', got {self.train_turns!r}")
         if not 0.0 <= self.write_credit < 1.0:
             raise ValueError(f"write_credit must be in [0, 1), got {self.write_credit}")
+        if self.write_credit_decay_steps < 0:
+            raise ValueError(f"write_credit_decay_steps must be >= 0 (0: constant), got {self.write_credit_decay_steps}")
         if self.group_size < 2:
             raise ValueError("group_size must be at least 2 (advantages are relative within a group)")
         if not self.temperature > 0:

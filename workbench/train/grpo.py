@@ -69,6 +69,7 @@ __all__ = [
     "GRPORun",
     "RolloutOutcome",
     "write_credit_reward",
+    "reward_at",
     "rows_for_trl",
     "FAILED_STATUSES",
     "resolve_device",
@@ -107,6 +108,13 @@ def write_credit_reward(credit: float) -> Callable[[RolloutOutcome], float | Non
     return reward
 
 
+def reward_at(config: TrainConfig, step: int) -> Callable[[RolloutOutcome], float | None]:
+    """The training reward of step `step`: the hidden-test one, with the write credit that step has
+    (`TrainConfig.write_credit_at`) when it has any."""
+    credit = config.write_credit_at(step)
+    return write_credit_reward(credit) if credit else hidden_test_reward
+
+
 def resolve_weight_sync(config: TrainConfig, engine: Engine | None, device: str) -> Literal["lora", "merged", "nccl"]:
     """``weight_sync="auto"`` made concrete (`TrainConfig.weight_sync` says when merged weights are used)."""
     if config.weight_sync != "auto":
@@ -140,10 +148,10 @@ class GRPORun:
         self.shared = SharedFolder.of(config.sync_dir, config.sync_dir_on_engine).check() if config.sync_dir else None
         self.dir = RunDir.create("grpo", path=run_dir)
         self.engine, self.client = engine, client
-        # Default: the hidden-test reward, with `TrainConfig.write_credit` for writing solution.py when set.
-        self.reward_fn = reward_fn or (
-            write_credit_reward(config.write_credit) if config.write_credit else hidden_test_reward
-        )
+        # Default: the hidden-test reward, with `TrainConfig.write_credit` for writing solution.py when set (and
+        # decaying when `write_credit_decay_steps` is: `reward_at` gives each step its own).
+        self.given_reward_fn = reward_fn
+        self.reward_fn = reward_fn or reward_at(config, 1)
         self.train_turn_fn = train_turn_fn or mask_policy(config.train_turns)
         self.recording: Any = None
         if config.from_rollouts:
@@ -206,13 +214,15 @@ class GRPORun:
             cfg,
             tasks,
             results,
-            self.reward_fn,
+            self.given_reward_fn or reward_at(cfg, step),
             self.train_turn_fn,
             self.tokenizer,
             policy=None if self.recording is not None else self.step_stats.get("policy"),
         )
         # fields_s: grading is in rollout_s; this is turning traces into rows (part of train_s)
         fields_s = time.monotonic() - t0 - rollout_s
+        if self.given_reward_fn is None and cfg.write_credit:
+            extra["write_credit"] = round(cfg.write_credit_at(step), 6)
         self.step_stats.update(rollout_s=rollout_s, fields_s=fields_s, **stats, **extra)
         return fields_
 
