@@ -235,7 +235,9 @@ class TrainConfig:
         if not 0.0 <= self.write_credit < 1.0:
             raise ValueError(f"write_credit must be in [0, 1), got {self.write_credit}")
         if self.write_credit_decay_steps < 0:
-            raise ValueError(f"write_credit_decay_steps must be >= 0 (0: constant), got {self.write_credit_decay_steps}")
+            raise ValueError(
+                f"write_credit_decay_steps must be >= 0 (0: constant), got {self.write_credit_decay_steps}"
+            )
         if self.group_size < 2:
             raise ValueError("group_size must be at least 2 (advantages are relative within a group)")
         if not self.temperature > 0:
