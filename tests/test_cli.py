@@ -19,6 +19,7 @@ OTHER_PROGRAMS_FLAGS = {
     ("sandbox-check", "--version"): "harness",  # "run a harness's --version in one real sandbox"
     ("train", "--title"): "opencode",  # opencode's own `run --title`
     ("eval", "--title"): "opencode",
+    ("train", "--weight-transfer-config"): "vLLM",  # "a colocated vLLM started with --weight-transfer-config"
 }
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
@@ -74,12 +75,11 @@ def test_proxy_admin_key_is_not_read_as_admin_key_file(capsys):
     ("module", "function", "runs", "argv", "refused"),
     [
         ("workbench.evaluate.diff", "cli_diff", "diff_from_args", ["a", "b", "--js"], "--js"),  # --json
-        ("workbench.evaluate.run", "cli_main", "run_from_args", ["--js"], "--js"),  # --json
         ("workbench.verify.harbor", "harbor_cli", "oracle_check", ["check", "x", "--sand", "bwrap"], "--sand bwrap"),
     ],
 )
 def test_the_standalone_parsers_refuse_abbreviations(module, function, runs, argv, refused, capsys, monkeypatch):
-    """`workbench.evaluate.diff`, `workbench.evaluate.run` and `workbench.verify.harbor` build their own parsers
+    """`workbench.evaluate.diff` and `workbench.verify.harbor` build their own parsers
     (``python -m``); an abbreviation is refused before anything runs (what would run is stubbed: an
     accepted ``--js`` once started a whole evaluation here)."""
     mod = importlib.import_module(module)
@@ -113,3 +113,17 @@ def test_matrix_harness_all_means_every_registered_harness(monkeypatch, capsys):
     assert commands._cmd_matrix(args) == 0
     assert seen["harnesses"] == tuple(HARNESSES) and len(HARNESSES) >= 3
     assert build_parser().parse_args(["matrix", "--harnesses", "pi,codex"]).harnesses == "pi,codex"
+
+
+def test_every_commands_help_reads_whole_sentences_without_doubled_percent_signs():
+    """argparse %-formats option help, not descriptions: a `%%` escaped for one and printed by the other showed as
+    "95%% intervals"; a docstring whose continuation lines were dropped cut help mid-sentence ("(short for")."""
+    root = build_parser()
+    sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    assert "eval" in sub.choices and len(sub.choices) > 10
+    for name, parser in sub.choices.items():
+        text = parser.format_help()
+        assert "%%" not in text, name
+        for action in parser._actions:
+            help_ = action.help or ""
+            assert help_.count("(") == help_.count(")"), f"workbench {name} {action.option_strings}: {help_!r}"

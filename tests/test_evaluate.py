@@ -16,7 +16,9 @@ import pytest
 
 from workbench.evaluate.adapter_check import AdapterMismatch, check_adapter
 from workbench.evaluate.stats import bootstrap_ci, cluster_bootstrap_ci, paired_bootstrap_ci, sign_flip_p, wilson
-from workbench.evaluate import EvalConfig, add_eval_arguments, compare, harness_tax, run_eval
+from workbench.cli import given_fields
+from workbench.cli.evaluate import add_eval_arguments
+from workbench.evaluate import EvalConfig, compare, harness_tax, run_eval
 
 TINY = {"hidden": 64, "inter": 128, "q": 128, "kv": 64, "layers": 2}  # .cache/assets/tiny/config.json
 SMOL = {"hidden": 576, "inter": 1536, "q": 576, "kv": 192, "layers": 30}  # .cache/assets/smollm2
@@ -257,7 +259,7 @@ def test_every_config_field_is_a_flag():
             "--json",
         ]
     )
-    config = EvalConfig(**{f.name: getattr(args, f.name) for f in fields(EvalConfig)})
+    config = EvalConfig(**given_fields(args, EvalConfig))
     assert config == EvalConfig(
         model="smollm2",
         adapter="/a",
@@ -275,9 +277,10 @@ def test_every_config_field_is_a_flag():
         seed=7,
         harness="pi",
     )
-    assert args.json and parser.parse_args([]).adapter is None
+    assert args.json and EvalConfig(**given_fields(parser.parse_args([]), EvalConfig)) == EvalConfig()
     text = parser.format_help()
     assert all("--" + f.name.replace("_", "-") in text for f in fields(EvalConfig))
+    assert "%%" not in text
     with pytest.raises(SystemExit):
         parser.parse_args(["--isolation", "docker"])
 
@@ -343,8 +346,14 @@ def test_real_eval_with_an_adapter(engine, tmp_path):
     assert same["delta"]["mean"] == 0.0 and same["delta"]["p"] == 1.0
 
 
+def _cli(argv: list[str]) -> int:
+    from workbench.cli.evaluate import run_from_args
+
+    return run_from_args(add_eval_arguments(argparse.ArgumentParser()).parse_args(argv))
+
+
 def test_cli_prints_one_json_object_and_the_comparison(monkeypatch, tmp_path, capsys):
-    import workbench.evaluate.run as ev
+    import workbench.cli.evaluate as ev
 
     seen = []
 
@@ -368,27 +377,48 @@ def test_cli_prints_one_json_object_and_the_comparison(monkeypatch, tmp_path, ca
 
     monkeypatch.setattr(ev, "run_eval", fake_run_eval)
     (tmp_path / "base.json").write_text(json.dumps(_eval([0.0, 0.5, 0.5])))
-    assert (
-        ev.cli_main(
-            [
-                "--model",
-                "tiny",
-                "--n",
-                "4",
-                "--json",
-                "--out",
-                str(tmp_path / "r"),
-                "--baseline",
-                str(tmp_path / "base.json"),
-            ]
-        )
-        == 0
-    )
+    argv = ["--model", "tiny", "--n", "4", "--json", "--out", str(tmp_path / "r")]
+    assert _cli([*argv, "--baseline", str(tmp_path / "base.json")]) == 0
     head = json.loads(capsys.readouterr().out)
     assert (head["mean"], head["ci95"], head["n"]) == (2 / 3, [0.5, 1.0], 4)
     assert head["compare"]["delta"]["mean"] == pytest.approx(1 / 3)
     assert seen[0][0] == EvalConfig(model="tiny", n=4) and str(seen[0][1]) == str(tmp_path / "r")
-    assert ev.cli_main(["--model", "tiny"]) == 0 and "run folder:" in capsys.readouterr().out
+    assert _cli(["--model", "tiny"]) == 0 and "run folder:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--harness", "nosuchharness"], "unknown harness 'nosuchharness'; available: "),
+        (["--model", "gpt-9"], "unknown model 'gpt-9'; available: tiny, smollm2, qwen-coder"),
+        (["--tasks", "nosuchset"], "task spec 'nosuchset'"),
+        (["--adapter", "/nonexistent/adapter"], "is not a PEFT LoRA folder"),
+    ],
+)
+def test_cli_refuses_a_name_that_does_not_exist_before_anything_starts(argv, said, monkeypatch, capsys):
+    import workbench.cli.evaluate as ev
+
+    monkeypatch.setattr(ev, "run_eval", lambda *a, **k: pytest.fail("an evaluation started on bad input"))
+    assert _cli(["--tasks", "easy-eval[:1]", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("workbench eval: ") and said in err and err.count("\n") == 1
+
+
+def test_cli_exits_non_zero_when_nothing_was_scored(monkeypatch, tmp_path, capsys):
+    import workbench.cli.evaluate as ev
+
+    def crashed(config, run_dir=None):
+        out = _eval([0.0])
+        out.update(
+            mean=None, ci95=None, isolation="bwrap", solve_rate=None, solve_rate_ci95=None, tool_call_rate=None,
+            solution_written_rate=None, rollouts=2, scored=0, run_dir=str(tmp_path), per_task=[],
+            failures={"unscored": 2, "by_status": {"crashed": 2}},
+        )  # fmt: skip
+        return out
+
+    monkeypatch.setattr(ev, "run_eval", crashed)
+    assert _cli(["--model", "tiny", "--tasks", "easy-eval[:1]"]) == 1
+    assert "nothing was scored (2 rollouts, unscored by status {'crashed': 2})" in capsys.readouterr().err
 
 
 def test_ship_refuses_a_run_whose_evaluations_scored_nothing(tmp_path):

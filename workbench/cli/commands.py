@@ -199,7 +199,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from workbench.evaluate import run_from_args
+    from workbench.cli.evaluate import run_from_args
 
     return run_from_args(args)
 
@@ -246,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
         # A subcommand parses its own flags: the root's allow_abbrev does not reach it.
-        p = sub.add_parser(name, help=help, description=help, allow_abbrev=False)
+        # (`help` is %-formatted in the command list, the description is printed as written)
+        p = sub.add_parser(name, help=help, description=help.replace("%%", "%"), allow_abbrev=False)
         p.set_defaults(handler=handler)
         return p
 
@@ -333,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-name", default=None)
     p.add_argument("--upstream-key-file", default=None, help="file holding the external engine's API key")
 
-    from workbench.evaluate import add_diff_arguments, add_eval_arguments
+    from workbench.cli.evaluate import add_eval_arguments
+    from workbench.evaluate import add_diff_arguments
 
     add_eval_arguments(
         add(

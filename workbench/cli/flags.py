@@ -28,7 +28,7 @@ def field_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     current = None
     for line in (cls.__doc__ or "").splitlines():
-        m = re.match(r"^ {8}([\w /]+): (.+)$", line)
+        m = re.match(r"^ {8}(\w[\w /]*): (.+)$", line)  # a continuation line is indented 12
         if m:
             names = [n.strip() for n in m.group(1).split("/")]
             for n in names:

@@ -42,10 +42,8 @@ __all__ = [
     "run_paired",
     "delta_widget",
     "rescore",
-    "add_eval_arguments",
     "EvalConfig",
     "run_eval",
-    "run_from_args",
 ]
 
 __getattr__, __dir__ = face(
@@ -73,10 +71,8 @@ __getattr__, __dir__ = face(
         "run_paired": "paired",
         "delta_widget": "rescoring",
         "rescore": "rescoring",
-        "add_eval_arguments": "run",
         "EvalConfig": "run",
         "run_eval": "run",
-        "run_from_args": "run",
     },
 )
 
@@ -89,4 +85,4 @@ if TYPE_CHECKING:
     from workbench.evaluate.report import compare, harness_tax
     from workbench.evaluate.paired import run_paired
     from workbench.evaluate.rescoring import delta_widget, rescore
-    from workbench.evaluate.run import add_eval_arguments, EvalConfig, run_eval, run_from_args
+    from workbench.evaluate.run import EvalConfig, run_eval

@@ -6,7 +6,7 @@ adapter, with intervals; and a paired comparison of two evaluations by task.
     tuned = run_eval(EvalConfig(model="smollm2", adapter="runs/<grpo>/adapters/final", tasks="easy-eval", n=8,
                                 few_shot=True))
     compare(base, tuned)["delta"]        # {"mean": ..., "ci95": [lo, hi], "p": ...}
-    workbench eval --model smollm2 --adapter PATH --tasks easy-eval --n 8 --json   # once wired into cli.py
+    workbench eval --model smollm2 --adapter PATH --tasks easy-eval --n 8 --json   # the same (workbench.cli.evaluate)
 
 Each evaluation is a run folder ``runs/<stamp>__eval/``: config.json, rollouts/<task>__<i>/ (the seed
 artefact per rollout) and eval.json (what `run_eval` returns), whose ``records`` hold one line per rollout (task,
@@ -33,21 +33,17 @@ statistics themselves (pure functions of reward lists) from `workbench.evaluate.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import re
 import shutil
-import sys
 import time
-import types
 import uuid
-from dataclasses import replace, asdict, dataclass, fields
+from dataclasses import replace, asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.evaluate.adapter_check import check_adapter
-from workbench.evaluate.report import SETTINGS, aggregate, compare, harness_tax
+from workbench.evaluate.report import SETTINGS, aggregate, compare
 from workbench.evaluate.served import ReloadCheck
 from workbench.runs import RunDir
 from workbench.sandbox import Isolation, check_isolation
@@ -58,7 +54,7 @@ if TYPE_CHECKING:
 
 # compare is defined in workbench.evaluate.report (with aggregate, eval.json's numbers) and re-exported here: an
 # evaluation and its comparison are imported together (``from workbench.evaluate import compare, run_eval``).
-__all__ = ["EvalConfig", "run_eval", "compare", "add_eval_arguments", "run_from_args", "cli_main"]
+__all__ = ["EvalConfig", "run_eval", "compare"]
 
 REASON_CHARS = 160  # of a rollout's reason kept in eval.json's records
 
@@ -313,106 +309,3 @@ def eval_stack(config: EvalConfig) -> contextlib.AbstractContextManager[tuple[En
         ),
         max_output_tokens=config.max_output_tokens,
     )
-
-
-# -- command line ----------------------------------------------------------------------------------
-
-
-def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """One flag per `EvalConfig` field (from its type and docstring), plus --json, --out, --baseline."""
-    hints = get_type_hints(EvalConfig)
-    docs = dict(re.findall(r"^ {8}(\w+): (.+)$", EvalConfig.__doc__ or "", re.M))  # "name: help" lines
-    for f in fields(EvalConfig):
-        flag, t, help_ = "--" + f.name.replace("_", "-"), hints[f.name], docs.get(f.name, "")
-        if get_origin(t) in (Union, types.UnionType):  # X | None
-            t = next(a for a in get_args(t) if a is not type(None))
-        if t is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
-        elif get_origin(t) is Literal:
-            parser.add_argument(flag, choices=get_args(t), default=f.default, help=help_)
-        else:
-            parser.add_argument(flag, type=t, default=f.default, help=f"{help_} (default: {f.default})")
-    parser.add_argument("--json", action="store_true", help="print eval.json's headline numbers as one JSON object")
-    parser.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__eval)")
-    parser.add_argument(
-        "--baseline",
-        default=None,
-        help="an earlier eval.json made under the same settings: also print the paired comparison with it; one of "
-        "--harness direct, with this run through a harness: that harness's tax (harness_tax)",
-    )
-    return parser
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    """The ``workbench eval`` handler."""
-    config = EvalConfig(**{f.name: getattr(args, f.name) for f in fields(EvalConfig)})
-    # read before the evaluation runs: a missing or broken file is said at once (a mismatch only once both exist;
-    # the evaluation is in its run folder either way)
-    earlier = json.loads(Path(args.baseline).read_text()) if args.baseline else None
-    if config.with_base:
-        if earlier is not None:
-            raise SystemExit(
-                "workbench eval: --with-base compares with the base model evaluated beside it; no --baseline"
-            )
-        from workbench.evaluate.paired import run_paired
-
-        both = run_paired(config, run_dir=Path(args.out) if args.out else None)
-        paired = {k: both[k] for k in ("model", "tasks", "n", "base", "trained", "delta", "interleaved", "run_dir")}
-        print(
-            json.dumps(paired)
-            if args.json
-            else f"trained - base, paired by task: {both['delta']}\nrun folder: {both['run_dir']}"
-        )
-        return 0
-    result = run_eval(config, run_dir=Path(args.out) if args.out else None)
-    head = {
-        k: result[k]
-        for k in (
-            "mean",
-            "ci95",
-            "n",
-            "model",
-            "adapter",
-            "tasks",
-            "isolation",
-            "solve_rate",
-            "solve_rate_ci95",
-            "tool_call_rate",
-            "solution_written_rate",
-            "rollouts",
-            "scored",
-            "failures",
-            "infra_failed_rate",
-            "harness",
-            "run_dir",
-        )
-    }
-    if earlier is not None:
-        tax = (earlier.get("settings") or {}).get("harness") == "direct" and config.harness != "direct"
-        both = harness_tax(earlier, result) if tax else compare(earlier, result)
-        head["compare"] = {k: v for k, v in both.items() if k != "rollouts"}  # the records are in eval.json
-    if args.json:
-        print(json.dumps(head))
-        return 0
-    print(
-        f"{result['model']} {result['adapter'] or '(base)'} on {result['tasks']}, n={result['n']}: "
-        + ", ".join(f"{k} {head[k]}" for k in ("mean", "ci95", "solve_rate", "tool_call_rate", "failures"))
-    )
-    for t in result["per_task"]:
-        print(f"  {t['task_id']}: mean {t['mean']}, solved {t['solved']}/{t['scored']}")
-    if "compare" in head:
-        print(f"vs baseline: {head['compare']['delta']}")
-    print(f"run folder: {result['run_dir']}")
-    return 0
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    """``workbench eval ...`` as a function (argv without the subcommand)."""
-    parser = add_eval_arguments(
-        argparse.ArgumentParser(prog="workbench eval", description=__doc__.split("\n")[0], allow_abbrev=False)
-    )
-    return run_from_args(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(cli_main())
