@@ -74,13 +74,11 @@ def test_proxy_admin_key_is_not_read_as_admin_key_file(capsys):
 @pytest.mark.parametrize(
     ("module", "function", "runs", "argv", "refused"),
     [
-        ("workbench.evaluate.diff", "cli_diff", "diff_from_args", ["a", "b", "--js"], "--js"),  # --json
-        ("workbench.verify.harbor", "harbor_cli", "oracle_check", ["check", "x", "--sand", "bwrap"], "--sand bwrap"),
+        ("workbench.cli.diff", "cli_diff", "diff_from_args", ["a", "b", "--js"], "--js")  # --json
     ],
 )
 def test_the_standalone_parsers_refuse_abbreviations(module, function, runs, argv, refused, capsys, monkeypatch):
-    """`workbench.evaluate.diff` and `workbench.verify.harbor` build their own parsers
-    (``python -m``); an abbreviation is refused before anything runs (what would run is stubbed: an
+    """`workbench.cli.diff.cli_diff` builds its own parser; an abbreviation is refused before anything runs (what would run is stubbed: an
     accepted ``--js`` once started a whole evaluation here)."""
     mod = importlib.import_module(module)
 
@@ -88,9 +86,6 @@ def test_the_standalone_parsers_refuse_abbreviations(module, function, runs, arg
         pytest.fail(f"{module} accepted {refused!r} and went on to run")
 
     monkeypatch.setattr(mod, runs, ran)
-    if module == "workbench.verify.harbor":  # it loads the tasks before checking them
-        monkeypatch.setattr("workbench.tasks.harbor.load_specs", ran)
-        monkeypatch.setattr("workbench.tasks.harbor.load_spec", ran)
     with pytest.raises(SystemExit) as exc:
         getattr(mod, function)(argv)
     assert exc.value.code == 2

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench.evaluate.diff import cli_diff, diff_rollouts, render_diff
+from workbench.cli.diff import cli_diff
+from workbench.evaluate.diff import diff_rollouts, render_diff
 
 FIXTURES = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"
 EASY, BPE = FIXTURES / "smollm2-easy", FIXTURES / "smollm2-fork-bpe"

@@ -22,7 +22,7 @@ from workbench.rollout import run_rollout, RolloutConfig
 from workbench.sandbox import Sandbox
 from workbench.tasks import Limits, Task, load_task, load_tasks
 from workbench.verify import sandbox_guards, verify
-from workbench.verify.harbor import oracle_check
+from workbench.verify.oracle import oracle_check
 
 pytestmark = pytest.mark.skipif("bwrap" not in sandbox_guards(), reason="Harbor grading needs bubblewrap")
 

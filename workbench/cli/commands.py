@@ -40,9 +40,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_harbor(args: argparse.Namespace) -> int:
-    from workbench.verify import harbor_cli
+    from workbench.verify import check_tasks
 
-    return harbor_cli([args.action, args.spec])
+    reports, ok = check_tasks(args.spec, sandbox=args.sandbox)
+    for report in reports:
+        print(json.dumps(report))
+    return 0 if ok else 1
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
@@ -205,7 +208,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from workbench.evaluate import diff_from_args
+    from workbench.cli.diff import diff_from_args
 
     return diff_from_args(args)  # 0 identical, 1 different (like diff(1))
 
@@ -335,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream-key-file", default=None, help="file holding the external engine's API key")
 
     from workbench.cli.evaluate import add_eval_arguments
-    from workbench.evaluate import add_diff_arguments
+    from workbench.cli.diff import add_diff_arguments
 
     add_eval_arguments(
         add(
@@ -386,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("action", choices=["check"])
     p.add_argument("spec", help="harbor:PATH (a task folder or a folder of them) or repo-tasks")
+    p.add_argument("--sandbox", choices=["auto", "bwrap"], default="auto", help="the grading jail's isolation")
     return parser
 
 

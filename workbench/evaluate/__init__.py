@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING
 from workbench._lazy import face
 
 __all__ = [
-    "add_diff_arguments",
-    "diff_from_args",
     "diff_rollouts",
     "render_diff",
     "load_shipped",
@@ -49,8 +47,6 @@ __all__ = [
 __getattr__, __dir__ = face(
     __name__,
     {
-        "add_diff_arguments": "diff",
-        "diff_from_args": "diff",
         "diff_rollouts": "diff",
         "render_diff": "diff",
         "load_shipped": "evidence",
@@ -77,7 +73,7 @@ __getattr__, __dir__ = face(
 )
 
 if TYPE_CHECKING:
-    from workbench.evaluate.diff import add_diff_arguments, diff_from_args, diff_rollouts, render_diff
+    from workbench.evaluate.diff import diff_rollouts, render_diff
     from workbench.evaluate.evidence import load_shipped, ship, SHIPPED
     from workbench.evaluate.learn import LearnConfig, run_learning
     from workbench.evaluate.certification import CertifyConfig, certify, render_certificate

@@ -7,7 +7,7 @@
 Private modules: ``reward`` (`verify`, `verify_many`, shaping; how a verification runs, step by step),
 ``grading`` (the rules per test kind), ``jail`` (the folder, namespaces, uid and limits of one
 verification), ``child`` and ``runner`` (a test process and the program inside it), ``harbor`` (Harbor's
-test.sh and reward file), ``hook`` and ``hook_runner`` (your own verifier), ``examples`` (notebook 04's
+test.sh and reward file), ``oracle`` (a Harbor task's solve.sh must score 1.0), ``hook`` and ``hook_runner`` (your own verifier), ``examples`` (notebook 04's
 answer key and hostile solution). docs/sandboxes.md: what a solution cannot do to its grade.
 """
 
@@ -24,7 +24,8 @@ __all__ = [
     "leaked",
     "tests_file",
     "OUTCOMES",
-    "harbor_cli",
+    "check_tasks",
+    "oracle_check",
     "SANDBOXES",
     "sandbox_guards",
     "shaped_reward",
@@ -44,7 +45,8 @@ __getattr__, __dir__ = face(
         "leaked": "examples",
         "tests_file": "examples",
         "OUTCOMES": "graded",
-        "harbor_cli": "harbor",
+        "check_tasks": "oracle",
+        "oracle_check": "oracle",
         "SANDBOXES": "jail_host",
         "sandbox_guards": "reward",
         "shaped_reward": "reward",
@@ -59,7 +61,7 @@ __getattr__, __dir__ = face(
 if TYPE_CHECKING:
     from workbench.verify.examples import answer_key, cannot_show, hostile, leaked, tests_file
     from workbench.verify.graded import OUTCOMES
-    from workbench.verify.harbor import harbor_cli
+    from workbench.verify.oracle import check_tasks, oracle_check
     from workbench.verify.jail_host import SANDBOXES
     from workbench.verify.reward import (
         sandbox_guards,

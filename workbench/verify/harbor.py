@@ -23,7 +23,8 @@ are still out of the agent's reach while it works (never in its sandbox), the co
 every process of that uid is killed before the reward is read.
 
     graded = grade_harbor(jail, task, task.held_out_tests[0], deadline)   # via grading.grade
-    oracle_check(task)   # {"oracle": 1.0, "start": 0.0, ...}: solve.sh on the start, and the start as is
+
+The oracle check (solve.sh on the start must score 1.0) is `workbench.verify.oracle`.
 """
 
 from __future__ import annotations
@@ -34,29 +35,15 @@ import os
 import stat
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from workbench.sandbox import CopyLimits, copy_tree
-from workbench.tasks import Limits, Task
+from workbench.tasks import Task
 from workbench.verify.child import Child, Failed, clip
 from workbench.verify.graded import Graded
 from workbench.verify.jail import Jail
-from workbench.verify.jail_host import resolve
 
-__all__ = [
-    "BIN_AT",
-    "LOGS_AT",
-    "SOLUTION_AT",
-    "TESTS_AT",
-    "grade_harbor",
-    "jail_options",
-    "oracle_check",
-    "run_solution",
-    "harbor_cli",
-]
+__all__ = ["BIN_AT", "LOGS_AT", "SOLUTION_AT", "TESTS_AT", "grade_harbor", "jail_options"]
 
 TESTS_AT, LOGS_AT, SOLUTION_AT, BIN_AT, APP = "/tests", "/logs/verifier", "/solution", "/run/workbench/bin", "/app"
 _REWARD_FILE_BYTES = 65536  # a reward file is a number or a small JSON object; more is refused, never read whole
@@ -179,88 +166,3 @@ def _fill(box: Jail, inside: str, files: dict[str, str], executable: list[str]) 
     for name, target in tools.items():
         if not (bin_dir / name).exists():
             (bin_dir / name).symlink_to(target)
-
-
-def run_solution(task: Task, dest: Path, *, sandbox: str = "auto") -> tuple[str, str]:
-    """Harbor's oracle: the task's starting files at /app, ``bash /solution/solve.sh`` in the jail (the
-    solution read-only at /solution, no tests), the result copied to the new folder ``dest``. Returns
-    (``ok`` | ``timeout`` | ``crash`` | ``no_solution``, reason)."""
-    held = task.held_out_tests[0]
-    if "solve.sh" not in held.get("solution", {}):
-        return "no_solution", f"task {task.id} has no solution/solve.sh"
-    host, bwrap = resolve(sandbox)
-    timeout = task.agent_timeout_s or _SOLVE_TIMEOUT_S
-    limits = Limits(time_s=timeout, deadline_s=timeout + 60, memory_mb=task.limits.memory_mb)
-    with tempfile.TemporaryDirectory(prefix="wb-harbor-start-") as tmp:
-        start = Path(tmp) / "start"
-        _write_files(start, task.files)
-        with Jail(limits, host, bwrap=bwrap, **jail_options(task, bwrap, solution=True)) as box:
-            box.copy_in(start)
-            _fill(box, SOLUTION_AT, held["solution"], held.get("solution_executable", []))
-            child = Child(box, ["bash", f"{SOLUTION_AT}/solve.sh"], stdin=subprocess.DEVNULL)
-            try:
-                child.finish(time.monotonic() + timeout)
-                status, reason = ("ok", "") if child.proc.returncode == 0 else ("crash", child.crash_reason())
-            except Failed as failed:
-                status, reason = failed.outcome, failed.reason
-            finally:
-                child.close()
-            copy_tree(
-                box.ws,
-                dest,
-                CopyLimits(max_bytes=task.limits.workspace_mb << 20, max_entries=task.limits.workspace_entries),
-            )
-    return status, reason
-
-
-def oracle_check(task: Task, *, sandbox: str = "auto") -> dict[str, Any]:
-    """The oracle's reward (solve.sh, then grading; must be 1.0) and the untouched start's (should be 0)."""
-    from workbench.verify.reward import verify
-
-    with tempfile.TemporaryDirectory(prefix="wb-harbor-oracle-") as tmp:
-        start = Path(tmp) / "start"
-        _write_files(start, task.files)
-        begun = verify(task, start, sandbox=sandbox)
-        solved = Path(tmp) / "solved"
-        status, reason = run_solution(task, solved, sandbox=sandbox)
-        graded = verify(task, solved, sandbox=sandbox) if solved.exists() else None
-    return {
-        "task_id": task.id,
-        "oracle": graded.reward if graded else None,
-        "start": begun.reward,
-        "solve": status,
-        "solve_reason": reason,
-        "oracle_reason": graded.tests[0].reason if graded else reason,
-        "start_reason": begun.tests[0].reason,
-    }
-
-
-def _write_files(root: Path, files: dict[str, str]) -> None:
-    root.mkdir(parents=True)
-    for rel, text in files.items():
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            raise ValueError(f"task file {rel!r} escapes the workspace")
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text, encoding="utf-8")
-
-
-def harbor_cli(argv: list[str] | None = None) -> int:
-    """``workbench harbor check PATH|repo-tasks``: per task, the oracle's reward (solve.sh on the
-    starting files; must be 1.0) and the untouched start's (should be 0)."""
-    import argparse
-    import json
-
-    from workbench.tasks import load_spec, load_specs
-
-    parser = argparse.ArgumentParser(prog="workbench harbor", description=harbor_cli.__doc__, allow_abbrev=False)
-    parser.add_argument("action", choices=["check"])
-    parser.add_argument("spec", help="a Harbor task folder, a folder of them, or repo-tasks")
-    parser.add_argument("--sandbox", choices=["auto", "bwrap"], default="auto")
-    args = parser.parse_args(argv)
-    spec = args.spec if args.spec.startswith(("repo-tasks", "harbor:")) else f"harbor:{args.spec}"
-    ok = True
-    for task in load_specs(spec) if not spec.startswith("repo-tasks/") else [load_spec(spec)]:
-        report = oracle_check(task, sandbox=args.sandbox)
-        ok &= report["oracle"] == 1.0 and report["start"] == 0.0
-        print(json.dumps(report))
-    return 0 if ok else 1
