@@ -16,80 +16,14 @@ only faces), the modules beside it are its private helpers, and imports go down 
     evaluate/   run_eval, EvalConfig, compare        (05)      a policy on held-out tasks, with intervals
     cli/        main                                           ``workbench <command>``
 
-    from workbench import load_task, local_stack, run_rollout, RolloutConfig
+    from workbench.engine import local_stack
+    from workbench.rollout import run_rollout, RolloutConfig
+    from workbench.tasks import load_task
     with local_stack("tiny") as (engine, proxy, client):
         result = run_rollout(load_task("easy/0"), client, RolloutConfig(), Path("runs/r0"))
 
 Leaves every stage may use: ``paths``, ``procs``, ``runs``, ``_compat`` (TRL's and OpenEnv's private API, version
-checked), ``_lazy``, ``_watchdog``. Names load on first use, so ``import workbench`` loads nothing heavy: the
-trainer brings torch and TRL, the proxy OpenEnv's server, each only when asked for.
+checked), ``_lazy``, ``_watchdog``. Import from the stage faces; a face's names load on first use
+(`workbench._lazy`), so importing one loads nothing heavy: the trainer brings torch and TRL, the proxy OpenEnv's
+server, each only when asked for. This package itself exports nothing.
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from workbench._lazy import face
-
-__all__ = [
-    "Task",
-    "load_task",
-    "load_tasks",
-    "Sandbox",
-    "SandboxLimits",
-    "Engine",
-    "EngineConfig",
-    "CaptureProxy",
-    "ProxyClient",
-    "local_stack",
-    "RolloutConfig",
-    "run_rollout",
-    "run_rollouts",
-    "analyse",
-    "load_trace",
-    "VerifyResult",
-    "GRPORun",
-    "TrainConfig",
-    "EvalConfig",
-    "run_eval",
-    "compare",
-]
-
-# each name from its stage's face (`workbench/<stage>/__init__.py`)
-__getattr__, __dir__ = face(
-    __name__,
-    {
-        "Task": "tasks",
-        "load_task": "tasks",
-        "load_tasks": "tasks",
-        "Sandbox": "sandbox",
-        "SandboxLimits": "sandbox",
-        "Engine": "engine",
-        "EngineConfig": "engine",
-        "CaptureProxy": "capture",
-        "ProxyClient": "capture",
-        "local_stack": "engine",
-        "RolloutConfig": "rollout",
-        "run_rollout": "rollout",
-        "run_rollouts": "rollout",
-        "analyse": "turns",
-        "load_trace": "turns",
-        "VerifyResult": "verify",
-        "GRPORun": "train",
-        "TrainConfig": "train",
-        "EvalConfig": "evaluate",
-        "run_eval": "evaluate",
-        "compare": "evaluate",
-    },
-)
-
-if TYPE_CHECKING:
-    from workbench.capture import CaptureProxy, ProxyClient
-    from workbench.engine import Engine, EngineConfig, local_stack
-    from workbench.evaluate import EvalConfig, compare, run_eval
-    from workbench.rollout import RolloutConfig, run_rollout, run_rollouts
-    from workbench.sandbox import Sandbox, SandboxLimits
-    from workbench.tasks import Task, load_task, load_tasks
-    from workbench.train import GRPORun, TrainConfig
-    from workbench.turns import analyse, load_trace
-    from workbench.verify import VerifyResult

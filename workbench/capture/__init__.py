@@ -16,11 +16,8 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = ["ProxyClient", "ProxyError", "ConnectionLimits", "CaptureProxy"]
 
-__getattr__, __dir__ = face(
-    __name__, {"ProxyClient": "client", "ProxyError": "client", "ConnectionLimits": "guard", "CaptureProxy": "proxy"}
-)
+__all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.capture.client import ProxyClient, ProxyError

@@ -15,19 +15,8 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = ["build_parser", "main", "add_config_arguments", "given_fields", "NotebookContext", "NotebookError"]
 
-__getattr__, __dir__ = face(
-    __name__,
-    {
-        "build_parser": "commands",
-        "main": "commands",
-        "add_config_arguments": "flags",
-        "given_fields": "flags",
-        "NotebookContext": "notebooks",
-        "NotebookError": "notebooks",
-    },
-)
+__all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.cli.commands import build_parser, main

@@ -15,44 +15,8 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = [
-    "ASSET_NAMES",
-    "build_asset",
-    "DISCLOSURE",
-    "file_hashes",
-    "load_asset",
-    "prompting",
-    "verify_asset",
-    "build_tokenizer",
-    "check_tokenizer",
-    "reference_corpus",
-    "local_stack",
-    "Engine",
-    "engine_threads",
-    "EngineConfig",
-    "EngineError",
-]
 
-__getattr__, __dir__ = face(
-    __name__,
-    {
-        "ASSET_NAMES": "assets",
-        "build_asset": "assets",
-        "DISCLOSURE": "assets",
-        "file_hashes": "assets",
-        "load_asset": "assets",
-        "prompting": "assets",
-        "verify_asset": "assets",
-        "build_tokenizer": "assets_tokenizer",
-        "check_tokenizer": "assets_tokenizer",
-        "reference_corpus": "assets_tokenizer",
-        "local_stack": "stack",
-        "Engine": "vllm",
-        "engine_threads": "vllm",
-        "EngineConfig": "vllm",
-        "EngineError": "vllm",
-    },
-)
+__all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.engine.assets import (

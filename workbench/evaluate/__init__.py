@@ -19,58 +19,8 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = [
-    "diff_rollouts",
-    "render_diff",
-    "load_shipped",
-    "ship",
-    "SHIPPED",
-    "LearnConfig",
-    "run_learning",
-    "exact_prompt_ids",
-    "markdown_table",
-    "harness_table",
-    "MatrixConfig",
-    "run_matrix",
-    "CertifyConfig",
-    "certify",
-    "render_certificate",
-    "compare",
-    "harness_tax",
-    "run_paired",
-    "delta_widget",
-    "rescore",
-    "EvalConfig",
-    "run_eval",
-]
 
-__getattr__, __dir__ = face(
-    __name__,
-    {
-        "diff_rollouts": "diff",
-        "render_diff": "diff",
-        "load_shipped": "evidence",
-        "ship": "evidence",
-        "SHIPPED": "evidence",
-        "LearnConfig": "learn",
-        "run_learning": "learn",
-        "exact_prompt_ids": "matrix",
-        "markdown_table": "matrix",
-        "harness_table": "matrix",
-        "MatrixConfig": "matrix",
-        "run_matrix": "matrix",
-        "CertifyConfig": "certification",
-        "certify": "certification",
-        "render_certificate": "certification",
-        "compare": "report",
-        "harness_tax": "report",
-        "run_paired": "paired",
-        "delta_widget": "rescoring",
-        "rescore": "rescoring",
-        "EvalConfig": "run",
-        "run_eval": "run",
-    },
-)
+__all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.evaluate.diff import diff_rollouts, render_diff

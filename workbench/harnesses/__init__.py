@@ -20,60 +20,8 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = [
-    "certificate",
-    "refuse_broken",
-    "save_certificate",
-    "Verdict",
-    "VERDICTS",
-    "Harness",
-    "HarnessOptions",
-    "HarnessRun",
-    "json_events",
-    "Launch",
-    "classify_call",
-    "DEFAULT_HARNESS",
-    "get_harness",
-    "HARNESSES",
-    "REFUSED",
-    "BASELINES",
-    "OpenCode",
-    "CallInfo",
-    "Classifier",
-    "Purpose",
-    "PURPOSES",
-    "Dialect",
-    "DIALECTS",
-]
 
-__getattr__, __dir__ = face(
-    __name__,
-    {
-        "certificate": "certified",
-        "refuse_broken": "certified",
-        "save_certificate": "certified",
-        "Verdict": "certified",
-        "VERDICTS": "certified",
-        "Harness": "base",
-        "HarnessOptions": "base",
-        "HarnessRun": "base",
-        "json_events": "base",
-        "Launch": "base",
-        "classify_call": "catalog",
-        "DEFAULT_HARNESS": "catalog",
-        "get_harness": "catalog",
-        "HARNESSES": "catalog",
-        "REFUSED": "catalog",
-        "BASELINES": "catalog",
-        "OpenCode": "opencode",
-        "CallInfo": "purpose",
-        "Classifier": "purpose",
-        "Purpose": "purpose",
-        "PURPOSES": "purpose",
-        "Dialect": "purpose",
-        "DIALECTS": "purpose",
-    },
-)
+__all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.harnesses.certified import certificate, refuse_broken, save_certificate, Verdict, VERDICTS

@@ -15,38 +15,8 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = [
-    "nothing_answered",
-    "read_summaries",
-    "run_rollout",
-    "run_rollouts",
-    "why_missing",
-    "HarnessSession",
-    "agent_entries",
-    "agent_prompt",
-    "FAILED_STATUSES",
-    "RolloutConfig",
-    "RolloutOutcome",
-    "RolloutResult",
-]
 
-__getattr__, __dir__ = face(
-    __name__,
-    {
-        "nothing_answered": "run",
-        "read_summaries": "run",
-        "run_rollout": "run",
-        "run_rollouts": "run",
-        "why_missing": "run",
-        "HarnessSession": "session",
-        "agent_entries": "types",
-        "agent_prompt": "types",
-        "FAILED_STATUSES": "types",
-        "RolloutConfig": "types",
-        "RolloutOutcome": "types",
-        "RolloutResult": "types",
-    },
-)
+__all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.rollout.run import nothing_answered, read_summaries, run_rollout, run_rollouts, why_missing

@@ -16,48 +16,8 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = [
-    "copy_tree",
-    "CopyLimitError",
-    "CopyLimits",
-    "force_remove",
-    "mount",
-    "system_dirs",
-    "under",
-    "exceeds",
-    "check_harness",
-    "run_probes",
-    "Sandbox",
-    "bwrap_available",
-    "check_isolation",
-    "Isolation",
-    "MARKER_ENV",
-    "SandboxError",
-    "SandboxLimits",
-]
 
-__getattr__, __dir__ = face(
-    __name__,
-    {
-        "copy_tree": "bounded_copy",
-        "CopyLimitError": "bounded_copy",
-        "CopyLimits": "bounded_copy",
-        "force_remove": "cleanup",
-        "mount": "command",
-        "system_dirs": "command",
-        "under": "command",
-        "exceeds": "files",
-        "check_harness": "probes",
-        "run_probes": "probes",
-        "Sandbox": "session",
-        "bwrap_available": "spec",
-        "check_isolation": "spec",
-        "Isolation": "spec",
-        "MARKER_ENV": "spec",
-        "SandboxError": "spec",
-        "SandboxLimits": "spec",
-    },
-)
+__all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.sandbox.bounded_copy import copy_tree, CopyLimitError, CopyLimits

@@ -15,34 +15,8 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = [
-    "EASY_PATH",
-    "FIXTURE_PATH",
-    "humaneval_path",
-    "load_task",
-    "load_tasks",
-    "load_spec",
-    "load_specs",
-    "Limits",
-    "Task",
-    "WRITE_HINT",
-]
 
-__getattr__, __dir__ = face(
-    __name__,
-    {
-        "EASY_PATH": "catalog",
-        "FIXTURE_PATH": "catalog",
-        "humaneval_path": "catalog",
-        "load_task": "catalog",
-        "load_tasks": "catalog",
-        "load_spec": "harbor",
-        "load_specs": "harbor",
-        "Limits": "record",
-        "Task": "record",
-        "WRITE_HINT": "record",
-    },
-)
+__all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.tasks.catalog import EASY_PATH, FIXTURE_PATH, humaneval_path, load_task, load_tasks

@@ -17,44 +17,8 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = [
-    "resolve_importance_sampling",
-    "TrainConfig",
-    "GRPORun",
-    "HarnessSessionFactory",
-    "merge_adapter_folder",
-    "write_merged",
-    "engine_prompt_logprobs",
-    "model_logprobs",
-    "PROBE_TEXT",
-    "probe_threads",
-    "served_dtype",
-    "tolerance",
-    "SyncProbe",
-    "WeightSyncError",
-    "build_trainer",
-]
 
-__getattr__, __dir__ = face(
-    __name__,
-    {
-        "resolve_importance_sampling": "config",
-        "TrainConfig": "config",
-        "GRPORun": "grpo",
-        "HarnessSessionFactory": "openenv_session",
-        "merge_adapter_folder": "policy_sync",
-        "write_merged": "policy_sync",
-        "engine_prompt_logprobs": "sync_probe",
-        "model_logprobs": "sync_probe",
-        "PROBE_TEXT": "sync_probe",
-        "probe_threads": "sync_probe",
-        "served_dtype": "sync_probe",
-        "tolerance": "sync_probe",
-        "SyncProbe": "sync_probe",
-        "WeightSyncError": "sync_probe",
-        "build_trainer": "trl_trainer",
-    },
-)
+__all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.train.config import resolve_importance_sampling, TrainConfig

@@ -17,46 +17,8 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = [
-    "answer_key",
-    "cannot_show",
-    "hostile",
-    "leaked",
-    "tests_file",
-    "OUTCOMES",
-    "check_tasks",
-    "oracle_check",
-    "SANDBOXES",
-    "sandbox_guards",
-    "shaped_reward",
-    "Shaping",
-    "TestOutcome",
-    "verify",
-    "verify_many",
-    "VerifyResult",
-]
 
-__getattr__, __dir__ = face(
-    __name__,
-    {
-        "answer_key": "examples",
-        "cannot_show": "examples",
-        "hostile": "examples",
-        "leaked": "examples",
-        "tests_file": "examples",
-        "OUTCOMES": "graded",
-        "check_tasks": "oracle",
-        "oracle_check": "oracle",
-        "SANDBOXES": "jail_host",
-        "sandbox_guards": "reward",
-        "shaped_reward": "reward",
-        "Shaping": "reward",
-        "TestOutcome": "reward",
-        "verify": "reward",
-        "verify_many": "reward",
-        "VerifyResult": "reward",
-    },
-)
+__all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.verify.examples import answer_key, cannot_show, hostile, leaked, tests_file

@@ -16,54 +16,8 @@ from typing import TYPE_CHECKING
 
 from workbench._lazy import face
 
-__all__ = [
-    "group_signal_figure",
-    "learning_curve_figure",
-    "save_figure",
-    "summary_figure",
-    "browser",
-    "render_eval",
-    "render_table",
-    "render_trace",
-    "render_drift",
-    "render_row",
-    "render_turn",
-    "STYLE",
-    "token_texts",
-    "render_tokens",
-    "row_fork",
-    "LEGEND",
-    "RolloutPage",
-    "load_run",
-    "render_run",
-    "save_run_html",
-]
 
-__getattr__, __dir__ = face(
-    __name__,
-    {
-        "group_signal_figure": "figures",
-        "learning_curve_figure": "figures",
-        "save_figure": "figures",
-        "summary_figure": "figures",
-        "browser": "tables",
-        "render_eval": "tables",
-        "render_table": "tables",
-        "render_trace": "tables",
-        "render_drift": "tokens",
-        "render_row": "tokens",
-        "render_turn": "tokens",
-        "STYLE": "tokens",
-        "token_texts": "tokens",
-        "render_tokens": "tokens",
-        "row_fork": "tokens",
-        "LEGEND": "tokens",
-        "RolloutPage": "page",
-        "load_run": "page",
-        "render_run": "page",
-        "save_run_html": "page",
-    },
-)
+__all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.views.figures import group_signal_figure, learning_curve_figure, save_figure, summary_figure
