@@ -98,3 +98,30 @@ def test_humaneval_split_is_declared_and_disjoint():
     assert train[-1].id == "humaneval/99" and held_out[0].id == "humaneval/100"
     assert {t.id for t in train}.isdisjoint(t.id for t in held_out)
     assert [t.id for t in load_tasks("humaneval-eval[:2]")] == ["humaneval/100", "humaneval/101"]
+
+
+@pytest.mark.parametrize("isolation", HARNESS_ISOLATIONS)
+def test_a_turn_the_proxy_could_not_record_makes_the_rollout_unscored(tmp_path, isolation, monkeypatch):
+    """OpenEnv's ingest drops a turn it cannot record (``[FATAL] capture_ingest_failed``) and goes on; the rollout
+    it belonged to would otherwise be scored with a turn missing from its trace's graph."""
+    import openenv.core.harness.capture.server as server
+
+    from workbench.rollout import FAILED_STATUSES
+
+    def corrupted(*args, **kwargs):
+        raise ValueError("a corrupted turn")
+
+    monkeypatch.setattr(server, "TurnNode", corrupted)  # the non-streamed path's ingest (direct asks so)
+    monkeypatch.setattr("workbench.capture.ingest.TurnNode", corrupted)  # the streamed path's copy
+    up = ScriptedUpstream().start()
+    up.script = [f"say:```python\n{SOLUTION}```"]
+    try:
+        with CaptureProxy(up.url, "scripted") as proxy:
+            config = RolloutConfig(harness="direct", max_output_tokens=64, timeout_s=120, isolation=isolation)
+            result = run_rollout(load_task("humaneval/0"), proxy.client(), config, tmp_path / "r")
+    finally:
+        up.stop()
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert result.status == "capture_failed" and result.status in FAILED_STATUSES, result.reason
+    assert summary["capture_ingest_failed"] == 1 and "the agent had ended ok" in summary["reason"]
+    assert summary["solution_written"]  # the agent did its part; the record of it is what failed

@@ -88,6 +88,11 @@ class ProxyClient:
     def trace(self, key: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/sessions/{key}/trace")["calls"]
 
+    def findings(self, key: str) -> list[str]:
+        """The capture's findings for the session (OpenEnv's: ``[FATAL] capture_ingest_failed: ...`` when a turn
+        could not be recorded)."""
+        return list(self._call("GET", f"/sessions/{key}/trace").get("findings") or [])
+
     def close_session(self, key: str) -> None:
         """End the session; the proxy forgets it and its call log (read `trace` first)."""
         self._call("DELETE", f"/sessions/{key}")

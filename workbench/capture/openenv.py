@@ -245,7 +245,10 @@ def _add_control_routes(app: FastAPI, log: CallLog, upstream: Upstream, admin_ke
             return unauthorised()
         if session_id not in log:
             return JSONResponse({"error": "unknown session"}, status_code=404)
-        return {"session_id": session_id, "calls": log.trace(session_id)}
+        session = app.state.registry.get(session_id)
+        # the capture's own findings: a "[FATAL] capture_ingest_failed" is a turn missing from the graph
+        findings = list(session.findings) if session is not None else []
+        return {"session_id": session_id, "calls": log.trace(session_id), "findings": findings}
 
     @app.put("/model")
     async def set_model(request: Request) -> Any:

@@ -75,6 +75,7 @@ def run_rollout(
         with contextlib.suppress(TimeoutError):
             session.wait_for_completion(stop=stop, primed=primed)
         session.calls()
+        session.check_capture()
         try:
             session.grade()
         except Exception as exc:  # noqa: BLE001 - ours, not the agent's (verify grades any workspace):

@@ -81,6 +81,7 @@ class HarnessSession:
         self.out_dir = out_dir
         self.harness = get_harness(config.harness)
         self.status: Status = "running"
+        self.capture_ingest_failed = 0  # turns the proxy answered but could not record (`check_capture`)
         self.reason: str | None = None
         self.exit_code: int | None = None
         self.timings: dict[str, float] = {}
@@ -299,6 +300,19 @@ class HarnessSession:
         self._calls = calls
         return calls
 
+    def check_capture(self) -> None:
+        """A model call the proxy answered but could not record (``[FATAL] capture_ingest_failed``) leaves the
+        trace without a turn the agent acted on: the rollout becomes ``capture_failed``, unscored (a failure
+        already recorded, or an interrupt, stays what it is)."""
+        with contextlib.suppress(ProxyError):
+            self.capture_ingest_failed = sum("capture_ingest_failed" in f for f in self.client.findings(self.key))
+        if self.capture_ingest_failed and self.status not in ("setup_failed", "upstream_error", "interrupted"):
+            self.status, self.reason = (
+                "capture_failed",
+                f"{self.capture_ingest_failed} model call(s) answered but not recorded (capture_ingest_failed): "
+                f"unscored (the agent had ended {self.status}: {self.reason})",
+            )
+
     def fetch_proxy_trace(self) -> list[dict[str, Any]]:
         return agent_entries(self.calls())
 
@@ -369,6 +383,7 @@ class HarnessSession:
             # Model calls attempted by any process but the harness's (the agent's shell holds the key):
             # refused, never recorded. None in plain mode, where nothing can tell them apart.
             "refused_model_connections": self.sandbox.refused_connections,
+            "capture_ingest_failed": self.capture_ingest_failed,
         }
 
     @property

@@ -64,14 +64,24 @@ FinalStatus = Literal[
     "interrupted",
     "setup_failed",
     "verify_error",
+    "capture_failed",
 ]
 Status = Literal["running", FinalStatus]
 STATUSES: tuple[FinalStatus, ...] = get_args(FinalStatus)
 # The rollouts the infrastructure failed, not the agent: unscored (left out of a group's baseline and of an
 # evaluation's mean). Everything the agent caused (crashed, timeout, limit_exceeded, agent_error) is scored, 0 where
 # nothing passed. ``stalled`` is a wall-clock timeout before any model call was answered: the engine (a loaded
-# host) never let the agent act, so it is not the agent's 0 (a timeout after an answer is).
-FAILED_STATUSES: tuple[FinalStatus, ...] = ("setup_failed", "upstream_error", "interrupted", "verify_error", "stalled")
+# host) never let the agent act, so it is not the agent's 0 (a timeout after an answer is). ``capture_failed``: a
+# model call the proxy answered but could not record (OpenEnv's ``capture_ingest_failed``), so the trace lacks a turn
+# the agent acted on and its other turns would take a reward they did not earn alone.
+FAILED_STATUSES: tuple[FinalStatus, ...] = (
+    "setup_failed",
+    "upstream_error",
+    "interrupted",
+    "verify_error",
+    "stalled",
+    "capture_failed",
+)
 
 # Engine refusals that say nothing about the agent's output: credentials (401, 403), a model or route the
 # engine does not serve (404: e.g. a LoRA that never loaded), load (408, 429) and the request size limit

@@ -54,6 +54,7 @@ def step_fields(
         "tool_calls": 0,
         "solutions_written": 0,
         "title_calls_clamped": 0,
+        "capture_ingest_failed": 0,  # model calls answered but not recorded (their rollouts are capture_failed)
     }
     failures: dict[str, list[str]] = {}
     rewards: list[float | None] = []
@@ -79,6 +80,7 @@ def step_fields(
         c["title_calls_clamped"] += sum(1 for x in calls if x.get("clamped_max_tokens") is not None)
         c["tool_calls"] += sum((result.summary.get("tool_calls") or {}).values())
         c["solutions_written"] += int(bool(result.summary.get("solution_written")))
+        c["capture_ingest_failed"] += int(result.summary.get("capture_ingest_failed") or 0)
         if not any(r.n_trained for r in rows):
             c["rollouts_no_trainable_turn"] += 1
         per_rollout.append(rows)
