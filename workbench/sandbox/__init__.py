@@ -7,7 +7,8 @@
 Private modules: ``session`` (`Sandbox`), ``spec`` (limits, isolation modes), ``command`` (the bwrap command
 line), ``files``, ``process``, ``cleanup``, ``net`` (the relay to the one endpoint a sandbox may reach),
 ``_init`` (the forwarder bwrap runs inside), ``bounded_copy`` (copies that cannot be made to explode),
-``probes`` (the set-up checks). docs/sandboxes.md has the threat model.
+``probes`` (the set-up checks), ``seccomp`` (the syscall filter every bwrap sandbox and grading runs under).
+docs/sandboxes.md has the threat model.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from workbench.sandbox.command import mount, system_dirs, under
     from workbench.sandbox.files import exceeds
     from workbench.sandbox.probes import check_harness, run_probes
+    from workbench.sandbox.seccomp import DENIED, filter_fd
     from workbench.sandbox.session import Sandbox
     from workbench.sandbox.spec import (
         bwrap_available,

@@ -145,9 +145,12 @@ def wrap(
     python: str,
     relay_socket: Path | None = None,
     inside_port: int = 0,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """`argv` wrapped for `mode`, `uid` and `limits`. `relay_socket` (bwrap): the endpoint's Unix
-    socket on the host, forwarded to ``127.0.0.1:inside_port`` inside."""
+    socket on the host, forwarded to ``127.0.0.1:inside_port`` inside. `seccomp_fd` (bwrap): an inherited fd
+    holding the syscall filter (`workbench.sandbox.seccomp`), loaded by the bubblewrap that executes the
+    sandboxed process (the inner one as root), so every process of the sandbox runs under it."""
     if mode == "none":
         # The watchdog runs as us (it must be able to kill the sandbox uid); bwrap's
         # --die-with-parent and pid namespace do this below.
@@ -165,6 +168,8 @@ def wrap(
         "sandbox",
     ]
     user_ns = ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
+    if seccomp_fd is not None:
+        user_ns += ["--seccomp", str(seccomp_fd)]
     mounts = _mounts(limits, workspace, home, tmp, bin_dir, [*ro_paths, *outside_usr(python)], relay_socket)
     init_python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else python
     start = (

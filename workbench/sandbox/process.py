@@ -57,6 +57,7 @@ def start(
     stdin: bytes | None = None,
     stdout: Path | None = None,
     stderr: Path | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> SandboxProcess:
     """Start the already wrapped `command` in `cwd`, in a new process group. `stdout` and `stderr` are
     opened here and inherited: the sandbox itself cannot open them by name. `stdin` is written whole,
@@ -72,6 +73,7 @@ def start(
             stdout=out,
             stderr=err,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     finally:
         for f in {id(out): out, id(err): err}.values():

@@ -60,6 +60,7 @@ from workbench.sandbox.command import wrap
 from workbench.sandbox.files import check_task_files, materialise, over_quota, write_home
 from workbench.sandbox.net import Relay, open_relay
 from workbench.sandbox.process import SandboxProcess, start
+from workbench.sandbox.seccomp import filter_fd
 from workbench.sandbox.spec import (
     AGENT_HOME,
     AGENT_TMP,
@@ -254,8 +255,9 @@ class Sandbox:
         env.update(extra or {})
         return env
 
-    def command(self, argv: list[str]) -> list[str]:
-        """`argv` wrapped for this sandbox's isolation mode, uid and limits (`command.wrap`)."""
+    def command(self, argv: list[str], seccomp_fd: int | None = None) -> list[str]:
+        """`argv` wrapped for this sandbox's isolation mode, uid and limits (`command.wrap`); `seccomp_fd`: the
+        syscall filter bwrap loads (`workbench.sandbox.seccomp.filter_fd`)."""
         relay = self._relay.path if self._relay is not None and self._endpoint is not None else None
         return wrap(
             argv,
@@ -271,6 +273,7 @@ class Sandbox:
             python=self.python,
             relay_socket=relay,
             inside_port=self._inside_port,
+            seccomp_fd=seccomp_fd,
         )
 
     def spawn(
@@ -286,9 +289,21 @@ class Sandbox:
         `stderr` are opened here and inherited: the sandbox itself cannot open them by name."""
         if self.closed:
             raise SandboxError("sandbox is closed")
-        proc = start(
-            self.command(argv), cwd=self.workspace, env=self.env(env), stdin=stdin, stdout=stdout, stderr=stderr
-        )
+        # bwrap mode: every sandboxed process under the syscall filter (bwrap reads it from this fd at start)
+        fd = filter_fd() if self.isolation == "bwrap" else None
+        try:
+            proc = start(
+                self.command(argv, fd),
+                cwd=self.workspace,
+                env=self.env(env),
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=(fd,) if fd is not None else (),
+            )
+        finally:
+            if fd is not None:
+                os.close(fd)
         self.processes.append(proc)
         return proc
 

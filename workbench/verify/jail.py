@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from workbench.sandbox import CopyLimits, copy_tree, force_remove, exceeds
+from workbench.sandbox import CopyLimits, copy_tree, force_remove, exceeds, filter_fd
 from workbench.paths import exposed_paths
 from workbench.procs import environ, kill_matching
 from workbench.tasks import Limits
@@ -180,16 +180,23 @@ class Jail:
         return self.workspace_at or str(self.ws)
 
     def spawn(self, cmd: list[str], stdin: IO[bytes] | int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            self._argv(cmd),
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=self.ws,
-            env=self._env(),
-            start_new_session=True,
-            close_fds=True,
-        )
+        # bwrap: the graded code runs under the sandboxes' syscall filter, read by bwrap from this fd at start
+        fd = filter_fd() if self.bwrap else None
+        try:
+            return subprocess.Popen(
+                self._argv(cmd, fd),
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=self.ws,
+                env=self._env(),
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=(fd,) if fd is not None else (),
+            )
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def sweep(self) -> None:
         """Kill every process this verification started, including those that left the process group."""
@@ -200,7 +207,7 @@ class Jail:
             me, needle = os.getuid(), f"{MARKER_VAR}={self.marker}".encode()
             kill_matching(lambda p: p.uid == me and needle in environ(p.pid))
 
-    def _argv(self, cmd: list[str]) -> list[str]:
+    def _argv(self, cmd: list[str], seccomp_fd: int | None = None) -> list[str]:
         return command(
             cmd,
             limits=self.limits,
@@ -212,6 +219,7 @@ class Jail:
             workspace_at=self.workspace_at,
             extra_ro=self.extra_ro,
             extra_rw=self.extra_rw,
+            seccomp_fd=seccomp_fd,
         )
 
     def _env(self) -> dict[str, str]:

@@ -48,9 +48,12 @@ def command(
     workspace_at: str | None,
     extra_ro: dict[str, Path | str],
     extra_rw: dict[str, Path | str],
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """`cmd` under the task's limits, in bwrap's namespaces when `bwrap` is given (else only a network
-    namespace, where ``unshare`` works), as `uid` with no capability (when we are root)."""
+    namespace, where ``unshare`` works), as `uid` with no capability (when we are root). `seccomp_fd` (bwrap): an
+    inherited fd holding the sandboxes' syscall filter (`workbench.sandbox.filter_fd`), which bwrap loads for the
+    graded code."""
     nproc = (
         limits.max_processes
         if uid is not None
@@ -75,6 +78,8 @@ def command(
             extra_ro=extra_ro,
             extra_rw=extra_rw,
         )
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
     elif host.unshare:
         argv += [host.unshare, "--net", "--"]
     argv += [host.setpriv, "--nnp"]
