@@ -137,3 +137,36 @@ def test_the_filter_is_built_by_libseccomp_for_this_machine():
         assert os.get_inheritable(fd) and os.read(fd, len(program) + 1) == program
     finally:
         os.close(fd)
+
+
+# ------------------------------------------------------------------------ bind sources, walked as root walks them
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's folder needs root to make")
+def test_a_bind_source_below_another_users_folder_is_refused_even_when_it_looks_harmless(base):
+    """The swapped-symlink attack: a harness folder named for ro_paths sits below a folder another user owns; that
+    user replaces it with a link to answers root can read. Refused by owner, before and after the swap."""
+    from workbench.sandbox import SandboxError, check_bind_source
+
+    theirs = base / "theirs"
+    (theirs / "tools").mkdir(parents=True)
+    os.chown(theirs, 54321, 54321)
+    with pytest.raises(SandboxError, match=r"theirs is owned by uid 54321, neither root nor the runner"):
+        Sandbox.create({}, isolation="bwrap", base_dir=base, ro_paths=[theirs / "tools"])
+    secret = base / "answers"
+    secret.mkdir()
+    (theirs / "tools").rmdir()
+    (theirs / "tools").symlink_to(secret)  # the swap
+    os.lchown(theirs / "tools", 54321, 54321)
+    with pytest.raises(SandboxError, match="owned by uid 54321"):
+        check_bind_source(theirs / "tools")
+    # a root-owned link on the way is followed and checked (as /lib -> usr/lib is)
+    mine = base / "mine"
+    mine.symlink_to(secret)
+    check_bind_source(mine)
+    (secret / "sub").mkdir()
+    os.chown(secret / "sub", 54321, 54321)
+    with pytest.raises(SandboxError, match=r"answers/sub is owned by uid 54321"):
+        check_bind_source(mine / "sub")
+    with pytest.raises(SandboxError, match="No such file"):
+        check_bind_source(base / "missing")

@@ -7,7 +7,8 @@
 Private modules: ``session`` (`Sandbox`), ``spec`` (limits, isolation modes), ``command`` (the bwrap command
 line), ``files``, ``process``, ``cleanup``, ``net`` (the relay to the one endpoint a sandbox may reach),
 ``_init`` (the forwarder bwrap runs inside), ``bounded_copy`` (copies that cannot be made to explode),
-``probes`` (the set-up checks), ``seccomp`` (the syscall filter every bwrap sandbox and grading runs under).
+``probes`` (the set-up checks), ``seccomp`` (the syscall filter every bwrap sandbox and grading runs under), ``binds`` (bind sources
+checked as root walks them).
 docs/sandboxes.md has the threat model.
 """
 
@@ -21,6 +22,7 @@ from workbench._lazy import face
 __all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
+    from workbench.sandbox.binds import check_bind_source
     from workbench.sandbox.bounded_copy import copy_tree, CopyLimitError, CopyLimits
     from workbench.sandbox.cleanup import force_remove
     from workbench.sandbox.command import mount, system_dirs, under

@@ -54,6 +54,7 @@ import urllib.parse
 import uuid
 from pathlib import Path
 
+from workbench.sandbox.binds import check_bind_source
 from workbench.sandbox.bounded_copy import CopyLimits, copy_tree, read_bounded
 from workbench.sandbox.cleanup import force_remove, kill_all, new_folder, remove_stale, strays
 from workbench.sandbox.command import wrap
@@ -143,6 +144,9 @@ class Sandbox:
         if interpreter is None:
             raise SandboxError("no python3 found for the sandbox")
         target = _parse_endpoint(endpoint) if endpoint else None
+        if mode == "bwrap":  # bwrap binds them (as root: with root's rights): none may be another user's to swap
+            for source in ro_paths or []:
+                check_bind_source(source)
         # The folders of a runner that died without close() go first (`cleanup.new_folder`).
         base = Path(base_dir or tempfile.gettempdir())
         remove_stale(base)

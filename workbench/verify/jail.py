@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from workbench.sandbox import CopyLimits, copy_tree, force_remove, exceeds, filter_fd
+from workbench.sandbox import CopyLimits, check_bind_source, copy_tree, force_remove, exceeds, filter_fd
 from workbench.paths import exposed_paths
 from workbench.procs import environ, kill_matching
 from workbench.tasks import Limits
@@ -90,6 +90,9 @@ class Jail:
                 f"other paths ({workspace_at or ', '.join([*self.extra_ro, *self.extra_rw])}); use bwrap"
             )
         check_mount_points([*([workspace_at] if workspace_at else []), *self.extra_ro, *self.extra_rw])
+        for source in self.extra_ro.values():  # bound by bwrap as root: none may be another user's to swap
+            if Path(source).is_absolute():  # a relative one is a folder this jail makes in its own
+                check_bind_source(source)
         # A fresh uid per verification (root only): RLIMIT_NPROC then counts just this test's processes,
         # and "every process of this uid" is exactly what to kill afterwards.
         self.uid = random.SystemRandom().randrange(1_000_000, 2_000_000_000) if host.root else None
