@@ -624,3 +624,29 @@ def test_the_shipped_runs_recheck_recomputes_its_committed_answer():
     assert got == json.loads((root / "benchmarks" / "results" / "learning_demo" / "recheck.json").read_text())
     assert got["solve_given_written"]["paired"] == {"tasks": 12, "delta": 0.0417, "ci95": [-0.0833, 0.1667], "p": 1.0}
     assert (got["pool_without_timeouts"]["delta"], got["zero_variance_groups"]["steps"]) == (0.1026, 16)
+
+
+def test_the_shipped_harness_tax_is_its_results_file_and_reads_as_a_table():
+    """workbench/data/harness_tax.json (notebook 05's table) holds what benchmarks/harness_tax.py wrote, nothing
+    edited by hand: every scored evaluation and every tax, and the near-greedy direct run, equal their results files."""
+    from workbench.evaluate import load_harness_tax
+    from workbench.evaluate.evidence import HARNESS_TAX
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = json.loads(HARNESS_TAX.read_text())
+    source = json.loads((root / shipped["source"]).read_text())
+    assert shipped["taxes"] == source["taxes"] and shipped["host"] == source["host"]
+    assert shipped["evaluations"] == [
+        {k: v for k, v in e.items() if k != "run_dir"} for e in source["evaluations"] if e["scored"]
+    ]
+    near = json.loads((root / shipped["near_greedy_direct"]["source"]).read_text())
+    assert {k: near[k] for k in ("temperature", "solve_rate", "solve_rate_ci95_clustered")} == {
+        k: shipped["near_greedy_direct"][k] for k in ("temperature", "solve_rate", "solve_rate_ci95_clustered")
+    }
+    for flag in ("--temperatures 1.0,0", "--max-model-calls 8", "--timeout-s 600"):
+        assert flag in shipped["command"]
+    assert source["args"]["temperatures"] == "1.0,0" and source["args"]["timeout_s"] == 600.0
+    rows, line = load_harness_tax()
+    assert [r["asked"] for r in rows] == ["directly (one completion)", "through opencode"]
+    assert rows[1]["vs direct, paired by task"].startswith("-0.234 [-0.344, -0.141], p 0.0001")
+    assert "fc-v1252" in line and "near-greedy (T 0.01) direct: 0.328" in line

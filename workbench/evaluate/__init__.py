@@ -24,7 +24,7 @@ __all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.evaluate.diff import diff_rollouts, render_diff
-    from workbench.evaluate.evidence import load_shipped, ship, SHIPPED
+    from workbench.evaluate.evidence import load_harness_tax, load_shipped, ship, SHIPPED
     from workbench.evaluate.learn import LearnConfig, run_learning
     from workbench.evaluate.certification import CertifyConfig, certify, render_certificate
     from workbench.evaluate.matrix import exact_prompt_ids, harness_table, markdown_table, MatrixConfig, run_matrix

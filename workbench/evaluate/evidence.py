@@ -2,6 +2,7 @@
 
     ship(evidence, Path("runs/x"))      # -> workbench/data/learning_demo/{metrics.jsonl, adapter/, eval.json, rollouts/}
     metrics, evidence, line = load_shipped()         # the shipped run, offline (notebook 05)
+    rows, line = load_harness_tax()                  # the shipped harness-tax table (notebook 05)
 
 `workbench.evaluate.learn` runs the experiment and re-exports these.
 """
@@ -17,9 +18,20 @@ from workbench.evaluate.stats import paired_bootstrap_ci, sign_flip_p
 from workbench.runs import RunDir
 from workbench.paths import DATA
 
-__all__ = ["SHIPPED", "headline", "rate_delta", "example_pair", "ship", "load_shipped"]
+__all__ = [
+    "SHIPPED",
+    "HARNESS_TAX",
+    "headline",
+    "rate_delta",
+    "example_pair",
+    "ship",
+    "load_shipped",
+    "load_harness_tax",
+]
 
 SHIPPED = DATA / "learning_demo"
+# benchmarks/harness_tax.py's measured table, as shipped (tests/test_evaluate.py checks it against its results file)
+HARNESS_TAX = DATA / "harness_tax.json"
 
 
 def headline(e: dict[str, Any]) -> dict[str, Any]:
@@ -144,3 +156,42 @@ def load_shipped(folder: Path = SHIPPED) -> tuple[list[dict[str, Any]], dict[str
 
 def _fmt(d: dict[str, Any]) -> str:
     return f"{d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p={d['p']:.3g}"
+
+
+def load_harness_tax(path: Path = HARNESS_TAX) -> tuple[list[dict[str, Any]], str]:
+    """The shipped harness tax as table rows (direct, then each harness with its paired delta against direct) and a
+    line saying what was measured, where and how to reproduce it."""
+    shipped = json.loads(path.read_text())
+    taxes = {(t["harness"], t["temperature"]): t for t in shipped["taxes"]}
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    rows = []
+    for e in shipped["evaluations"]:
+        ci = e.get("solve_rate_ci95_clustered") or [None, None]
+        tax = taxes.get((e["harness"], e["temperature"]))
+        rows.append(
+            {
+                "asked": "directly (one completion)" if e["harness"] == "direct" else f"through {e['harness']}",
+                "T": e["temperature"],
+                "solved": f"{pct(e['solve_rate'])} [{pct(ci[0])}, {pct(ci[1])}]",
+                "tool call rate": pct(e["tool_call_rate"]),
+                "solution.py written": pct(e["solution_written_rate"]),
+                "vs direct, paired by task": (
+                    f"{tax['delta']['mean']:+.3f} [{tax['delta']['ci95'][0]:+.3f}, {tax['delta']['ci95'][1]:+.3f}], "
+                    f"p {tax['delta']['p']:.4f}"
+                    if tax
+                    else ""
+                ),
+                "rollouts": f"{e['scored']}/{e['rollouts']} scored",
+            }
+        )
+    g = shipped["near_greedy_direct"]
+    line = (
+        f"{shipped['what']}; host {shipped['host']['host']} ({shipped['host']['cpu']}); near-greedy (T {g['temperature']}) "
+        f"direct: {g['solve_rate']:.3f} [{g['solve_rate_ci95_clustered'][0]:.3f}, {g['solve_rate_ci95_clustered'][1]:.3f}]"
+        f"; reproduce: {shipped['command']} "
+        f"({shipped['source']})"
+    )
+    return rows, line
