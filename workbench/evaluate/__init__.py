@@ -10,7 +10,7 @@ Private modules: ``run`` (`run_eval`), ``paired`` (`run_paired`: an adapter and 
 ``served`` (every reload an evaluation makes, verified), ``report`` (`compare`, `harness_tax` and their table), ``stats`` (paired deltas,
 bootstrap intervals, the sign-flip test), ``adapter_check``, ``learn`` and ``evidence`` (the learning
 experiment: probe, pool, train, evaluate; what ships in workbench/data/learning_demo), ``diff`` (two rollouts
-side by side), ``rescoring`` (a rollout's logprobs under another policy), ``matrix`` (models x harnesses), ``certification`` + ``certify_probes`` (is a harness x model training-grade?).
+side by side), ``rescoring`` (a rollout's logprobs under another policy), ``matrix`` (models x harnesses), ``certification`` + ``certify_checks`` + ``certify_probes`` (is a harness x model training-grade?).
 """
 
 from __future__ import annotations
