@@ -53,7 +53,7 @@ def test_a_good_capture_is_training_grade(tmp_path):
     assert set(got) == {
         "captured", "capture_level", "openenv_contract", "token_logprob_pairing", "logprob_mode",
         "full_vocab_sampling", "exact_prompt_ids", "stream_ids", "chaining", "harness_log", "degenerate", "trainable",
-        "traces", "tool_use", "ingest",
+        "traces", "tool_use", "ingest", "parser",
     }  # fmt: skip
     assert got["tool_use"].evidence == {"tool_results": {"smollm2-easy": 1}} and got["harness_log"].status == "pass"
     assert got["capture_level"].evidence == {"chat": {"tokens": 2}}
@@ -161,6 +161,26 @@ def test_each_missing_piece_of_evidence_turns_the_verdict(tmp_path, defect, chec
     assert verdict(checks) == expected
     if expected == "unverified":
         assert any(line.startswith(f"{check}: ") for line in missing_evidence(checks))
+
+
+def test_the_parser_is_recorded_and_a_call_it_could_not_read_is_counted(tmp_path):
+    d = _copy(tmp_path)
+    _edit(d, "summary.json", lambda s: {**s, "tool_parser": "json"})
+    got = _by_name(grade([d], [_record()], GOOD_PROBES))["parser"]
+    assert (got.status, got.evidence["parsers"], got.evidence["unparsed_replies"]) == ("pass", ["json"], 0)
+
+    def prose_call(calls):  # the last reply: a call written as text with a stray quote, left unparsed
+        c = calls[-1]["response"]["choices"][0]["message"]
+        c["tool_calls"], c["content"] = None, '{"name": "write", "arguments": {"content": "x = "1"}}'
+        return calls
+
+    _edit(d, "trace.json", prose_call)
+    got = _by_name(grade([d], [_record()], GOOD_PROBES))["parser"]
+    assert got.status == "warn" and got.evidence["unparsed_replies"] == 1 and got.evidence["unparsed_rate"] == 0.5
+    other = Path(shutil.copytree(d, tmp_path / "other"))
+    _edit(other, "summary.json", lambda s: {**s, "tool_parser": "hermes"})
+    mixed = grade([d, other], [_record(), _record()], GOOD_PROBES)
+    assert _by_name(mixed)["parser"].status == "broken" and verdict(mixed) == "broken"
 
 
 def test_a_pair_certified_broken_is_refused_by_the_matrix_and_train(tmp_path, monkeypatch):

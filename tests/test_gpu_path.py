@@ -514,3 +514,21 @@ def test_from_rollouts_refuses_another_temperature_and_another_tokenizer(tmp_pat
     )
     with pytest.raises(ValueError, match="no rollout folders"):
         GRPORun(TrainConfig(from_rollouts=str(tmp_path / "r3")), run_dir=tmp_path / "r4")
+
+
+def test_from_rollouts_refuses_rollouts_read_by_another_tool_parser_or_by_two(tmp_path):
+    """Train and evaluation must judge calls by one rule: a recording made with another parser than the run's
+    model is served with, or mixing two, is refused before anything starts."""
+    rec = tmp_path / "rec"
+    for name, parser in (("a", "hermes"), ("b", "hermes")):
+        shutil.copytree(ROLLOUTS / "smollm2-easy", rec / name)
+        summary = json.loads((rec / name / "summary.json").read_text())
+        (rec / name / "summary.json").write_text(json.dumps({**summary, "tool_parser": parser}))
+    run = GRPORun(TrainConfig(model="smollm2", from_rollouts=str(rec), temperature=0.5), run_dir=tmp_path / "r1")
+    assert run.recording.tool_parsers == ["hermes"]  # smollm2 is served with hermes: accepted
+    with pytest.raises(ValueError, match=r"read by the 'hermes' parser, this run's model by 'json'"):
+        GRPORun(TrainConfig(model="qwen-coder", from_rollouts=str(rec), temperature=0.5), run_dir=tmp_path / "r2")
+    summary = json.loads((rec / "b" / "summary.json").read_text())
+    (rec / "b" / "summary.json").write_text(json.dumps({**summary, "tool_parser": "json"}))
+    with pytest.raises(ValueError, match=r"mixes rollouts read by different tool parsers: \['hermes', 'json'\]"):
+        GRPORun(TrainConfig(model="smollm2", from_rollouts=str(rec), temperature=0.5), run_dir=tmp_path / "r3")

@@ -89,7 +89,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         if not args.admin_key_file:
             raise ValueError("--proxy needs --admin-key-file")
         return go(ProxyClient(args.proxy, read_secret(args.admin_key_file)))
-    with local_stack(args.model, upstream=args.upstream, served_name=args.served_name) as (_, _, client):
+    with local_stack(args.model, upstream=args.upstream, served_name=args.served_name) as (engine, _, client):
+        config = replace(config, tool_parser=engine.tool_parser)
         return go(client)
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         file_hashes,
         load_asset,
         prompting,
+        served_tool_parser,
         verify_asset,
     )
     from workbench.engine.assets_tokenizer import build_tokenizer, check_tokenizer, reference_corpus

@@ -248,6 +248,14 @@ def prompting(name: str, few_shot: bool | None, agent_prompt: str | None) -> tup
     )
 
 
+def served_tool_parser(name: str, choice: str = "asset") -> str:
+    """The parser an engine serving asset `name` reads tool calls with: `choice`, or for ``asset`` the asset's own
+    (``json`` for qwen-coder, ``hermes`` otherwise). Nothing is loaded."""
+    if choice != "asset":
+        return choice
+    return _SPECS[name].tool_parser if name in _SPECS else "hermes"
+
+
 def load_asset(name: str) -> ModelAsset:
     """An already-built asset; a clear error if it is not built yet."""
     asset = _asset(name)

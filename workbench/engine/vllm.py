@@ -158,10 +158,18 @@ class Engine:
         """What every call to the engine carries (its API key, when it has one)."""
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
+    @property
+    def tool_parser(self) -> str | None:
+        """The parser this engine reads tool calls with (``json``, ``hermes``); None for an engine started elsewhere,
+        whose parser is not known here."""
+        if self.asset is None:
+            return None
+        return self.asset.tool_parser if self.config.tool_parser == "asset" else self.config.tool_parser
+
     def command(self) -> list[str]:
         assert self.asset is not None
         c = self.config
-        parser = self.asset.tool_parser if c.tool_parser == "asset" else c.tool_parser
+        parser = self.tool_parser
         plugin = ["--tool-parser-plugin", str(TOOL_PARSER_PLUGIN)] if parser == "json" else []
         return [
             str(vllm_python()),

@@ -8,6 +8,7 @@ certification module's docstring lists what each check means and how the verdict
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +193,7 @@ def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[
         )
     )
     checks.append(_tool_use(calls_of))
+    checks.append(_parser(rollout_dirs, agent))
     lost = {d.name: n for d in rollout_dirs if (n := _summary(d).get("capture_ingest_failed"))}
     checks.append(
         Check(
@@ -210,6 +212,29 @@ def _summary(d: Path) -> dict[str, Any]:
         return json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
     except ValueError:
         return {}
+
+
+# a reply that tried to call a tool in a form the parser could not read: a JSON object naming a tool and its
+# arguments, or a tagged call, left as plain text
+_ATTEMPT = re.compile(r'"name"\s*:\s*"[^"]+"\s*,\s*"(arguments|parameters)"|<tool_call>')
+
+
+def _parser(rollout_dirs: list[Path], agent: list[dict[str, Any]]) -> Check:
+    """The tool parser the engine read the calls with (every rollout's summary.json) and the replies it could not
+    read: text that holds a call (`_ATTEMPT`) but gave no tool call. More than one parser in one run is broken."""
+    parsers = sorted({str(p) for d in rollout_dirs if (p := _summary(d).get("tool_parser"))})
+    unparsed = 0
+    for c in agent:
+        message = c["response"]["choices"][0].get("message") or {}
+        unparsed += not message.get("tool_calls") and bool(_ATTEMPT.search(str(message.get("content") or "")))
+    rate = round(unparsed / len(agent), 4) if agent else None
+    status: Status = "broken" if len(parsers) > 1 else ("warn" if unparsed else "pass")
+    return Check(
+        "parser",
+        status,
+        f"tool parser {'/'.join(parsers) or 'not recorded'}; {unparsed}/{len(agent)} replies held a call no parser read",
+        {"parsers": parsers, "unparsed_replies": unparsed, "agent_replies": len(agent), "unparsed_rate": rate},
+    )
 
 
 def _tool_use(calls_of: dict[Path, list[dict[str, Any]]]) -> Check:

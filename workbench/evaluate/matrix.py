@@ -275,7 +275,7 @@ def run_matrix(
             tokenizer = AutoTokenizer.from_pretrained(str(engine.asset.path))
             for harness in config.harnesses:
                 cell = run.path / model / harness
-                rollout = cell_rollout(config, model, harness)
+                rollout = replace(cell_rollout(config, model, harness), tool_parser=engine.tool_parser)
                 jobs = [(tasks[i % len(tasks)], cell / f"r{i:03d}") for i in range(config.n)]
                 t0 = time.monotonic()
                 results = run_rollouts(jobs, client, rollout, parallel=config.parallel, progress=progress)

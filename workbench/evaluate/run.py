@@ -229,6 +229,7 @@ def run_eval(
                     eng.load_adapter(name, adapter["path"])
                 served = policy = name or eng.served_name
             cli.set_model(served)
+            rollout = replace(rollout, tool_parser=eng.tool_parser)  # recorded in each summary.json
             results = run_rollouts(jobs, cli, rollout, parallel=config.parallel, progress=progress)
         finally:
             cli.set_model(previous)

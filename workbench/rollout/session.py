@@ -377,6 +377,7 @@ class HarnessSession:
             "harness_errors": run.errors if run else [],
             "solution_written": (self.sandbox.workspace / "solution.py").exists() if not self.sandbox.closed else None,
             "temperature": self.config.temperature,
+            "tool_parser": self.config.tool_parser,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "agent_exited_at": self.agent_exited_at,
             "isolation": self.sandbox.isolation,

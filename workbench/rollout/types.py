@@ -130,6 +130,9 @@ class RolloutConfig:
             ``run --title``), so it makes no title call: one prompt less to prefill and decode per rollout,
             beside its first agent call, never trained. The title call counted against
             `max_model_calls`; without it every call is the agent's.
+        tool_parser: the parser the engine reads this rollout's tool calls with (`workbench.engine.Engine.tool_parser`),
+            recorded in summary.json so rollouts read by different parsers are never mixed; None: not known (an engine
+            started elsewhere).
     """
 
     harness: str = "opencode"
@@ -145,6 +148,7 @@ class RolloutConfig:
     stop_on_upstream_error: bool = True
     lead_s: float = 60.0
     skip_title_call: bool = False
+    tool_parser: str | None = None
     limits: SandboxLimits = field(default_factory=SandboxLimits)
 
 

@@ -157,7 +157,10 @@ class GRPORun:
         if config.from_rollouts:
             from workbench.train.replay import load_recording
 
+            from workbench.engine import served_tool_parser
+
             self.recording = load_recording(config.from_rollouts, temperature=config.temperature)
+            self.recording.check_tool_parser(served_tool_parser(config.model, config.tool_parser))
             self.tasks = [load_task(t) for t in self.recording.task_ids]
         else:
             self.tasks = load_tasks(config.tasks)
@@ -205,9 +208,8 @@ class GRPORun:
             ]
             assert self.client is not None, "a sampling run has its proxy (set in train())"
             cache_before = self.engine.prefix_cache_counters() if self.engine is not None else None
-            results = run_rollouts(
-                jobs, self.client, cfg.rollout_config(), parallel=cfg.parallel_rollouts, progress=False
-            )
+            rollout = replace(cfg.rollout_config(), tool_parser=self.engine.tool_parser if self.engine else None)
+            results = run_rollouts(jobs, self.client, rollout, parallel=cfg.parallel_rollouts, progress=False)
             extra.update(_phase_counters(results, cache_before, self.engine))
         rollout_s = time.monotonic() - t0
         fields_, stats = step_fields(

@@ -48,6 +48,26 @@ class Recording:
         return list(self.groups)
 
     @property
+    def tool_parsers(self) -> list[str]:
+        """The parsers the engine read the rollouts' tool calls with (summary.json's ``tool_parser``; older
+        recordings, or an engine elsewhere, did not record it)."""
+        return sorted(
+            {str(r.summary["tool_parser"]) for g in self.groups.values() for r in g if r.summary.get("tool_parser")}
+        )
+
+    def check_tool_parser(self, parser: str | None) -> None:
+        """ValueError when the rollouts were read by different parsers, or by another than `parser` (the one this
+        run's model is served with): their calls and replies would be judged by two rules in one step."""
+        have = self.tool_parsers
+        if len(have) > 1:
+            raise ValueError(f"from_rollouts: the recording mixes rollouts read by different tool parsers: {have}")
+        if have and parser and have[0] != parser:
+            raise ValueError(
+                f"from_rollouts: the rollouts' tool calls were read by the {have[0]!r} parser, this run's model by "
+                f"{parser!r} (set --tool-parser {have[0]} to train on them as recorded)"
+            )
+
+    @property
     def isolations(self) -> list[str]:
         """The sandbox modes the rollouts were captured under (from their summaries)."""
         return sorted({str(r.summary.get("isolation", "unknown")) for g in self.groups.values() for r in g})
