@@ -76,7 +76,10 @@ print(json.dumps(out))
 
 
 def _expected() -> dict[str, str]:
-    return {name: errno.errorcode[err] for name, (_, err) in DENIED.items()} | {"getppid": "ALLOWED", "write": "ALLOWED"}
+    return {name: errno.errorcode[err] for name, (_, err) in DENIED.items()} | {
+        "getppid": "ALLOWED",
+        "write": "ALLOWED",
+    }
 
 
 @pytest.fixture

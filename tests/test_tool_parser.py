@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from workbench.engine import build_asset
-from workbench.engine.vllm import TOOL_PARSER_PLUGIN, Engine, EngineConfig
+from workbench.engine.config import TOOL_PARSER_PLUGIN, EngineConfig
+from workbench.engine.vllm import Engine
 from workbench.paths import vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]

