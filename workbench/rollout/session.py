@@ -44,7 +44,7 @@ from workbench.paths import tools_dir
 from workbench.runs import atomic_json
 from workbench.procs import exit_signal, signal_name
 from workbench.rollout.types import RolloutConfig, Status, agent_entries
-from workbench.rollout.types import refused_for_the_agents_output, trace_tool_calls
+from workbench.rollout.types import call_counts, engine_failure, trace_tool_calls, workspace_files
 from workbench.sandbox import CopyLimitError, Sandbox, SandboxError
 from workbench.tasks import Task
 from workbench.verify import VerifyResult, verify as verify_workspace
@@ -53,15 +53,6 @@ __all__ = ["HarnessSession"]
 
 # the logs kept in the artefact, by the name they get there (report.txt: `Launch.report`, for those that keep one)
 _LOG_COPIES = {"events.jsonl": "events.jsonl", "stderr.txt": "harness.stderr.txt", "report.txt": "harness.report.txt"}
-
-
-def _workspace_files(task: Task) -> dict[str, str]:
-    """The task's starting files, plus visible_tests.txt when the instruction points the agent at it
-    (HumanEval and DeepCoder do: it was only ever written to the run folder, not where the agent looks)."""
-    files = dict(task.files)
-    if task.visible_tests and "visible_tests.txt" in task.instruction and "visible_tests.txt" not in files:
-        files["visible_tests.txt"] = task.visible_tests
-    return files
 
 
 class HarnessSession:
@@ -103,7 +94,7 @@ class HarnessSession:
         )
         try:
             self.sandbox = Sandbox.create(
-                _workspace_files(task),
+                workspace_files(task),
                 isolation=config.isolation,
                 limits=config.limits,
                 ro_paths=[tools_dir()],
@@ -261,12 +252,7 @@ class HarnessSession:
                 if len(failed) >= upstream_errors or time.monotonic() >= deadline:
                     break
                 time.sleep(0.1)
-        if len(failed) >= upstream_errors and failed and all(refused_for_the_agents_output(c) for c in failed):
-            codes = ", ".join(str(s) for s in sorted({c["upstream_status"] for c in failed}))
-            return "agent_error", (
-                f"the engine refused the agent's own output (HTTP {codes}; see trace.json): {failed[0]['error']}"[:400]
-            )
-        return "upstream_error", "the engine failed a call (see trace.json)"
+        return engine_failure(failed if len(failed) >= upstream_errors else [])
 
     def _end(self, status: Status, reason: str) -> None:
         self.status, self.reason = status, reason
@@ -343,11 +329,6 @@ class HarnessSession:
 
     def summary(self) -> dict[str, Any]:
         calls = self._calls if self._calls is not None else []
-        by_purpose: dict[str, int] = {}
-        for c in calls:
-            by_purpose[c["purpose"]] = by_purpose.get(c["purpose"], 0) + 1
-        agent = [c for c in calls if c["purpose"] == "agent" and c["status"] == "ok"]
-        with_tools = sum(1 for c in agent if (c["response"]["choices"][0]["message"] or {}).get("tool_calls"))
         run = self.run_info
         r = self.verify_result
         return {
@@ -361,12 +342,7 @@ class HarnessSession:
             "reward": self.reward,
             "tests_passed": r.passed if r is not None else None,
             "tests_total": r.total if r is not None else None,
-            "calls": len(calls),
-            "calls_by_purpose": by_purpose,
-            "calls_by_status": {s: sum(1 for c in calls if c["status"] == s) for s in {c["status"] for c in calls}},
-            "agent_turns": len(agent),
-            "agent_turns_with_tool_calls": with_tools,
-            "sampled_tokens": sum(len(c["completion_token_ids"]) for c in agent),
+            **call_counts(calls),
             # From the engine's own answers as captured: the agent can write anything into the harness's
             # event stream (it runs as the same uid), never into the trace.
             "tool_calls": trace_tool_calls(calls),

@@ -201,6 +201,45 @@ def agent_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return entries
 
 
+def workspace_files(task: Task) -> dict[str, str]:
+    """The task's starting files, plus visible_tests.txt when the instruction points the agent at it
+    (HumanEval and DeepCoder do: it was only ever written to the run folder, not where the agent looks)."""
+    files = dict(task.files)
+    if task.visible_tests and "visible_tests.txt" in task.instruction and "visible_tests.txt" not in files:
+        files["visible_tests.txt"] = task.visible_tests
+    return files
+
+
+def engine_failure(failed: list[dict[str, Any]]) -> tuple[FinalStatus, str]:
+    """The status and reason of a rollout whose engine calls `failed` (every one on record; empty when not all
+    could be read): ``agent_error`` (scored) when each is the engine refusing the agent's own output
+    (`refused_for_the_agents_output`), ``upstream_error`` (unscored) otherwise."""
+    if failed and all(refused_for_the_agents_output(c) for c in failed):
+        codes = ", ".join(str(s) for s in sorted({c["upstream_status"] for c in failed}))
+        return "agent_error", (
+            f"the engine refused the agent's own output (HTTP {codes}; see trace.json): {failed[0]['error']}"[:400]
+        )
+    return "upstream_error", "the engine failed a call (see trace.json)"
+
+
+def call_counts(calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json's counts of a rollout's captured calls: all, by purpose and status, the agent turns answered,
+    those with a tool call, and the tokens sampled in them."""
+    agent = [c for c in calls if c["purpose"] == "agent" and c["status"] == "ok"]
+    return {
+        "calls": len(calls),
+        "calls_by_purpose": {
+            p: sum(c["purpose"] == p for c in calls) for p in dict.fromkeys(c["purpose"] for c in calls)
+        },
+        "calls_by_status": {s: sum(1 for c in calls if c["status"] == s) for s in {c["status"] for c in calls}},
+        "agent_turns": len(agent),
+        "agent_turns_with_tool_calls": sum(
+            1 for c in agent if (c["response"]["choices"][0]["message"] or {}).get("tool_calls")
+        ),
+        "sampled_tokens": sum(len(c["completion_token_ids"]) for c in agent),
+    }
+
+
 def trace_tool_calls(calls: list[dict[str, Any]]) -> dict[str, int]:
     """Tool calls by name in the agent turns the engine answered (what the model asked for)."""
     counts: dict[str, int] = {}
