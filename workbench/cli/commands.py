@@ -202,18 +202,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from workbench.cli.evaluate import run_from_args
-
-    return run_from_args(args)
-
-
-def _cmd_diff(args: argparse.Namespace) -> int:
-    from workbench.cli.diff import diff_from_args
-
-    return diff_from_args(args)  # 0 identical, 1 different (like diff(1))
-
-
 def _cmd_notebooks(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -234,12 +222,6 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         f" -- open them with: {open_command(run.path)}"
     )
     return 0
-
-
-def _asset_path(name: str) -> str:
-    from workbench.engine import load_asset
-
-    return str(load_asset(name).path)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -338,13 +320,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-name", default=None)
     p.add_argument("--upstream-key-file", default=None, help="file holding the external engine's API key")
 
-    from workbench.cli.evaluate import add_eval_arguments
-    from workbench.cli.diff import add_diff_arguments
+    from workbench.cli.diff import add_diff_arguments, diff_from_args
+    from workbench.cli.evaluate import add_eval_arguments, run_from_args
 
     add_eval_arguments(
         add(
             "eval",
-            _cmd_eval,
+            run_from_args,
             "evaluate a model or LoRA adapter: N rollouts per task -> mean "
             "reward, solve rate, 95%% intervals (runs/<stamp>__eval)",
         )
@@ -352,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_diff_arguments(
         add(
             "diff",
-            _cmd_diff,
+            diff_from_args,  # 0 identical, 1 different (like diff(1))
             "compare two rollout folders turn by turn: first diverging prompt/sampled token, tool calls, outcome",
         )
     )
