@@ -16,5 +16,8 @@ test:
 	WORKBENCH_TEST_BROWSER=1 scripts/setup.sh tiny smollm2 qwen-coder
 	OMP_NUM_THREADS=1 .venv/bin/python -m pytest
 
+# The newest executed run (what `make run` wrote: outputs, widgets' static views, figures) when there is one; the
+# blank notebooks otherwise.
 lab: setup
-	.venv/bin/python -m jupyter lab notebooks/
+	@dir=$$(ls -1d runs/*__notebooks 2>/dev/null | sort | tail -1); dir=$${dir:-notebooks/}; \
+	echo "jupyter lab $$dir"; .venv/bin/python -m jupyter lab "$$dir"
