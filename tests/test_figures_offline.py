@@ -108,3 +108,37 @@ def test_a_stale_or_truncated_bundle_is_replaced(tmp_path):
     _saved(tmp_path, learning_curve_figure(METRICS), "curve")
     assert bundle.read_text() == get_plotlyjs()
     assert [p.name for p in bundle.parent.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+def _not_blank(png: Path) -> int:
+    """How many distinct colours the PNG holds (a blank page has one)."""
+    from PIL import Image
+
+    with Image.open(png) as im:
+        return len(im.convert("RGB").getcolors(maxcolors=1 << 20) or [])
+
+
+@needs_chromium
+def test_every_saved_figure_becomes_a_png_and_an_svg_for_slides_and_the_token_view_a_png(tmp_path, capsys):
+    """`workbench figures`: plotly specs through kaleido (the system's Chromium), HTML views as screenshots;
+    `workbench html --png`: the token/mask page. Each PNG opened and checked to hold a drawing, not a blank page."""
+    from workbench.cli import build_parser
+    from workbench.views import export_figures
+
+    page = _saved(tmp_path, learning_curve_figure(METRICS, window=2), "curve")
+    figures = page.parent
+    assert (figures / "curve.json").is_file()  # the spec saved beside the page
+    rollout = Path(__file__).resolve().parents[1] / "workbench" / "data" / "rollouts" / "smollm2-easy"
+    args = build_parser().parse_args(["html", str(rollout), "--out", str(figures / "tokens.html"), "--png"])
+    assert args.handler(args) == 0
+    with pytest.raises(ValueError, match="png and svg only"):
+        export_figures(figures, ["gif"])
+    args = build_parser().parse_args(["figures", str(figures.parent)])
+    assert args.handler(args) == 0
+    written = capsys.readouterr().out
+    for name in ("curve.png", "curve.svg", "tokens.png"):
+        assert name in written and (figures / name).is_file()
+    assert _not_blank(figures / "curve.png") > 20 and _not_blank(figures / "tokens.png") > 20
+    assert (figures / "curve.svg").read_text().lstrip().startswith("<svg") and "trace scatter" in (
+        figures / "curve.svg"
+    ).read_text()

@@ -13,7 +13,8 @@ runs (papermill itself only warns), and a failing cell fails the command naming 
 and end (seconds, ok or the failing cell) is reported as it happens; papermill's per-cell bar is
 drawn only when asked (the CLI asks when stderr is a terminal).
 
-Saved figures load plotly.js from `figures/plotly.min.js`, written once per run folder, so they draw
+Saved figures load plotly.js from `figures/plotly.min.js`, written once per run folder (a plotly figure's spec
+beside it, `figures/<name>.json`: ``workbench figures RUN`` draws PNG and SVG from it for slides), so they draw
 without internet (a workshop room, this machine).
 
 Inside a notebook (after its parameters cell):

@@ -1,10 +1,12 @@
 """The trace commands: ``export`` and ``import`` (OpenEnv training traces out of and into rollout folders),
-``certify`` (is a harness x model training-grade?) and ``html`` (a whole run as one page, no kernel).
+``certify`` (is a harness x model training-grade?), ``html`` (a whole run as one page, no kernel) and ``figures``
+(a run's figures as PNG and SVG).
 
     workbench export runs/x/rollouts --format openenv-trace --out out/traces      # one JSON per rollout
     workbench import --format openenv-trace out/traces/easy_1.json --out runs/imported/easy_1 --reward 1
     workbench certify --harness opencode --model smollm2 --json
-    workbench html runs/x --out runs/x/view.html
+    workbench html runs/x --out runs/x/view.html [--png]
+    workbench figures runs/<stamp>__notebooks --formats png,svg     # every saved figure, for slides
 
 Handlers import their stage on call, so ``--help`` stays instant (tests/test_imports.py).
 """
@@ -12,6 +14,7 @@ Handlers import their stage on call, so ``--help`` stays instant (tests/test_imp
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -76,8 +79,6 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_html(args: argparse.Namespace) -> int:
-    import sys
-
     from workbench.views import save_run_html
 
     out = Path(args.out)
@@ -93,7 +94,24 @@ def _cmd_html(args: argparse.Namespace) -> int:
         print(f"{path}: skipped: {why}", file=sys.stderr)
     turns = sum(len(p.derived.turns) for p in pages)
     print(f"{out}: {len(pages)} rollout(s), {turns} turns, {len(skipped)} skipped ({out.stat().st_size} bytes)")
+    if args.png:
+        from workbench.views import screenshot
+
+        print(screenshot(out, out.with_suffix(".png")))
     return 1 if skipped else 0
+
+
+def _cmd_figures(args: argparse.Namespace) -> int:
+    from workbench.views import export_figures
+
+    folder = Path(args.path)
+    folder = folder / "figures" if (folder / "figures").is_dir() else folder
+    written = export_figures(folder, [f.strip() for f in args.formats.split(",") if f.strip()])
+    for path in written:
+        print(path)
+    if not written:
+        print(f"{folder}: no figures (*.json specs or *.html views) to export", file=sys.stderr)
+    return 0 if written else 1
 
 
 def add_trace_commands(add: Add) -> None:
@@ -137,3 +155,7 @@ def add_trace_commands(add: Add) -> None:
     p.add_argument(
         "--max-context", type=int, default=200, help="context tokens shown before each sampled span (-1: all)"
     )
+    p.add_argument("--png", action="store_true", help="also a PNG of the page's first screen (offline Chromium)")
+    p = add("figures", _cmd_figures, "a run's saved figures as PNG and SVG for slides (offline, the system's Chromium)")
+    p.add_argument("path", help="a run folder (its figures/) or a folder of saved figures")
+    p.add_argument("--formats", default="png,svg", help="comma-separated: png, svg (HTML views: png only)")

@@ -21,6 +21,7 @@ __all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.views.figures import group_signal_figure, learning_curve_figure, save_figure, summary_figure
+    from workbench.views.export import export_figures, screenshot
     from workbench.views.tables import browser, render_eval, render_table, render_trace
     from workbench.views.tokens import render_drift, render_row, render_turn, STYLE, token_texts
     from workbench.views.tokens import LEGEND, render_tokens, row_fork

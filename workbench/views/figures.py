@@ -123,13 +123,15 @@ def summary_figure(reports: dict[str, dict[str, Any]]):
 
 def save_figure(view: Any, out: Path) -> Path:
     """Write an HTML string, or a plotly figure as a full page that loads ``plotly.min.js`` from its own
-    folder (written there once): a CDN script tag leaves the page blank without internet."""
+    folder (written there once: a CDN script tag leaves the page blank without internet) and its spec beside it
+    (``<name>.json``: `workbench.views.export` draws PNG and SVG from it)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(view, str):
         out.write_text(view)
         return out
     _ensure_plotlyjs(out.parent)
     view.write_html(out, include_plotlyjs="directory", full_html=True)
+    out.with_suffix(".json").write_text(view.to_json())  # the spec, for PNG/SVG later (`views.export`)
     return out
 
 
