@@ -201,3 +201,55 @@ def test_connection_limits_refuse_nonsense():
     with pytest.raises(ValueError, match="max_waiting_per_client must be positive or None, not 0"):
         ConnectionLimits(max_waiting_per_client=0)
     assert ConnectionGuard(ConnectionLimits(None, None, None)).protocol().guard.limits.header_timeout_s is None
+
+
+def _recv_until(s: socket.socket, marker: bytes, seconds: float) -> bytes:
+    got, deadline = b"", time.monotonic() + seconds
+    s.settimeout(0.2)
+    while marker not in got and time.monotonic() < deadline:
+        try:
+            chunk = s.recv(65536)
+        except TimeoutError:
+            continue
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def test_a_request_pipelined_behind_a_streamed_answer_is_not_timed_until_that_answer_is_done(up):
+    """uvicorn stops reading behind a request in flight; a body deadline armed on the request pipelined behind it
+    ran out on bytes nobody read and closed the connection, cutting the first answer mid-stream (with the default
+    60 s: any answer streaming past a minute). With 1 s deadlines: a streamed answer held 3 s arrives whole, the
+    pipelined request's deadline starts when it is done, and its body sent then is answered."""
+    limits = ConnectionLimits(header_timeout_s=1.0, body_timeout_s=1.0, max_waiting_per_client=16)
+    with CaptureProxy(up.url, "scripted", connection_limits=limits) as proxy:
+        key = proxy.client().open_session(harness="opencode", temperature=1.0)
+
+        def request(body: dict) -> tuple[bytes, bytes]:
+            data = json.dumps(body).encode()
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
+            ).encode()
+            return head, data
+
+        up.hold = threading.Event()
+        first_head, first_body = request({**BODY, "stream": True})
+        second_head, second_body = request(BODY)
+        s = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        try:
+            s.sendall(first_head + first_body)
+            time.sleep(0.3)  # the first request is in flight
+            s.sendall(second_head)  # pipelined: its head now, its body later
+            time.sleep(3)  # three body deadlines' worth while the first answer is held
+            up.hold.set()
+            first = _recv_until(s, b"data: [DONE]", 20)
+            s.sendall(second_body)
+            second = _recv_until(s, b'"choices"', 20)
+        finally:
+            s.close()
+        timed_out = proxy.connection_guard.timed_out
+    assert first.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in first, first[-300:]
+    assert b"HTTP/1.1 200" in second and b'"choices"' in second, second[:300]
+    assert timed_out == 0

@@ -146,7 +146,10 @@ class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, timed while a request arrives and filed with its `ConnectionGuard`.
 
     Each extended method calls uvicorn's first (`workbench._compat.UVICORN_PROTOCOL_HOOKS`). A request pipelined
-    behind one being answered keeps the connection `SERVING` (never evicted mid-answer) but is timed all the same.
+    behind one being answered keeps the connection `SERVING` (never evicted mid-answer) and is not timed until that
+    answer is finished: uvicorn stops reading behind a request in flight, so a deadline armed then would run out
+    on bytes nobody reads and close the connection under the streamed answer. Once the answer is done, the
+    pipelined request gets its full head or body deadline from that moment.
     """
 
     guard: ConnectionGuard  # set by ConnectionGuard.protocol
@@ -155,6 +158,7 @@ class GuardedProtocol(HttpToolsProtocol):
     _reading = False  # a request's head or body is arriving
     _requests = 0  # requests whose body has fully arrived
     _answers = 0  # answers finished
+    _head_done = False  # the request arriving now has its whole head
     _deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -171,14 +175,18 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._deadline is None:  # a later request; the first one's deadline runs from the connection
+        if self._requests > self._answers:  # pipelined behind an answer in flight: timed once it is finished
+            self._disarm()
+        elif self._deadline is None:  # a later request; the first one's deadline runs from the connection
             self._arm(self.guard.limits.header_timeout_s)
-        self._reading = True
+        self._reading, self._head_done = True, False
         self._settle()
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
-        self._arm(self.guard.limits.body_timeout_s)
+        self._head_done = True
+        if self._requests == self._answers:
+            self._arm(self.guard.limits.body_timeout_s)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -190,6 +198,9 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._answers += 1
+        if self._reading and self._requests == self._answers:  # the pipelined request is next: timed from now
+            limits = self.guard.limits
+            self._arm(limits.body_timeout_s if self._head_done else limits.header_timeout_s)
         self._settle()
 
     def drop(self) -> None:
