@@ -21,6 +21,7 @@ import pytest
 from scripted_upstream import ScriptedUpstream
 from workbench.capture import CaptureProxy, ConnectionLimits
 from workbench.capture.guard import ConnectionGuard
+from workbench.procs import free_port
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 SLOW_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: "  # a head that is never finished
@@ -59,7 +60,7 @@ def test_slow_clients_are_closed_and_everyone_else_is_served(proxy):
     every 2 s and a model call is served and recorded. The old proxy kept all 400 for as long as the bytes
     came; a process allowed 320 descriptors then answered nothing else (benchmarks/slow_clients.py)."""
     limits = proxy.connection_guard.limits
-    assert (limits.header_timeout_s, limits.max_waiting_per_client) == (10.0, 256)
+    assert (limits.header_timeout_s, limits.max_waiting_per_client, proxy.connection_guard.cap) == (10.0, "auto", 256)
     slow: list[socket.socket] = []
     closed_at: dict[int, float] = {}
     health: list[tuple[float, int | str, float]] = []
@@ -253,3 +254,58 @@ def test_a_request_pipelined_behind_a_streamed_answer_is_not_timed_until_that_an
     assert first.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in first, first[-300:]
     assert b"HTTP/1.1 200" in second and b'"choices"' in second, second[:300]
     assert timed_out == 0
+
+
+def test_with_few_descriptors_half_requests_never_take_the_ones_health_needs(tmp_path):
+    """The proxy as its own process under ``prlimit --nofile=256``: 300 connections that each send half a request
+    line. Its per-address cap comes from the descriptors it has (minus those held back), so ``GET /health``
+    answers at every moment, before and after the head deadline closes them (a fixed cap of 256 let them take
+    every descriptor: /health failed for the ~10 s until the deadline, and again at every reconnect)."""
+    import shutil
+    import subprocess
+    import sys
+
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    port = free_port()
+    log = open(tmp_path / "proxy.log", "wb")
+    proc = subprocess.Popen(
+        [prlimit, "--nofile=256:256", sys.executable, "-m", "workbench", "proxy"]
+        + ["--upstream", "http://127.0.0.1:9/v1", "--model", "m", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/health"
+    slow: list[socket.socket] = []
+    health: list[tuple[float, int | str]] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            pytest.fail((tmp_path / "proxy.log").read_text()[-2000:])
+        t0 = time.monotonic()
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"POST /v1/chat/comp")
+            slow.append(s)
+        while time.monotonic() - t0 < 14:  # past the 10 s head deadline
+            try:
+                status: int | str = httpx.get(url, timeout=5).status_code
+            except httpx.HTTPError as exc:
+                status = type(exc).__name__
+            health.append((round(time.monotonic() - t0, 1), status))
+            time.sleep(0.5)
+    finally:
+        for s in slow:
+            s.close()
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+    assert len(health) >= 15 and all(status == 200 for _, status in health), health

@@ -29,15 +29,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import resource
 import time
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from workbench import _compat
 
-__all__ = ["ConnectionLimits", "ConnectionGuard", "GuardedProtocol", "Phase"]
+__all__ = ["ConnectionLimits", "ConnectionGuard", "GuardedProtocol", "Phase", "descriptor_cap", "RESERVED_DESCRIPTORS"]
 
 _compat.check_uvicorn()  # GuardedProtocol extends uvicorn's methods named in _compat.UVICORN_PROTOCOL_HOOKS
 
@@ -55,20 +58,40 @@ class ConnectionLimits:
       for a loaded 2-core machine, and a slow client holds a socket 10 s rather than for ever;
     - ``body_timeout_s=60``: opencode's bodies are 30-300 KB (milliseconds on the loopback); the largest body
       the proxy accepts (32 MiB, ``max_body_bytes``) takes 27 s over a 10 Mbit/s link;
-    - ``max_waiting_per_client=256``: above what honest clients keep waiting (a sandbox's relay passes at most
-      16 connections; 64 parallel rollouts with two pooled connections each keep 128 alive), far below the
-      file descriptors a process has (1,024 by default on Linux).
+    - ``max_waiting_per_client="auto"``: 256, above what honest clients keep waiting (a sandbox's relay passes at
+      most 16 connections; 64 parallel rollouts with two pooled connections each keep 128 alive), or less when the
+      process has fewer file descriptors: what is left of its limit when the guard is made, minus
+      `RESERVED_DESCRIPTORS` held back for ``GET /health``, the trainer's control calls, authenticated model calls
+      and the engine connections behind them (`descriptor_cap`). Under ``prlimit --nofile=256`` the slow
+      connections then never take the last descriptor, and ``/health`` keeps answering.
     """
 
     header_timeout_s: float | None = 10.0
     body_timeout_s: float | None = 60.0
-    max_waiting_per_client: int | None = 256
+    max_waiting_per_client: int | Literal["auto"] | None = "auto"
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s", "max_waiting_per_client"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if value is not None and value != "auto" and (isinstance(value, str) or value <= 0):
                 raise ValueError(f"ConnectionLimits.{name} must be positive or None, not {value}")
+
+
+RESERVED_DESCRIPTORS = 64  # kept free of waiting connections: /health, control and model calls, their engine side
+_MAX_WAITING = 256
+
+
+def descriptor_cap(reserved: int = RESERVED_DESCRIPTORS) -> int:
+    """The waiting connections one address may hold given this process's descriptors: 256, or what is left of the
+    soft RLIMIT_NOFILE (minus those open now) after `reserved`, at least 8."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return _MAX_WAITING
+    try:
+        open_now = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        open_now = 64
+    return max(8, min(_MAX_WAITING, soft - open_now - reserved))
 
 
 class Phase(StrEnum):
@@ -85,6 +108,8 @@ class ConnectionGuard:
 
     def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
+        # the per-address cap in force: as given, or derived from the descriptors left now ("auto")
+        self.cap = descriptor_cap() if limits.max_waiting_per_client == "auto" else limits.max_waiting_per_client
         self.timed_out = 0  # connections closed by a deadline
         self.evicted = 0  # connections closed by the per-client cap
         self._unread: dict[str, dict[GuardedProtocol, None]] = {}  # MADE or READING, in arrival order
@@ -105,7 +130,7 @@ class ConnectionGuard:
         group = self._unread if conn.phase in (Phase.MADE, Phase.READING) else self._kept
         if conn.phase != Phase.SERVING:
             group.setdefault(conn.address, {})[conn] = None
-        cap = self.limits.max_waiting_per_client
+        cap = self.cap
         unread, kept = self._unread.get(conn.address, {}), self._kept.get(conn.address, {})
         while cap is not None and len(unread) + len(kept) > cap:
             # Never the connection that just moved: it is the newest, and an honest client's next step.
