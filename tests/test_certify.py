@@ -238,8 +238,8 @@ def test_the_shipped_certificates_are_read_and_say_what_they_measured():
 @pytest.mark.engine
 def test_certify_one_real_pair(engine, tmp_path, monkeypatch):
     """codex x tiny through the real binary, engine and proxy: every check ran, the certificate is written to the
-    run folder and the cache (replacing an old broken one), and the engine probes measured processed logprobs
-    (ratio 0.5) and paired ids."""
+    run folder and the cache (replacing an old broken one), the engine probes measured processed logprobs (ratio
+    0.5) and paired ids, and the verdict fails closed on what the random model never shows."""
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     save_certificate(
         {"harness": "codex", "model": "tiny", "verdict": "broken", "checks": []}
@@ -251,7 +251,10 @@ def test_certify_one_real_pair(engine, tmp_path, monkeypatch):
         progress=False,
     )
     checks = {c["name"]: c for c in cert["checks"]}
-    assert len(checks) == 12 and cert["verdict"] == "training-grade", checks
+    # the random tiny model makes one call and no tool call: what a training-grade pair must show is not observed
+    assert len(checks) == 16 and cert["verdict"] == "unverified" and cert["rules"] == 2, checks
+    assert {line.split(":")[0] for line in cert["missing"]} >= {"tool_use", "trainable"}, cert["missing"]
+    assert checks["parser"]["evidence"]["parsers"] == ["hermes"]  # recorded in every rollout's summary
     assert checks["logprob_mode"]["evidence"]["ratio"] == pytest.approx(0.5, abs=0.01)
     assert (
         checks["token_logprob_pairing"]["evidence"]["paired"]
