@@ -104,15 +104,40 @@ def test_logprobs_are_those_of_the_sampled_distribution(engine):
     assert (raw - engine_lps).abs().mean() > 1e-2  # raw logprobs (vLLM's default mode) would not match
 
 
-def test_engine_stops_its_whole_process_group():
+def test_engine_stops_its_whole_process_group_and_leaves_no_shared_memory():
+    from workbench.engine.shm import shm_segments
+
+    before = shm_segments()
     eng = Engine(EngineConfig(model="tiny")).start()
     pgid, tmp = eng.pgid, eng.tmp_dir
     assert eng.healthy()
     assert tmp is not None and any(tmp.iterdir())  # vLLM's IPC sockets live in its own TMPDIR
+    made = shm_segments() - before
     eng.stop()
     # No member is running (orphaned members may linger as zombies until init reaps them).
     assert not group_alive(pgid)
     assert not tmp.exists() and eng.tmp_dir is None
+    assert not made & shm_segments(), made & shm_segments()  # vLLM's /dev/shm buffers went with it
+
+
+def test_the_shared_memory_sweep_keeps_what_a_live_process_maps(tmp_path):
+    """Only segments made since the engine started and used by no live process are unlinked."""
+    from multiprocessing import resource_tracker, shared_memory
+
+    from workbench.engine.shm import shm_segments, sweep_shm
+
+    before = shm_segments()
+    held = shared_memory.SharedMemory(create=True, size=4096)  # mapped by this process: kept
+    left = shared_memory.SharedMemory(create=True, size=4096)
+    left_name = left._name.lstrip("/")  # noqa: SLF001 - the file name in /dev/shm
+    left.close()  # unmapped, not unlinked: what a killed vLLM leaves
+    resource_tracker.unregister(left._name, "shared_memory")  # noqa: SLF001 - its tracker would unlink it at exit
+    try:
+        assert sweep_shm(before) == 1
+        assert left_name not in shm_segments() and held._name.lstrip("/") in shm_segments()  # noqa: SLF001
+    finally:
+        held.close()
+        held.unlink()
 
 
 def test_failed_start_reports_the_server_log():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import secrets
@@ -44,11 +45,14 @@ from typing import Any
 import httpx
 
 from workbench.engine.assets import ModelAsset, load_asset
+from workbench.engine.shm import shm_segments, sweep_shm
 from workbench.engine.config import KV_TOKENS, TOOL_PARSER_PLUGIN, EngineConfig, EngineError
 from workbench.paths import cache_dir, vllm_python
 from workbench.procs import die_with_us, free_port, stop_group
 
 __all__ = ["Engine"]
+
+log = logging.getLogger("workbench.engine")
 
 
 def _ram_folder() -> str | None:
@@ -73,6 +77,7 @@ class Engine:
         # vLLM leaves ZMQ sockets and a vllm_dist_* folder in TMPDIR at every start (~210 of
         # them in /tmp after one session of tests and benchmarks): its TMPDIR is this folder, removed by stop()
         self.tmp_dir: Path | None = None
+        self._shm_before: set[str] = set()  # /dev/shm segments before start(): those made after are swept at stop()
         # True from start() until a reload from another folder than the asset's: what a weight sync may skip
         # reloading (a fresh LoRA adapter, every B = 0, adds nothing to these weights)
         self.serves_asset_weights = False
@@ -199,6 +204,7 @@ class Engine:
         # that a disk folder would have to write back (a 2.5 GB write took 8.5-9.3 s to the run folder's disk here,
         # 3.7-4.6 s to /dev/shm, at load 2-3). Removed by stop(), or by the watchdog when this process dies.
         self.tmp_dir = Path(tempfile.mkdtemp(prefix="wb-vllm-", dir=_ram_folder()))
+        self._shm_before = shm_segments()
         env = {**self.environment(), "TMPDIR": str(self.tmp_dir)}
         with open(self.log_path, "wb") as log:
             # Own process group: stop() kills vLLM's engine-core child too. die_with_us: the group
@@ -265,6 +271,13 @@ class Engine:
         tmp, self.tmp_dir = self.tmp_dir, None
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        # vLLM's shared-memory buffers (Python's psm_*, multiprocessing's sem.mp-*: 160-250 MB each for
+        # qwen-coder, held in RAM) outlive an engine stopped mid-step: 840 MB had piled up here in one afternoon.
+        # Those made since start() that no live process maps or holds are this engine's, and go.
+        if proc is not None:
+            removed = sweep_shm(self._shm_before)
+            if removed:
+                log.info("removed %d shared-memory segments the engine left in /dev/shm", removed)
 
     def __enter__(self) -> "Engine":
         return self.start()
