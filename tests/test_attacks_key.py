@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -56,16 +53,6 @@ if os.path.exists("{SOCKET_INSIDE}"):
         got = type(e).__name__.encode()
     print("unix answered", got)
 EOF"""
-
-
-@pytest.fixture
-def base(monkeypatch) -> Path:
-    """A temp dir the sandbox uids can enter (pytest's own are 0700), emptied afterwards."""
-    path = Path(tempfile.mkdtemp(prefix="wb-key-"))
-    path.chmod(0o755)
-    monkeypatch.setattr(tempfile, "tempdir", str(path))
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
 def _asked(request: dict) -> bool:

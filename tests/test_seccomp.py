@@ -13,8 +13,6 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -80,16 +78,6 @@ def _expected() -> dict[str, str]:
         "getppid": "ALLOWED",
         "write": "ALLOWED",
     }
-
-
-@pytest.fixture
-def base(monkeypatch) -> Path:
-    """A temp dir the sandbox uids can enter (pytest's own are 0700), emptied afterwards."""
-    path = Path(tempfile.mkdtemp(prefix="wb-seccomp-"))
-    path.chmod(0o755)
-    monkeypatch.setattr(tempfile, "tempdir", str(path))
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
 def test_every_denied_family_is_refused_in_a_sandbox_and_the_rest_works(base):
