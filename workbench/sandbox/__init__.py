@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from workbench.sandbox.command import mount, system_dirs, under
     from workbench.sandbox.files import exceeds
     from workbench.sandbox.probes import check_harness, run_probes
-    from workbench.sandbox.seccomp import DENIED, filter_fd
+    from workbench.sandbox.seccomp import DENIED, filter_fd, passed_filter
     from workbench.sandbox.session import Sandbox
     from workbench.sandbox.spec import (
         bwrap_available,

@@ -14,16 +14,19 @@ hand-assembled) once per process, for this machine's architecture, and handed to
 
     fd = filter_fd()            # an fd holding the BPF program (os.memfd); pass it to the child, then close it
     argv = ["bwrap", "--seccomp", str(fd), ...]
+    with passed_filter(bwrap) as fd: Popen(argv, pass_fds=(fd,) if fd is not None else ())   # the same, closed
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
 import tempfile
+from collections.abc import Iterator
 
-__all__ = ["DENIED", "bpf_program", "filter_fd"]
+__all__ = ["DENIED", "bpf_program", "filter_fd", "passed_filter"]
 
 # syscall families denied -> the errno they return
 DENIED: dict[str, tuple[tuple[str, ...], int]] = {
@@ -57,6 +60,17 @@ def bpf_program() -> bytes:
         f.export_bpf(out)
         out.seek(0)
         return out.read()
+
+
+@contextlib.contextmanager
+def passed_filter(enabled: bool) -> Iterator[int | None]:
+    """`filter_fd` for the child started inside the block (None when not `enabled`: plain mode), closed after."""
+    fd = filter_fd() if enabled else None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def filter_fd() -> int:

@@ -61,7 +61,7 @@ from workbench.sandbox.command import wrap
 from workbench.sandbox.files import check_task_files, materialise, over_quota, write_home
 from workbench.sandbox.net import Relay, open_relay
 from workbench.sandbox.process import SandboxProcess, start
-from workbench.sandbox.seccomp import filter_fd
+from workbench.sandbox.seccomp import passed_filter
 from workbench.sandbox.spec import (
     AGENT_HOME,
     AGENT_TMP,
@@ -294,8 +294,7 @@ class Sandbox:
         if self.closed:
             raise SandboxError("sandbox is closed")
         # bwrap mode: every sandboxed process under the syscall filter (bwrap reads it from this fd at start)
-        fd = filter_fd() if self.isolation == "bwrap" else None
-        try:
+        with passed_filter(self.isolation == "bwrap") as fd:
             proc = start(
                 self.command(argv, fd),
                 cwd=self.workspace,
@@ -305,9 +304,6 @@ class Sandbox:
                 stderr=stderr,
                 pass_fds=(fd,) if fd is not None else (),
             )
-        finally:
-            if fd is not None:
-                os.close(fd)
         self.processes.append(proc)
         return proc
 

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from workbench.sandbox import CopyLimits, check_bind_source, copy_tree, force_remove, exceeds, filter_fd
+from workbench.sandbox import CopyLimits, check_bind_source, copy_tree, force_remove, exceeds, passed_filter
 from workbench.paths import exposed_paths
 from workbench.procs import environ, kill_matching
 from workbench.tasks import Limits
@@ -184,8 +184,7 @@ class Jail:
 
     def spawn(self, cmd: list[str], stdin: IO[bytes] | int) -> subprocess.Popen[bytes]:
         # bwrap: the graded code runs under the sandboxes' syscall filter, read by bwrap from this fd at start
-        fd = filter_fd() if self.bwrap else None
-        try:
+        with passed_filter(bool(self.bwrap)) as fd:
             return subprocess.Popen(
                 self._argv(cmd, fd),
                 stdin=stdin,
@@ -197,9 +196,6 @@ class Jail:
                 close_fds=True,
                 pass_fds=(fd,) if fd is not None else (),
             )
-        finally:
-            if fd is not None:
-                os.close(fd)
 
     def sweep(self) -> None:
         """Kill every process this verification started, including those that left the process group."""
