@@ -39,7 +39,8 @@ from trl.experimental.async_grpo.vllm_client import VLLMClient as AsyncVLLMClien
 
 from workbench.train.openenv_session import HarnessSessionFactory, ProxyAddress
 from workbench.train.policy_sync import SharedFolder
-from workbench.train.resume import record_config
+from workbench.train.config import lora_config
+from workbench.train.resume import last_checkpoint, record_config
 from workbench.train.types import AsyncRun, AsyncTrainConfig
 
 if TYPE_CHECKING:
@@ -143,7 +144,6 @@ class _SavesPretrained(Protocol):
 def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
     """Run `run.config` through AsyncGRPOTrainer against `run.engine` (an external vLLM) and `run.client`."""
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoTokenizer, TrainerCallback
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo.openenv_harness import HarnessRolloutWorker
@@ -162,7 +162,7 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
             "pass --upstream URL and --upstream-key-file"
         )
     asset = load_asset(cfg.model)
-    checkpoint = run._last_checkpoint() if resume else None
+    checkpoint = last_checkpoint(run.dir.path) if resume else None
     record = {
         "train": asdict(cfg),
         "asset": str(asset.path),
@@ -218,17 +218,7 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
         top_p=1.0,
         queue_maxsize=args.queue_maxsize,
     )
-    peft_config = (
-        LoraConfig(
-            r=cfg.lora_rank,
-            lora_alpha=cfg.lora_alpha,
-            lora_dropout=0.0,
-            task_type="CAUSAL_LM",
-            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        )
-        if lora
-        else None
-    )
+    peft_config = lora_config(cfg.lora_rank, cfg.lora_alpha) if lora else None
     # TRL 1.16's RolloutWorkerProtocol declares its queues as writable `queue.Queue | mp.Queue` attributes, which its
     # own HarnessRolloutWorker (mp.Queue ones) cannot match: writable attributes are invariant.
     trainer = AsyncGRPOTrainer(

@@ -26,7 +26,18 @@ from workbench.sandbox import Isolation, check_isolation
 if TYPE_CHECKING:
     from workbench.engine import EngineConfig
 
-__all__ = ["TrainConfig", "resolve_device", "resolve_importance_sampling", "resolve_precision", "resolve_engine_dtype"]
+__all__ = [
+    "TrainConfig",
+    "resolve_device",
+    "resolve_importance_sampling",
+    "resolve_precision",
+    "resolve_engine_dtype",
+    "lora_config",
+    "LORA_TARGETS",
+]
+
+# the LoRA's modules: every linear layer of a Qwen2/Llama block (attention and MLP)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
@@ -357,3 +368,13 @@ def resolve_device(device: str) -> Literal["cpu", "cuda"]:
             f"with torch {torch.__version__}): use --device cpu or auto"
         )
     return "cpu"
+
+
+def lora_config(rank: int, alpha: int) -> Any:
+    """PEFT's LoraConfig (`TrainConfig.lora_rank`, ``lora_alpha``; every linear layer, no dropout): the one both
+    trainers use."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=0.0, task_type="CAUSAL_LM", target_modules=list(LORA_TARGETS)
+    )

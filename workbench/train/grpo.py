@@ -57,7 +57,7 @@ from workbench.train.config import (
     resolve_importance_sampling,
     resolve_precision,
 )
-from workbench.train.resume import record_config
+from workbench.train.resume import last_checkpoint, record_config
 from workbench.train.fields import step_fields
 from workbench.train.rows import rows_for_trl
 from workbench.turns import MaskPolicy, mask_policy
@@ -252,7 +252,7 @@ class GRPORun:
 
             return train_async(self, resume=resume)
         asset = load_asset(self.config.model)
-        checkpoint = self._last_checkpoint() if resume else None
+        checkpoint = last_checkpoint(self.dir.path) if resume else None
         record = {
             "train": asdict(self.config),
             "asset": str(asset.path),
@@ -308,10 +308,6 @@ class GRPORun:
         }
         self.dir.write_json("summary.json", summary)
         return summary
-
-    def _last_checkpoint(self) -> Path | None:
-        ckpts = sorted(self.dir.path.glob("checkpoints/checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-        return ckpts[-1] if ckpts else None
 
 
 def _given_dtype(engine: Engine) -> str | None:

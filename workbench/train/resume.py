@@ -6,6 +6,7 @@ A field added to `TrainConfig` since the run was made, at its default, and promp
 run's model are the run's own behaviour, not a change.
 
     record_config(run_dir, {"train": asdict(config), ...}, resume=False)   # config.json (kept as is on resume)
+    last_checkpoint(run_dir.path)                    # checkpoints/checkpoint-N, the newest, or None
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from workbench.train.config import TrainConfig
 if TYPE_CHECKING:
     from workbench.runs import RunDir
 
-__all__ = ["RESUMABLE", "record_config"]
+__all__ = ["RESUMABLE", "record_config", "last_checkpoint"]
 
 # What a resumed run may change in config.json: how long it runs, how it uses this machine, where the asset sits.
 # Everything else (the task set, the sampling, the loss, the levers) would make its steps another run's.
@@ -101,3 +102,9 @@ def record_config(run_dir: "RunDir", record: dict[str, Any], *, resume: bool, ch
     }
     with open(run_dir.path / "resumes.jsonl", "a") as f:
         f.write(json.dumps(entry, default=str) + "\n")
+
+
+def last_checkpoint(run_dir: Path) -> Path | None:
+    """The run folder's newest TRL checkpoint (``checkpoints/checkpoint-N``, highest N), None when it has none."""
+    ckpts = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    return ckpts[-1] if ckpts else None

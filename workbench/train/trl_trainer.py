@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from workbench._compat import GRPO_LAST_LOADED_STEP, quiet_known_noise
-from workbench.train.config import resolve_precision
+from workbench.train.config import lora_config, resolve_precision
 from workbench.train.policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync
 
 if TYPE_CHECKING:
@@ -76,7 +76,6 @@ def build_trainer(
     ``gradient_checkpointing_kwargs`` (e.g. `workbench.train.experimental.checkpointing.selective_checkpointing_kwargs`)."""
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -125,17 +124,7 @@ def build_trainer(
         gradient_checkpointing_kwargs=checkpointing_kwargs,
     )
     dataset = Dataset.from_dict({"prompt": [t.id for t in run.tasks]})
-    peft_config = (
-        LoraConfig(
-            r=cfg.lora_rank,
-            lora_alpha=cfg.lora_alpha,
-            lora_dropout=0.0,
-            task_type="CAUSAL_LM",
-            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        )
-        if lora
-        else None
-    )
+    peft_config = lora_config(cfg.lora_rank, cfg.lora_alpha) if lora else None
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental: trl is pinned
     trainer = GRPOTrainer(
         model=model,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import Field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -110,8 +109,6 @@ class AsyncRun(Protocol):
     def tasks(self) -> Sequence[Task]: ...
     @property
     def shared(self) -> SharedFolder | None: ...
-
-    def _last_checkpoint(self) -> Path | None: ...
 
 
 class TrainerRun(Protocol):
