@@ -36,9 +36,16 @@ def _record(**kw):
 def _copy(tmp_path, name="smollm2-easy"):
     """A real SmolLM2 rollout through opencode (write, its result sent back, a closing reply), with the harness's own
     record of the write it ran (its summary predates that field)."""
+    from workbench.capture.fidelity import fidelity
+
     d = Path(shutil.copytree(SHIPPED / name, tmp_path / name))
     summary = json.loads((d / "summary.json").read_text())
     (d / "summary.json").write_text(json.dumps({**summary, "harness_tool_calls": {"write": 1}, "harness_steps": 2}))
+    calls = json.loads((d / "trace.json").read_text())
+    for c in calls:  # what today's proxy records per answered call (the trace predates it): a chat request, whole
+        if c.get("request"):
+            c["fidelity"] = fidelity({"messages": c["request"]["messages"]}, "chat", c["request"]["messages"])
+    (d / "trace.json").write_text(json.dumps(calls))
     return d
 
 
@@ -52,8 +59,8 @@ def test_a_good_capture_is_training_grade(tmp_path):
     got = _by_name(checks)
     assert set(got) == {
         "captured", "capture_level", "openenv_contract", "token_logprob_pairing", "logprob_mode",
-        "full_vocab_sampling", "exact_prompt_ids", "stream_ids", "chaining", "harness_log", "degenerate", "trainable",
-        "traces", "tool_use", "ingest", "parser",
+        "full_vocab_sampling", "record_engine_ids", "stream_ids", "chaining", "harness_log", "degenerate", "trainable",
+        "traces", "tool_use", "ingest", "parser", "dialect_fidelity",
     }  # fmt: skip
     assert got["tool_use"].evidence == {"tool_results": {"smollm2-easy": 1}} and got["harness_log"].status == "pass"
     assert got["capture_level"].evidence == {"chat": {"tokens": 2}}
@@ -122,11 +129,12 @@ def _no_tool_calls(calls):
         ("no tool call executed", "tool_use", "not-observed", "unverified"),
         ("zero trained tokens", "trainable", "not-observed", "unverified"),
         ("empty harness log", "harness_log", "not-observed", "unverified"),
-        ("nothing recorded to tokenize", "exact_prompt_ids", "not-observed", "unverified"),
+        ("nothing recorded to tokenize", "record_engine_ids", "not-observed", "unverified"),
         ("an empty trace", "traces", "not-observed", "unverified"),
-        ("a prompt that is not the engine's", "exact_prompt_ids", "eval-only", "eval-only"),
+        ("a prompt that is not the engine's", "record_engine_ids", "eval-only", "eval-only"),
         ("a FATAL ingest", "ingest", "eval-only", "eval-only"),
         ("a corrupt trace", "traces", "broken", "broken"),
+        ("a block the transform dropped", "dialect_fidelity", "broken", "broken"),
     ],
 )
 def test_each_missing_piece_of_evidence_turns_the_verdict(tmp_path, defect, check, status, expected):
@@ -153,6 +161,13 @@ def test_each_missing_piece_of_evidence_turns_the_verdict(tmp_path, defect, chec
         _edit(d, "summary.json", lambda s: {**s, "capture_ingest_failed": 1})
     elif defect == "a corrupt trace":
         (d / "trace.json").write_text("{")
+    elif defect == "a block the transform dropped":  # an Anthropic text block that never reached the engine
+
+        def dropped(calls):
+            calls[-1]["fidelity"] = {**calls[-1]["fidelity"], "dropped": ["text (user): 'the hint'"]}
+            return calls
+
+        _edit(d, "trace.json", dropped)
     if defect != "an empty trace":
         records = [record]
     checks = grade(dirs, records, GOOD_PROBES)
@@ -252,7 +267,8 @@ def test_certify_one_real_pair(engine, tmp_path, monkeypatch):
     )
     checks = {c["name"]: c for c in cert["checks"]}
     # the random tiny model makes one call and no tool call: what a training-grade pair must show is not observed
-    assert len(checks) == 16 and cert["verdict"] == "unverified" and cert["rules"] == 2, checks
+    assert len(checks) == 17 and cert["verdict"] == "unverified" and cert["rules"] == 2, checks
+    assert checks["dialect_fidelity"]["evidence"]["dropped"] == [] and checks["dialect_fidelity"]["evidence"]["calls"]
     assert {line.split(":")[0] for line in cert["missing"]} >= {"tool_use", "trainable"}, cert["missing"]
     assert checks["parser"]["evidence"]["parsers"] == ["hermes"]  # recorded in every rollout's summary
     assert checks["logprob_mode"]["evidence"]["ratio"] == pytest.approx(0.5, abs=0.01)

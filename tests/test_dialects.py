@@ -137,6 +137,8 @@ def test_anthropic_messages_are_recorded_with_the_engines_ids(served, stream):
     assert call["request"]["messages"][0] == {"role": "system", "content": "You are Claude Code."}
     assert call["request"]["tools"][0]["function"]["name"] == "Bash"
     assert up.requests[-1]["messages"] == call["request"]["messages"]
+    # every block the harness sent found in what reached the engine (streamed or not)
+    assert call["fidelity"]["dropped"] == [] and call["fidelity"]["raw"]["text"] >= 2, call["fidelity"]
 
 
 @pytest.mark.parametrize("method", ["generateContent", "streamGenerateContent?alt=sse"])
@@ -157,6 +159,7 @@ def test_google_generate_content_is_recorded_with_the_engines_ids(served, method
     assert call["dialect"] == "google" and call["status"] == "ok"
     assert call["prompt_token_ids"] == up.answers[-1]["prompt_token_ids"]
     assert call["request"]["messages"][0] == {"role": "system", "content": "You are Gemini CLI."}
+    assert call["fidelity"]["dropped"] == [] and call["fidelity"]["raw"]["text"] >= 2, call["fidelity"]
     assert up.requests[-1]["max_tokens"] == 64  # generationConfig.maxOutputTokens reached the engine
 
 
@@ -313,3 +316,32 @@ def test_google_round_trip_returns_the_engines_message():
     ended = json.loads(json.dumps(ENGINE_REPLY))
     ended["choices"][0].update(finish_reason="length", message={"role": "assistant", "content": "done"})
     assert t.transform_response(ended, GOOGLE)["candidates"][0]["finishReason"] == "MAX_TOKENS"
+
+
+def test_a_block_the_transform_drops_is_named_and_a_merge_is_counted():
+    """Fidelity is judged against what was forwarded: a block missing from it is dropped (named), two text blocks
+    joined into one chat message are merged (counted: a chat template has no block boundaries)."""
+    from workbench.capture.fidelity import fidelity
+
+    body = {
+        "system": [{"type": "text", "text": "sys A"}, {"type": "text", "text": "sys B"}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "image", "source": {}}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "hmm", "signature": "x"},
+                    {"type": "tool_use", "id": "t1", "name": "bash", "input": {"command": "ls"}},
+                ],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a.txt"}]},
+            {"role": "user", "content": "after the result"},
+        ],
+    }
+    forwarded = _chat(APIType.ANTHROPIC, body)["messages"]
+    got = fidelity(body, "anthropic", forwarded)
+    assert (got["dropped"], got["merged"], got["reasoning"], got["images"]) == ([], 1, 1, 1), got
+    cut = [m for m in forwarded if m.get("content") != "after the result"]
+    assert fidelity(body, "anthropic", cut)["dropped"] == ["text (user): 'after the result'"]
+    no_call = [{**m, "tool_calls": None} if m.get("tool_calls") else m for m in forwarded]
+    assert fidelity(body, "anthropic", no_call)["dropped"][0].startswith("tool_use (assistant)")

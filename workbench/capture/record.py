@@ -38,6 +38,7 @@ from openenv.core.harness.capture.sessions import Session
 from openenv.core.harness.capture.upstream import UpstreamRequestError
 from starlette.types import Message, Receive, Send
 
+from workbench.capture.fidelity import fidelity
 from workbench.harnesses import CallInfo, Classifier, Dialect, Purpose
 
 __all__ = ["CallRecord", "CallLog", "CallRecorder", "current_call"]
@@ -66,6 +67,8 @@ class CallRecord:
     t_end: float | None = None
     clamped_max_tokens: int | None = None  # the output cap its purpose set (capture.BOOKKEEPING_MAX_TOKENS)
     request_body: bytearray = field(default_factory=bytearray, repr=False)  # kept only until classified
+    # every block of the raw request found in what was forwarded (`workbench.capture.fidelity`), for answered calls
+    fidelity: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The trace.json record: the seed's per-call fields plus purpose/status."""
@@ -100,7 +103,19 @@ class CallRecord:
             sampling_params=n.sampling_params,
             requested_sampling_params=n.requested_sampling_params,
         )
+        if self.fidelity is not None:
+            record["fidelity"] = self.fidelity
         return record
+
+
+def _fidelity(call: CallRecord) -> dict[str, Any] | None:
+    """`workbench.capture.fidelity.fidelity` of an answered call; None when its raw body cannot be read."""
+    assert call.node is not None
+    try:
+        body = json.loads(bytes(call.request_body) or b"{}")
+        return fidelity(body, call.dialect, list(call.node.request_messages or [])) if isinstance(body, dict) else None
+    except (ValueError, RecursionError, TypeError, AttributeError, KeyError):
+        return None
 
 
 def _render(call: CallRecord) -> dict[str, Any]:
@@ -345,5 +360,7 @@ class CallRecorder:
             call.status, call.error = "rejected", f"no turn recorded (HTTP {call.http_status})"
         if call.node is None:  # classify from the raw request, since no node carries it
             self.log.tag_raw(call)
+        else:  # the raw request's blocks against what reached the engine, before the bytes go
+            call.fidelity = _fidelity(call)
         call.request_body = bytearray()
         self.finished = True

@@ -17,7 +17,10 @@ is the worst status (``warn`` counts as a pass) and fails closed: a check that s
 - ``full_vocab_sampling``: requested vs effective sampling parameters; the engine must have sampled the whole
   vocabulary (OpenEnv's `truncating_params`: top_p 1, top_k off, min_p 0, no penalties), else the recorded
   logprobs are not the trainer's distribution.
-- ``exact_prompt_ids``: each recorded prompt equals the engine's ``/tokenize`` of the recorded request.
+- ``record_engine_ids``: record ↔ engine consistency: each recorded prompt equals the engine's ``/tokenize`` of the
+  recorded request (which is the request as transformed: a block the transform lost is invisible here).
+- ``dialect_fidelity``: each raw request, block by block in its own dialect, found in what reached the engine
+  (`workbench.capture.fidelity`): a dropped block is broken; merged text blocks and images are warnings.
 - ``stream_ids``: streamed vs non-streamed: the engine gives the same ids both ways for one seed, and through the
   proxy each path records the ids of exactly the text the harness received (``/detokenize``).
 - ``chaining``: the chain rate and the fork causes (a fork is a new row, never a rewritten token).
@@ -30,7 +33,7 @@ is the worst status (``warn`` counts as a pass) and fails closed: a check that s
 - ``tool_use``: a tool call the harness executed, its result sent back to the model (none: not observed).
 - ``ingest``: no call answered but left unrecorded (``capture_ingest_failed``: eval-only).
 
-``exact_prompt_ids`` with nothing recorded, ``chaining`` with no multi-call rollout that chains (or forks for a
+``record_engine_ids`` with nothing recorded, ``chaining`` with no multi-call rollout that chains (or forks for a
 known cause) and a ``harness_log`` where both records are empty are not observed.
 
     cert = certify(CertifyConfig(harness="pi", model="tiny", n=2), engine=engine)   # reuse a running engine
@@ -132,14 +135,17 @@ def regrade(cert: dict[str, Any]) -> dict[str, Any]:
             c.status = "not-observed"
         elif c.name == "chaining" and not e.get("transitions"):
             c.status = "not-observed"
-        elif c.name == "exact_prompt_ids":
+        elif c.name in ("exact_prompt_ids", "record_engine_ids"):
+            c.name = "record_engine_ids"  # the check's name since rules 2
             c.status = (
                 "not-observed" if not e.get("recorded") else ("pass" if e["exact"] == e["recorded"] else "eval-only")
             )
         elif c.name == "harness_log" and c.status == "pass":
             c.status, c.detail = "not-observed", c.detail + " (rules 1 did not tell a match from two empty records)"
     why = "not checked by a certify run under rules 1: re-run workbench certify"
-    checks += [Check(name, "not-observed", why, {}) for name in ("traces", "tool_use", "ingest")]
+    checks += [
+        Check(name, "not-observed", why, {}) for name in ("traces", "tool_use", "ingest", "parser", "dialect_fidelity")
+    ]
     return {
         **cert,
         "verdict": verdict(checks),

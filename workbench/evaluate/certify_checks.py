@@ -139,7 +139,7 @@ def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[
     exact = sum(r["exact"] for r in records)
     checks.append(
         Check(
-            "exact_prompt_ids",
+            "record_engine_ids",
             "not-observed" if not recorded else ("pass" if exact == recorded else "eval-only"),
             f"{exact}/{recorded} recorded prompts equal the engine's /tokenize of the recorded request",
             {"exact": exact, "recorded": recorded, "tokenize_errors": sum(r["tokenize_errors"] for r in records)},
@@ -193,6 +193,7 @@ def grade(rollout_dirs: list[Path], records: list[dict[str, Any]], probes: dict[
         )
     )
     checks.append(_tool_use(calls_of))
+    checks.append(_fidelity(agent))
     checks.append(_parser(rollout_dirs, agent))
     lost = {d.name: n for d in rollout_dirs if (n := _summary(d).get("capture_ingest_failed"))}
     checks.append(
@@ -234,6 +235,22 @@ def _parser(rollout_dirs: list[Path], agent: list[dict[str, Any]]) -> Check:
         status,
         f"tool parser {'/'.join(parsers) or 'not recorded'}; {unparsed}/{len(agent)} replies held a call no parser read",
         {"parsers": parsers, "unparsed_replies": unparsed, "agent_replies": len(agent), "unparsed_rate": rate},
+    )
+
+
+def _fidelity(agent: list[dict[str, Any]]) -> Check:
+    """Every block each request carried, found in what reached the engine (`workbench.capture.fidelity`, recorded
+    per answered call): a dropped one breaks the pair; merged text blocks and images are counted (a warning)."""
+    seen = [c["fidelity"] for c in agent if c.get("fidelity") is not None]
+    dropped = [d for f in seen for d in f["dropped"]]
+    merged, images = sum(f["merged"] for f in seen), sum(f["images"] for f in seen)
+    status: Status = "not-observed" if not seen else "broken" if dropped else "warn" if merged or images else "pass"
+    return Check(
+        "dialect_fidelity",
+        status,
+        f"{len(seen)}/{len(agent)} requests matched block by block against what reached the engine: "
+        f"{len(dropped)} blocks dropped, {merged} text blocks merged into one message, {images} images",
+        {"calls": len(seen), "dropped": dropped[:10], "merged": merged, "images": images},
     )
 
 
