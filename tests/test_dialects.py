@@ -345,3 +345,23 @@ def test_a_block_the_transform_drops_is_named_and_a_merge_is_counted():
     assert fidelity(body, "anthropic", cut)["dropped"] == ["text (user): 'after the result'"]
     no_call = [{**m, "tool_calls": None} if m.get("tool_calls") else m for m in forwarded]
     assert fidelity(body, "anthropic", no_call)["dropped"][0].startswith("tool_use (assistant)")
+
+
+def test_claude_codes_billing_line_is_stripped_on_purpose_and_its_environment_message_moved_not_dropped():
+    """What Claude Code sends: a per-request billing line as the first system block (OpenEnv drops it: its hash
+    defeats the prefix cache) and its environment as a system-role message after the user's (the transform puts it
+    in the system prompt). Neither is a lost block."""
+    from workbench.capture.fidelity import fidelity
+
+    body = {
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=abc123;"},
+            {"type": "text", "text": "You are Claude Code."},
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Create solution.py"}]},
+            {"role": "system", "content": "# Environment\n - Primary working directory: /app"},
+        ],
+    }
+    got = fidelity(body, "anthropic", _chat(APIType.ANTHROPIC, body)["messages"])
+    assert (got["dropped"], got["stripped"], got["moved"]) == ([], 1, 1), got

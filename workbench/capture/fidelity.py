@@ -10,19 +10,27 @@ the chat request that was forwarded:
   is **dropped** (the model never saw it);
 - several raw text blocks carried by one chat message are **merged** (OpenEnv joins an Anthropic message's or a
   system prompt's text blocks with a newline: a chat template has no block boundaries, so this is counted, not failed);
-- reasoning blocks are left out on purpose (the proxy strips them), images are counted (the engine serves text only).
+- a block found only *before* the place the previous one matched was **moved** (Claude Code sends its environment as
+  a ``system``-role message after the user's; the transform puts it in the system prompt): counted;
+- left out on purpose and counted: reasoning blocks (the proxy strips them), and Claude Code's per-request
+  ``x-anthropic-billing-header`` line, which OpenEnv drops from the system prompt (its hash changes every request and
+  would defeat the prefix cache); images are counted (the engine serves text only).
 
     fidelity(body, "anthropic", forwarded_messages)
-    # {"raw": {"text": 4, "tool_use": 1, ...}, "forwarded": {...}, "dropped": [], "merged": 2, "reasoning": 1, "images": 0}
+    # {"raw": {"text": 4, ...}, "forwarded": {...}, "dropped": [], "merged": 2, "moved": 0, "stripped": 1, ...}
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from typing import Any
 
 __all__ = ["fidelity", "raw_blocks", "forwarded_blocks"]
+
+# OpenEnv's own rule (dialects/anthropic.py): the billing line leaves the system prompt before forwarding
+_BILLING = re.compile(r"^\s*x-anthropic-billing-header:[^\n]*\n?", re.IGNORECASE)
 
 Block = tuple[str, str, Any]  # (kind, role, content): text -> str, tool_use -> (name, args), tool_result -> str
 
@@ -57,7 +65,11 @@ def raw_blocks(body: dict[str, Any], dialect: str) -> tuple[list[Block], Counter
     if dialect == "anthropic":
         system = body.get("system")
         for part in [system] if isinstance(system, str) else system or []:
-            text("system", part if isinstance(part, str) else part.get("text"))
+            value = part if isinstance(part, str) else part.get("text")
+            if isinstance(value, str) and _BILLING.match(value):
+                aside["stripped"] += 1
+                value = _BILLING.sub("", value)
+            text("system", value)
         for m in body.get("messages") or []:
             role, content = m.get("role"), m.get("content")
             if isinstance(content, str):
@@ -141,24 +153,28 @@ def fidelity(body: dict[str, Any], dialect: str, messages: list[dict[str, Any]])
     raw, aside = raw_blocks(body, dialect)
     fwd = forwarded_blocks(messages)
     dropped: list[str] = []
-    merged = 0
+    merged = moved = 0
     at, last = 0, -1  # next forwarded block to look at; the one the previous raw block matched
+
+    def matches(i: int, kind: str, role: str, content: Any) -> bool:
+        f_kind, f_role, f_content = fwd[i]
+        if f_kind != kind or (kind == "text" and f_role != role):
+            return False
+        if kind == "text":
+            return bool(content.strip() in f_content)
+        if kind == "tool_use":
+            return bool((f_content[0], f_content[1]) == (content[0], content[1]))
+        return not content.strip() or content.strip() in f_content
+
     for kind, role, content in raw:
-        found = None
-        for i in range(max(at - 1, 0) if kind == "text" else at, len(fwd)):
-            f_kind, f_role, f_content = fwd[i]
-            if f_kind != kind or (kind == "text" and f_role != role):
-                continue
-            if kind == "text" and content.strip() in f_content:
-                found = i
-            elif kind == "tool_use" and (f_content[0], f_content[1]) == (content[0], content[1]):
-                found = i
-            elif kind == "tool_result" and (not content.strip() or content.strip() in f_content):
-                found = i
-            if found is not None:
-                break
+        start = max(at - 1, 0) if kind == "text" else at
+        found = next((i for i in range(start, len(fwd)) if matches(i, kind, role, content)), None)
         if found is None:
-            dropped.append(f"{kind} ({role}): {str(content)[:80]!r}")
+            earlier = next((i for i in range(start) if matches(i, kind, role, content)), None)
+            if earlier is None:
+                dropped.append(f"{kind} ({role}): {str(content)[:80]!r}")
+            else:
+                moved += 1  # there, but before what came ahead of it: the pointer stays
             continue
         merged += found == last
         last, at = found, found + 1
@@ -167,6 +183,8 @@ def fidelity(body: dict[str, Any], dialect: str, messages: list[dict[str, Any]])
         "forwarded": dict(Counter(k for k, _, _ in fwd)),
         "dropped": dropped,
         "merged": merged,
+        "moved": moved,
+        "stripped": aside["stripped"],
         "reasoning": aside["reasoning"],
         "images": aside["images"],
     }

@@ -244,13 +244,24 @@ def _fidelity(agent: list[dict[str, Any]]) -> Check:
     seen = [c["fidelity"] for c in agent if c.get("fidelity") is not None]
     dropped = [d for f in seen for d in f["dropped"]]
     merged, images = sum(f["merged"] for f in seen), sum(f["images"] for f in seen)
-    status: Status = "not-observed" if not seen else "broken" if dropped else "warn" if merged or images else "pass"
+    moved, stripped = sum(f.get("moved", 0) for f in seen), sum(f.get("stripped", 0) for f in seen)
+    status: Status = (
+        "not-observed" if not seen else "broken" if dropped else "warn" if merged or moved or images else "pass"
+    )
     return Check(
         "dialect_fidelity",
         status,
         f"{len(seen)}/{len(agent)} requests matched block by block against what reached the engine: "
-        f"{len(dropped)} blocks dropped, {merged} text blocks merged into one message, {images} images",
-        {"calls": len(seen), "dropped": dropped[:10], "merged": merged, "images": images},
+        f"{len(dropped)} blocks dropped, {merged} text blocks merged into one message, {moved} moved ahead, "
+        f"{stripped} stripped on purpose (billing headers), {images} images",
+        {
+            "calls": len(seen),
+            "dropped": dropped[:10],
+            "merged": merged,
+            "moved": moved,
+            "stripped": stripped,
+            "images": images,
+        },
     )
 
 
