@@ -142,7 +142,9 @@ def test_a_stopped_run_resumes_where_it_stopped_and_refuses_another_config(monke
     with pytest.raises(ValueError, match="learning_rate"):
         run_learning(_config(learning_rate=0.5), run_dir=tmp_path / "r", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
     calls.fail_training, calls.evals = False, []
-    ev = run_learning(_config(), run_dir=tmp_path / "r", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
+    # memory, not the math: a run whose multi-call rows outgrew the host resumes with checkpointing on
+    resumed = _config(activation_checkpointing=True)
+    ev = run_learning(resumed, run_dir=tmp_path / "r", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
     names = [e[0] for e in calls.evals]  # finished stages are not re-run
     assert names == ["eval-pool/base", "eval-pool/trained", "eval-held-out/base", "eval-held-out/trained"]
     assert calls.trained_on[-1] == ("easy/2,easy/3", True)  # GRPO continues from its checkpoint
@@ -155,7 +157,7 @@ def test_a_stopped_run_resumes_where_it_stopped_and_refuses_another_config(monke
 
     monkeypatch.setattr("workbench.engine.stack.local_stack", no_engine)
     calls.evals = []
-    again = run_learning(_config(), run_dir=tmp_path / "r", resume=True)
+    again = run_learning(resumed, run_dir=tmp_path / "r", resume=True)
     assert calls.evals == [] and again["train_pool_solve_delta"] == ev["train_pool_solve_delta"]
     with pytest.raises(ValueError, match="no learning run"):
         run_learning(_config(), run_dir=tmp_path / "empty", resume=True, engine=object(), client=object())  # type: ignore[arg-type]

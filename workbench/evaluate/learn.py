@@ -85,6 +85,8 @@ class LearnConfig:
             into the weights the engine reloads; the engine without LoRA layers).
         skip_title_call / engine_cores: `TrainConfig`'s rollout-phase levers, for every stage (with the title call
             skipped, ``max_model_calls`` counts agent calls only).
+        activation_checkpointing: `TrainConfig.activation_checkpointing` (the same gradients, less memory: rows of
+            multi-call rollouts ran a 24 GB host out of memory without it); a resumed run may turn it on.
     """
 
     model: str = "qwen-coder"
@@ -109,6 +111,7 @@ class LearnConfig:
     serving: Literal["lora", "merged"] = "merged"
     skip_title_call: bool = True
     engine_cores: Literal["all", "half"] = "all"
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if self.probe_n < 0 or self.probe_n == 1:
@@ -141,6 +144,7 @@ class LearnConfig:
             weight_sync=self.serving,
             skip_title_call=self.skip_title_call,
             engine_cores=self.engine_cores,
+            activation_checkpointing=self.activation_checkpointing,
         )
 
     def eval_config(self, adapter: Path | None = None, *, tasks: str | None = None, n: int | None = None) -> EvalConfig:
@@ -162,6 +166,10 @@ class LearnConfig:
             skip_title_call=self.skip_title_call,
             engine_cores=self.engine_cores,
         )
+
+
+# what a resumed learning run may change (`workbench.train.resume.RESUMABLE`: memory, not the math)
+RESUMABLE_LEARN = ("activation_checkpointing",)
 
 
 def choose_pool(probe: dict[str, Any]) -> dict[str, Any]:
@@ -206,7 +214,13 @@ def run_learning(
             raise ValueError(f"resume: {run_dir} holds no learning run (no config.json): drop resume")
         run = RunDir.open(Path(run_dir))
         saved = json.loads((run.path / "config.json").read_text())["learn"]
-        changed = {k: (saved.get(k), v) for k, v in asdict(config).items() if saved.get(k) != v}
+        fields_ = asdict(config)
+        default = asdict(LearnConfig())
+        changed = {
+            k: (saved.get(k, default[k]), v)
+            for k, v in fields_.items()
+            if saved.get(k, default[k]) != v and k not in RESUMABLE_LEARN
+        }
         if changed:
             raise ValueError(f"resume: this config is not the run's ({run.path / 'config.json'}): {changed}")
     else:

@@ -28,6 +28,9 @@ __all__ = ["RESUMABLE", "record_config", "last_checkpoint"]
 # Everything else (the task set, the sampling, the loss, the levers) would make its steps another run's.
 RESUMABLE = (
     "train.steps",
+    # recomputes each layer in the backward: less memory, the same gradients (tests/test_fused_logprobs.py); a run
+    # whose multi-call rows outgrew the memory resumes with it on
+    "train.activation_checkpointing",
     "train.train_threads",
     "train.report_to",
     "train.engine_cores",
