@@ -233,8 +233,10 @@ def test_a_pair_certified_broken_is_refused_by_the_matrix_and_train(tmp_path, mo
 
 
 def test_the_shipped_certificates_are_read_and_say_what_they_measured():
-    """Graded before the rules failed closed, they are re-graded from their stored evidence: none of them showed an
-    executed tool call or a readable trace check, so none is training-grade, and each names what it lacks."""
+    """Every shipped certificate is graded under the current rules: the thirteen harnesses x tiny certified anew (the
+    random model never calls a tool: none training-grade; qwen-code's agent call was stopped at once, nothing
+    captured: broken), the
+    SmolLM2 ones re-graded from their stored evidence (unverified); each names what it lacks."""
     from workbench.evaluate.certification import RULES, regrade
 
     shipped = sorted((Path(__file__).resolve().parents[1] / "workbench" / "data" / "certificates").glob("*.json"))
@@ -243,7 +245,9 @@ def test_the_shipped_certificates_are_read_and_say_what_they_measured():
         cert = json.loads(path.read_text())
         assert path.name == f"{cert['harness']}--{cert['model']}.json"
         assert cert["rules"] == RULES and regrade(cert) == cert
-        assert cert["verdict"] == verdict([Check(**c) for c in cert["checks"]]) == "unverified"
+        assert cert["verdict"] == verdict([Check(**c) for c in cert["checks"]]) != "training-grade"
+        if cert.get("regraded_from_rules"):
+            assert cert["verdict"] == "unverified"
         trainable = next(c for c in cert["checks"] if c["name"] == "trainable")
         assert trainable["evidence"]["trained_tokens"] or any(m.startswith("trainable: ") for m in cert["missing"])
         assert all(c["detail"] and isinstance(c["evidence"], dict) for c in cert["checks"])
