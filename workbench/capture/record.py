@@ -110,7 +110,8 @@ class CallRecord:
 
 def _fidelity(call: CallRecord) -> dict[str, Any] | None:
     """`workbench.capture.fidelity.fidelity` of an answered call; None when its raw body cannot be read."""
-    assert call.node is not None
+    if call.node is None:  # no turn: nothing reached the engine to compare with
+        return None
     try:
         body = json.loads(bytes(call.request_body) or b"{}")
         return fidelity(body, call.dialect, list(call.node.request_messages or [])) if isinstance(body, dict) else None
