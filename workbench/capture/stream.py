@@ -8,11 +8,8 @@ call, pi's) from a session on the proxy's default engine. It forwards the call u
 ``stream: true`` and relays each engine chunk to the harness as it arrives, while accumulating the
 prompt ids, sampled ids, logprobs and the assembled message (content, reasoning, tool-call fragments
 by index) into the response OpenEnv would have received, which is ingested as one `TurnNode` exactly
-as OpenEnv's ``_ingest`` does. Measured with ``benchmarks/proxy_overhead.py`` (scripted vLLM-dialect
-engine, a real 30 KB opencode request; see ``benchmarks/README.md``): time to first chunk goes from
-the whole generation (+626 ms for a 32-token answer) to the engine's own first chunk plus 2-3 ms, and
-the added end-to-end latency from ~5 to ~2 ms. Relaying chunk by chunk costs more proxy CPU per call
-at low concurrency (one write per chunk instead of one burst), about the same at 64 streams.
+as OpenEnv's ``_ingest`` does. Time to first chunk: the engine's own plus 2-3 ms instead of the whole generation
+(+626 ms for 32 tokens; ``benchmarks/proxy_overhead.py``, numbers and CPU cost in ``benchmarks/README.md``).
 
 Equivalence with OpenEnv's path, piece by piece:
 
