@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from workbench.engine.assets import ModelAsset, load_asset
+from workbench.engine.assets import ModelAsset, load_asset, served_tool_parser
 from workbench.engine.shm import shm_segments, sweep_shm
 from workbench.engine.config import KV_TOKENS, TOOL_PARSER_PLUGIN, EngineConfig, EngineError
 from workbench.paths import cache_dir, vllm_python
@@ -100,9 +100,7 @@ class Engine:
     def tool_parser(self) -> str | None:
         """The parser this engine reads tool calls with (``json``, ``hermes``); None for an engine started elsewhere,
         whose parser is not known here."""
-        if self.asset is None:
-            return None
-        return self.asset.tool_parser if self.config.tool_parser == "asset" else self.config.tool_parser
+        return None if self.asset is None else served_tool_parser(self.config.model, self.config.tool_parser)
 
     def command(self) -> list[str]:
         assert self.asset is not None
