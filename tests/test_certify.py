@@ -40,7 +40,8 @@ def _copy(tmp_path, name="smollm2-easy"):
 
     d = Path(shutil.copytree(SHIPPED / name, tmp_path / name))
     summary = json.loads((d / "summary.json").read_text())
-    (d / "summary.json").write_text(json.dumps({**summary, "harness_tool_calls": {"write": 1}, "harness_steps": 2}))
+    recorded_now = {"harness_tool_calls": {"write": 1}, "harness_steps": 2, "tool_parser": "hermes"}
+    (d / "summary.json").write_text(json.dumps({**summary, **recorded_now}))
     calls = json.loads((d / "trace.json").read_text())
     for c in calls:  # what today's proxy records per answered call (the trace predates it): a chat request, whole
         if c.get("request"):
@@ -135,6 +136,7 @@ def _no_tool_calls(calls):
         ("a FATAL ingest", "ingest", "eval-only", "eval-only"),
         ("a corrupt trace", "traces", "broken", "broken"),
         ("a block the transform dropped", "dialect_fidelity", "broken", "broken"),
+        ("no parser recorded", "parser", "not-observed", "unverified"),
     ],
 )
 def test_each_missing_piece_of_evidence_turns_the_verdict(tmp_path, defect, check, status, expected):
@@ -161,6 +163,8 @@ def test_each_missing_piece_of_evidence_turns_the_verdict(tmp_path, defect, chec
         _edit(d, "summary.json", lambda s: {**s, "capture_ingest_failed": 1})
     elif defect == "a corrupt trace":
         (d / "trace.json").write_text("{")
+    elif defect == "no parser recorded":
+        _edit(d, "summary.json", lambda s: {k: v for k, v in s.items() if k != "tool_parser"})
     elif defect == "a block the transform dropped":  # an Anthropic text block that never reached the engine
 
         def dropped(calls):

@@ -229,7 +229,15 @@ def _parser(rollout_dirs: list[Path], agent: list[dict[str, Any]]) -> Check:
         message = c["response"]["choices"][0].get("message") or {}
         unparsed += not message.get("tool_calls") and bool(_ATTEMPT.search(str(message.get("content") or "")))
     rate = round(unparsed / len(agent), 4) if agent else None
-    status: Status = "broken" if len(parsers) > 1 else ("warn" if unparsed else "pass")
+    status: Status = (
+        "broken"
+        if len(parsers) > 1
+        else "not-observed"  # no reply to read, or no parser recorded: nothing was judged
+        if not agent or not parsers
+        else "warn"
+        if unparsed
+        else "pass"
+    )
     return Check(
         "parser",
         status,
