@@ -55,6 +55,15 @@ if ! command -v bwrap >/dev/null; then
     die "bubblewrap (bwrap) is missing: install the package 'bubblewrap' (Debian/Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo dnf install bubblewrap), then run this again"
   fi
 fi
+# libseccomp: the syscall filter bwrap loads for every sandbox and grading is built by it (pyseccomp, ctypes).
+if ! ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2'; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    say "libseccomp2: apt-get install libseccomp2 ..."
+    run_logged seccomp-install bash -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp2'
+  else
+    die "libseccomp (libseccomp.so.2) is missing: install the package 'libseccomp2' (Fedora: libseccomp), then run this again"
+  fi
+fi
 for tool in prlimit setpriv; do
   command -v $tool >/dev/null || die "$tool is missing: install the package 'util-linux'"
 done
