@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/proxy_overhead.py            # c = 1, 8, 64; ~8 min
     .venv/bin/python benchmarks/proxy_overhead.py --concurrency 1 8 --calls 40 160   # a quicker look
+    .venv/bin/python benchmarks/proxy_overhead.py --concurrency 1 --calls 60 --paths direct streamed --profile
     # before/after in one run: the streamed proxy of another checkout (here HEAD) beside this one's, ~7 min
     git worktree add --detach /tmp/wb-proxy-base HEAD
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/proxy_overhead.py --concurrency 1 --calls 200 \
@@ -24,6 +25,13 @@ this script with the ``workbench`` package of the checkout DIR (a commit to comp
 after are measured side by side in one run, under the same load. Each proxy process freezes its start-up
 objects (`CaptureProxy.freeze_startup_objects`) as ``workbench proxy`` does.
 
+``--profile`` says where a call's time goes: the streamed proxy stamps each stage of a call (request parsed, prepared,
+written upstream, the engine's headers back, the first chunk relayed, [DONE] relayed, the turn ingested, the call
+settled), and at one stream the scripted engine and the client stamp too (the request's arrival, the last write;
+sending, reading [DONE]), all on CLOCK_MONOTONIC, which every process shares: the hops around the engine, direct
+and proxied, and the proxied request hop cut in three (`timeline`). The stamps are wrappers installed in the
+benchmark's own proxy process (a clock read and a dict store each).
+
 Each path runs the same closed loop: ``c`` concurrent streams, each sending its next call when the last
 one ended, a new session key every 10 calls (a rollout's worth; keys minted outside the timed blocks), the
 streams' starts staggered over one call's length (every scripted call lasts the same, so streams started
@@ -40,15 +48,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import datetime as dt
 import json
 import os
 import platform
 import re
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -142,9 +153,19 @@ def _engine_answers(tokens: int) -> tuple[bytes, list[bytes], bytes]:
     return sse[0] + sse[1], sse[2:] + [tail], json.dumps(whole).encode()
 
 
-def serve_engine(tokens: int, ttft_s: float, itl_s: float) -> None:
-    """A minimal HTTP/1.1 server on asyncio: keep-alive, chunked SSE, everything precomputed."""
+def serve_engine(tokens: int, ttft_s: float, itl_s: float, profile: str = "") -> None:
+    """A minimal HTTP/1.1 server on asyncio: keep-alive, chunked SSE, everything precomputed. With `profile` (a
+    file), each streamed request's arrival (its body read) and its last write are stamped, written there on
+    SIGTERM."""
     first, rest, whole = _engine_answers(tokens)
+    stamps: list[tuple[int, int]] = []
+    if profile:
+
+        def dump(*_: object) -> None:
+            Path(profile).write_text(json.dumps(stamps))
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, dump)
     models = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]}).encode()
 
     def chunk(data: bytes) -> bytes:
@@ -166,7 +187,7 @@ def serve_engine(tokens: int, ttft_s: float, itl_s: float) -> None:
                 elif _STREAM.search(body):
                     # Each chunk at its own deadline from the request's arrival (not sleep after sleep,
                     # whose overshoots would add up): streamed and unstreamed answers end together.
-                    t0 = loop.time()
+                    t0, arrived = loop.time(), time.perf_counter_ns()
                     writer.write(
                         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
                     )
@@ -175,7 +196,10 @@ def serve_engine(tokens: int, ttft_s: float, itl_s: float) -> None:
                     for k, data in enumerate(rest[:-1], 1):
                         await asyncio.sleep(t0 + ttft_s + k * itl_s - loop.time())
                         writer.write(chunk(data))
+                    last = time.perf_counter_ns()
                     writer.write(chunk(rest[-1]) + b"0\r\n\r\n")
+                    if profile:
+                        stamps.append((arrived, last))
                 else:  # the whole answer when the last token would have been sampled
                     await asyncio.sleep(ttft_s + (len(rest) - 1) * itl_s)
                     writer.write(
@@ -196,9 +220,133 @@ def serve_engine(tokens: int, ttft_s: float, itl_s: float) -> None:
     asyncio.run(main())
 
 
-def serve_proxy(upstream: str, admin_key: str, stream_upstream: bool) -> None:
+# --profile: where a proxied call's time goes, stamped inside the proxy process (perf_counter_ns) at the edges of
+# each stage of the streamed path. Wrappers around the stage functions, installed in the benchmark's proxy process
+# only; each adds a clock read and a dict store (~0.2 us), nothing else changes.
+STAGES = (
+    ("in", "parsed", "request read + parsed (uvicorn done -> body parsed)"),
+    ("parsed", "prepared", "checks, call record, transform, prepare"),
+    ("prepared", "sent", "aiohttp request written to the engine"),
+    ("sent", "headers", "engine's response headers back (engine's own share included)"),
+    ("first_in", "first_out", "first chunk (prompt ids) parsed, folded, rewritten, relayed"),
+    ("done_in", "done_out", "last chunks + [DONE] relayed"),
+    ("done_out", "ingested", "turn ingested (after [DONE]: the client's next request waits behind it)"),
+    ("ingested", "finished", "call settled (fidelity of the raw request)"),
+)
+
+
+def _install_profile() -> list[dict[str, int]]:
+    import contextvars
+    from time import perf_counter_ns
+
+    from workbench.capture import proxy as proxy_mod
+    from workbench.capture import record, relay, stream, upstream
+
+    calls: list[dict[str, int]] = []
+    current: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("stamps", default=None)
+
+    def stamp(name: str) -> None:
+        rec = current.get()
+        if rec is not None and name not in rec:
+            rec[name] = perf_counter_ns()
+
+    entry = proxy_mod.CaptureProxy.__call__
+
+    async def call(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http" and scope["path"].endswith("/chat/completions"):
+            rec = {"in": perf_counter_ns()}
+            calls.append(rec)
+            current.set(rec)
+        return await entry(self, scope, receive, send)
+
+    parse = proxy_mod._parse
+
+    def parsed(*args):  # type: ignore[no-untyped-def]
+        out = parse(*args)
+        stamp("parsed")
+        return out
+
+    prepare = stream.StreamingPath.prepare
+
+    def prepared(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = prepare(self, *args, **kwargs)
+        stamp("prepared")
+        return out
+
+    post = upstream.aiohttp.ClientSession.post
+
+    def posted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        inner = post(self, *args, **kwargs)
+
+        async def run():  # type: ignore[no-untyped-def]
+            response = await inner
+            stamp("headers")
+            return response
+
+        return run()
+
+    write = upstream.aiohttp.ClientRequest.send
+
+    async def sent(self, conn):  # type: ignore[no-untyped-def]
+        out = await write(self, conn)
+        stamp("sent")
+        return out
+
+    feed = relay.StreamedTurn.feed
+
+    def fed(self, chunk, model):  # type: ignore[no-untyped-def]
+        stamp("first_in" if "prompt_token_ids" in chunk else "chunk")
+        return feed(self, chunk, model)
+
+    body = relay.Reply.body
+
+    async def relayed(self, data, *, more=True):  # type: ignore[no-untyped-def]
+        if not more:
+            stamp("done_in")
+        await body(self, data, more=more)
+        stamp("first_out" if more else "done_out")
+
+    ingest = stream.ingest
+
+    def ingested(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = ingest(*args, **kwargs)
+        stamp("ingested")
+        return out
+
+    finish = record.CallRecorder.finish
+
+    def finished(self):  # type: ignore[no-untyped-def]
+        finish(self)
+        stamp("finished")
+
+    record.CallRecorder.finish = finished  # type: ignore[method-assign]
+    proxy_mod.CaptureProxy.__call__ = call  # type: ignore[method-assign]
+    proxy_mod._parse = parsed
+    stream.StreamingPath.prepare = prepared  # type: ignore[method-assign]
+    upstream.aiohttp.ClientSession.post = posted  # type: ignore[method-assign]
+    upstream.aiohttp.ClientRequest.send = sent  # type: ignore[method-assign]
+    relay.StreamedTurn.feed = fed  # type: ignore[method-assign]
+    relay.Reply.body = relayed  # type: ignore[method-assign]
+    stream.ingest = ingested
+    return calls
+
+
+def profile_summary(calls: list[dict[str, int]]) -> list[dict[str, Any]]:
+    """Per stage: median and p90 in microseconds over the calls that stamped both of its edges."""
+    rows = []
+    for start, end, what in STAGES:
+        spans = [(c[end] - c[start]) / 1000 for c in calls if start in c and end in c]
+        if spans:
+            q = statistics.quantiles(spans, n=10, method="inclusive") if len(spans) > 1 else [spans[0]] * 9
+            rows.append({"stage": what, "from": start, "to": end, "calls": len(spans),
+                         "p50_us": statistics.median(spans), "p90_us": q[8]})  # fmt: skip
+    return rows
+
+
+def serve_proxy(upstream: str, admin_key: str, stream_upstream: bool, profile: str = "") -> None:
     from workbench.capture import CaptureProxy
 
+    calls = _install_profile() if profile else []
     proxy = CaptureProxy(upstream, "tiny", admin_key=admin_key, stream_upstream=stream_upstream).start()
     proxy.freeze_startup_objects()  # as `workbench proxy` does: this process hosts the proxy alone
     print(proxy.port, flush=True)
@@ -206,6 +354,8 @@ def serve_proxy(upstream: str, admin_key: str, stream_upstream: bool) -> None:
         sys.stdin.read()  # until the benchmark closes our stdin
     finally:
         proxy.stop()
+        if profile:
+            Path(profile).write_text(json.dumps(calls))
 
 
 # -- the load generator -----------------------------------------------------------------------------
@@ -257,6 +407,7 @@ async def _block(
 
     latencies: list[float] = []
     ttfc: list[float] = []
+    calls: list[tuple[int, int]] = []  # (sent, [DONE] read) per call, ns on the monotonic clock every process shares
     errors = 0
 
     async def stream(session: aiohttp.ClientSession, stream_keys: list[str], delay: float) -> None:
@@ -264,7 +415,7 @@ async def _block(
         await asyncio.sleep(delay)
         for i in range(calls_per_stream):
             headers = {"Authorization": f"Bearer {stream_keys[i // SESSION_CALLS]}", "Content-Type": "application/json"}
-            t0 = time.perf_counter()
+            t0, t0_ns = time.perf_counter(), time.perf_counter_ns()
             first = None
             done = False
             async with session.post(url, data=body, headers=headers) as r:
@@ -277,13 +428,14 @@ async def _block(
                 continue
             latencies.append(time.perf_counter() - t0)
             ttfc.append(first - t0)
+            calls.append((t0_ns, time.perf_counter_ns()))
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
         start = time.perf_counter()
         await asyncio.gather(*(stream(session, k, j * stagger_s) for j, k in enumerate(keys)))
         wall = time.perf_counter() - start
-    return {"latencies": latencies, "ttfc": ttfc, "wall_s": wall, "errors": errors}
+    return {"latencies": latencies, "ttfc": ttfc, "wall_s": wall, "errors": errors, "calls": calls}
 
 
 def _timed_block(
@@ -332,7 +484,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     paths = tuple(args.paths) + ((BASELINE,) if args.baseline else ())
     body = _request_body()
     call_s = (args.ttft_ms + (args.tokens - 1) * args.itl_ms) / 1000  # one call's length at the engine
-    engine = Child("--serve-engine", str(args.tokens), str(args.ttft_ms / 1000), str(args.itl_ms / 1000))
+    engine_stamps = Path(tempfile.mkstemp(prefix="wb-engine-profile-", suffix=".json")[1]) if args.profile else None
+    engine = Child(
+        "--serve-engine",
+        str(args.tokens),
+        str(args.ttft_ms / 1000),
+        str(args.itl_ms / 1000),
+        *([str(engine_stamps)] if engine_stamps else []),
+    )
     admin = secrets.token_urlsafe(16)
     levels: list[dict[str, Any]] = []
     try:
@@ -341,8 +500,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             proxies = {}
             if "openenv" in paths:
                 proxies["openenv"] = Child("--serve-proxy", engine.url, admin, "0")
+            stamps = Path(tempfile.mkstemp(prefix="wb-proxy-profile-", suffix=".json")[1]) if args.profile else None
             if "streamed" in paths:
-                proxies["streamed"] = Child("--serve-proxy", engine.url, admin, "1")
+                proxies["streamed"] = Child("--serve-proxy", engine.url, admin, "1", *([str(stamps)] if stamps else []))
             if BASELINE in paths:
                 proxies[BASELINE] = Child("--serve-proxy", engine.url, admin, "1", root=args.baseline)
             clients = {name: ProxyClient(p.url, admin) for name, p in proxies.items()}
@@ -366,10 +526,62 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     client.close()
                 for p in proxies.values():
                     p.close()
-            levels.append({"concurrency": c, "blocks": blocks, "paths": _summarise(blocks)})
+            level = {"concurrency": c, "blocks": blocks, "paths": _summarise(blocks)}
+            if stamps is not None:
+                level["proxy_stamps"] = json.loads(stamps.read_text() or "[]")
+                level["profile"] = profile_summary(level["proxy_stamps"])
+                stamps.unlink()
+            levels.append(level)
     finally:
         engine.close()
+    if engine_stamps is not None:
+        arrivals = json.loads(engine_stamps.read_text() or "[]")
+        engine_stamps.unlink()
+        for level in levels:
+            if level["concurrency"] == 1:  # one call at a time: each call is matched to the engine's request inside it
+                level["timeline"] = timeline(level["blocks"], arrivals, level.get("proxy_stamps", []))
     return {"levels": levels}
+
+
+def timeline(
+    blocks: dict[str, list[dict[str, Any]]], engine: list[list[int]], proxy: list[dict[str, int]]
+) -> dict[str, Any]:
+    """Per path, the two hops around the engine, from stamps on the clock all processes share (CLOCK_MONOTONIC):
+    request hop = the engine has the request - the client sent it; response hop = the client read [DONE] - the
+    engine wrote its last chunk. Proxied minus direct, hop by hop, is where the added latency lies. With the
+    streamed proxy's stamps, its request hop is cut in three: client -> the proxy's app called (uvicorn has the
+    head), the proxy's own stages to the request written upstream, and that write -> the engine has the request."""
+
+    def inside(starts: list[int], sent: int, done: int) -> int | None:
+        i = bisect.bisect_right(starts, sent)
+        return i if i < len(starts) and starts[i] < done else None
+
+    engine = sorted(engine)
+    engine_starts = [a for a, _, *_ in engine]
+    proxied = sorted((c for c in proxy if "in" in c and "sent" in c), key=lambda c: c["in"])
+    proxy_starts = [c["in"] for c in proxied]
+    out: dict[str, Any] = {}
+    for path, bs in blocks.items():
+        spans: dict[str, list[float]] = {"request_hop": [], "response_hop": []}
+        for sent, done in (c for b in bs for c in b["calls"]):
+            i = inside(engine_starts, sent, done)
+            if i is None:
+                continue
+            spans["request_hop"].append((engine[i][0] - sent) / 1000)
+            spans["response_hop"].append((done - engine[i][1]) / 1000)
+            j = inside(proxy_starts, sent, done) if path == "streamed" else None
+            if j is not None:
+                p = proxied[j]
+                for name, us in (
+                    ("client_to_app", p["in"] - sent),
+                    ("app_to_written", p["sent"] - p["in"]),
+                    ("written_to_engine", engine[i][0] - p["sent"]),
+                ):
+                    spans.setdefault(name, []).append(us / 1000)
+        if spans["request_hop"]:
+            out[path] = {"calls": len(spans["request_hop"])}
+            out[path].update({f"{name}_us_p50": statistics.median(v) for name, v in spans.items()})
+    return out
 
 
 def _summarise(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -397,9 +609,9 @@ def _summarise(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-engine":
-        return serve_engine(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))
+        return serve_engine(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), *sys.argv[5:6])
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-proxy":
-        return serve_proxy(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
+        return serve_proxy(sys.argv[2], sys.argv[3], sys.argv[4] == "1", *sys.argv[5:6])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument(
@@ -421,6 +633,11 @@ def main() -> None:
         type=Path,
         help=f"a checkout (e.g. a git worktree of the commit before a change) whose streamed proxy runs as "
         f"'{BASELINE}' beside this one's, in the same run",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="stamp the stages of each call inside the streamed proxy and report where its time goes",
     )
     args = parser.parse_args()
     if len(args.calls) != len(args.concurrency):
@@ -453,6 +670,7 @@ def main() -> None:
             "rounds": args.rounds,
             "request_bytes": len(_request_body()),
             "session_calls": SESSION_CALLS,
+            "profile": args.profile,
         },
         "code": {"checkout": _checkout(ROOT), "baseline": _checkout(args.baseline) if args.baseline else None},
         **result,
@@ -472,6 +690,18 @@ def main() -> None:
                 f"{s['latency_ms']['p99']:>8.1f} {added.get('p50', 0):>+7.1f} {added.get('p99', 0):>+7.1f} "
                 f"{s['ttfc_ms']['p50']:>9.1f} {s['ttfc_ms']['p99']:>9.1f} {s['calls_per_s']:>8.1f} "
                 f"{s.get('throughput_ratio', 1.0):>6.3f} {s['server_cpu_ms_per_call']:>11.2f}"
+            )
+    for level in result["levels"]:
+        for path, hops in level.get("timeline", {}).items():
+            print(f"  c=1 {path:<13} request hop (client sent -> engine has it) p50 {hops['request_hop_us_p50']:>6.0f} us; "
+                  f"response hop (engine's last write -> client read [DONE]) p50 {hops['response_hop_us_p50']:>6.0f} us")  # fmt: skip
+            if "client_to_app_us_p50" in hops:
+                print(f"      request hop in three: client -> proxy app {hops['client_to_app_us_p50']:.0f} us, "
+                      f"proxy app -> written upstream {hops['app_to_written_us_p50']:.0f} us, "
+                      f"written -> engine has it {hops['written_to_engine_us_p50']:.0f} us")  # fmt: skip
+        for row in level.get("profile", []):
+            print(
+                f"  c={level['concurrency']} {row['stage']:<72} p50 {row['p50_us']:>7.0f} us  p90 {row['p90_us']:>7.0f} us"
             )
     print(
         f"(CPU ms/call: the engine's for direct, the proxy's otherwise.) load average {machine['load_avg_1m']} "

@@ -82,6 +82,9 @@ def test_recorded_tokens_equal_what_upstream_sent(stack):
     tool_calls = [tc for d in deltas for tc in d.get("tool_calls") or []]
     assert tool_calls and tool_calls[0]["function"]["name"] == "write"
     assert json.loads("".join(tc["function"].get("arguments") or "" for tc in tool_calls))["filePath"] == "solution.py"
+    # each answered call's raw request matched block by block (on the streamed path, while the engine sampled)
+    assert [c["fidelity"]["raw"] for c in calls] == [{"text": 2}] * 2
+    assert all(c["fidelity"]["dropped"] == [] for c in calls)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unstreamed", "streamed"])
@@ -396,6 +399,7 @@ def test_streamed_reply_cut_mid_way_ends_with_an_error_event(streamed):
     call = client.trace(key)[0]
     assert call["status"] == "upstream_error" and "ended before [DONE]" in call["error"]
     assert "prompt_token_ids" not in call and client.status(key)["n_turns"] == 0
+    assert "fidelity" not in call  # worked out while the engine sampled, dropped: no turn reached the graph
     assert _post(proxy, key, AGENT, stream=True)[-1]["usage"] and client.trace(key)[1]["status"] == "ok"
 
 
@@ -477,3 +481,23 @@ def test_the_default_classifier_is_the_harnesses_and_no_harness_imports_the_prox
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[] True"
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [[], [0, 5, 151643], [3, -1], [3, True], [False], [3, 2.0], [3, "4"], [3, None], [2**70]],
+    ids=["empty", "valid", "negative", "bool", "only-bool", "float", "str", "none", "big"],
+)
+def test_the_prompt_ids_check_reaches_check_turns_verdict(ids):
+    """The ingest hands check_turn one id of a prompt `valid_token_ids` passed (the relay checks all 7k while the
+    engine samples): the findings are those of check_turn on the whole list, whatever the ids hold."""
+    from openenv.core.harness.capture.validate import check_turn
+
+    from workbench.capture.ingest import valid_token_ids
+
+    valid = valid_token_ids(ids)
+    assert valid == (not any(type(t) is not int or t < 0 for t in ids))
+    checked = ids[:1] if valid else ids
+    assert [str(f) for f in check_turn(checked, [1], [-0.5]).findings] == [
+        str(f) for f in check_turn(ids, [1], [-0.5]).findings
+    ]

@@ -25,17 +25,32 @@ from openenv.core.harness.capture.validate import check_turn
 
 from workbench._compat import system_digest  # OpenEnv 0.10.0's private helper
 
-__all__ = ["ingest"]
+__all__ = ["ingest", "valid_token_ids"]
 
 logger = logging.getLogger("workbench.capture.proxy")
 
 
+def valid_token_ids(ids: list[Any]) -> bool:
+    """`check_turn`'s test of a turn's ids (each a non-negative `int`: ``type(id) is int``, bools refused), in C
+    (`map`, `min`) rather than one Python step per id: ~0.25 ms for a 7,097-id prompt. An empty list passes."""
+    return not ids or (set(map(type, ids)) == {int} and min(ids) >= 0)
+
+
 def ingest(
-    session: Session, chat_request: dict[str, Any], response: dict[str, Any], requested_sampling: dict[str, Any]
+    session: Session,
+    chat_request: dict[str, Any],
+    response: dict[str, Any],
+    requested_sampling: dict[str, Any],
+    *,
+    prompt_valid: bool | None = None,
 ) -> None:
     """OpenEnv's ``_ingest`` (server.py, the ``tokens`` level) for one accumulated response: a copy,
     since OpenEnv's is a closure inside `create_app` that nothing outside can call. Never raises: a
-    capture problem degrades one turn, not the rollout or the server."""
+    capture problem degrades one turn, not the rollout or the server.
+
+    `prompt_valid`: `valid_token_ids` of the response's prompt ids, when the caller has it already (the streamed
+    relay works it out while the engine samples): `check_turn` then reads one id of a valid prompt instead of all
+    of them (it reads them for that test and for being empty only; its findings are the same)."""
     try:
         choices = response.get("choices") or []
         if not choices:  # a 200 with no choices is not a turn
@@ -55,8 +70,11 @@ def ingest(
             logprobs = None
         sampled_ids = choice.get("token_ids") or []
         prompt_ids = response.get("prompt_token_ids") or []
-        index = session.graph.stats()["n_turns"]
-        report = check_turn(prompt_ids, sampled_ids, logprobs, finish_reason=choice.get("finish_reason"), index=index)
+        index = len(session.graph.nodes())  # stats()["n_turns"], without stats()' forks and discarded-node walks
+        if prompt_valid is None:
+            prompt_valid = valid_token_ids(prompt_ids)
+        checked = prompt_ids[:1] if prompt_valid else prompt_ids  # an invalid list goes whole: check_turn's finding
+        report = check_turn(checked, sampled_ids, logprobs, finish_reason=choice.get("finish_reason"), index=index)
         session.findings.extend(str(f) for f in report.findings)
         if not report.ok:
             logger.warning(

@@ -38,6 +38,7 @@ from openenv.core.harness.capture.sessions import Session
 from openenv.core.harness.capture.upstream import UpstreamRequestError
 from starlette.types import Message, Receive, Send
 
+from workbench.capture import fastjson
 from workbench.capture.fidelity import fidelity
 from workbench.harnesses import CallInfo, Classifier, Dialect, Purpose
 
@@ -108,13 +109,14 @@ class CallRecord:
         return record
 
 
-def _fidelity(call: CallRecord) -> dict[str, Any] | None:
-    """`workbench.capture.fidelity.fidelity` of an answered call; None when its raw body cannot be read."""
-    if call.node is None:  # no turn: nothing reached the engine to compare with
-        return None
+def request_fidelity(call: CallRecord, forwarded: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """`workbench.capture.fidelity.fidelity` of the call's raw request against the messages `forwarded` to the
+    engine; None when the raw body cannot be read. The streamed relay calls it while the engine samples (the
+    request is all it needs), so that it is not among the work the harness's next call waits behind; `finish`
+    computes it for an answered call that has none yet, and drops it from a call that was not answered."""
     try:
-        body = json.loads(bytes(call.request_body) or b"{}")
-        return fidelity(body, call.dialect, list(call.node.request_messages or [])) if isinstance(body, dict) else None
+        body, _ = fastjson.loads(bytes(call.request_body) or b"{}")  # json's value at orjson's speed
+        return fidelity(body, call.dialect, list(forwarded)) if isinstance(body, dict) else None
     except (ValueError, RecursionError, TypeError, AttributeError, KeyError):
         return None
 
@@ -260,7 +262,9 @@ class CallLog:
     def tag_raw(self, call: CallRecord) -> None:
         """Tag `call` from the request bytes it kept (a call that produced no turn)."""
         try:
-            body = json.loads(bytes(call.request_body) or b"{}")
+            body, _ = fastjson.loads(
+                bytes(call.request_body) or b"{}"
+            )  # json's value, orjson's speed (the next call waits)
         except (ValueError, RecursionError):
             body = {}
         self.tag_body(call, body if isinstance(body, dict) else {})
@@ -361,7 +365,8 @@ class CallRecorder:
             call.status, call.error = "rejected", f"no turn recorded (HTTP {call.http_status})"
         if call.node is None:  # classify from the raw request, since no node carries it
             self.log.tag_raw(call)
-        else:  # the raw request's blocks against what reached the engine, before the bytes go
-            call.fidelity = _fidelity(call)
+            call.fidelity = None  # nothing reached the engine as a turn: nothing to compare with
+        elif call.fidelity is None:  # the raw request's blocks against what reached the engine, before the bytes go
+            call.fidelity = request_fidelity(call, call.node.request_messages or [])
         call.request_body = bytearray()
         self.finished = True

@@ -38,7 +38,8 @@ engine, eval sessions, constrained decoding, anything OpenEnv would refuse) take
 
 This module decides and drives; the pieces live beside it: `workbench.capture.upstream` (the pooled
 engine connection and OpenEnv's retry policy), `workbench.capture.relay` (the harness's reply and the
-turn folded from the chunks), `workbench.capture.ingest` (the copy of OpenEnv's ``_ingest``).
+turn folded from the chunks), `workbench.capture.ingest` (the copy of OpenEnv's ``_ingest``),
+`workbench.capture.waiting` (what is done while the engine samples, not after ``[DONE]``).
 
     path = StreamingPath(app.state)                     # CaptureProxy(..., stream_upstream=True) does this
     prepared = path.prepare(scope, session, body)        # the body as the front door parsed it
@@ -49,7 +50,6 @@ turn folded from the chunks), `workbench.capture.ingest` (the copy of OpenEnv's 
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import time
@@ -84,6 +84,7 @@ from workbench.capture.record import current_call
 from workbench.capture.relay import Reply, StreamedTurn
 from workbench.capture.sse import SSEDecoder
 from workbench.capture.upstream import UPSTREAM_ERRORS, StreamingUpstream, transport_error
+from workbench.capture.waiting import while_sampling
 
 __all__ = ["Prepared", "StreamingPath"]
 
@@ -104,30 +105,6 @@ _OPENENV_ONLY = (
     "response_format",
 )
 _KEEPALIVE = sse.KEEPALIVE.encode()
-
-
-def _collect_while_waiting() -> None:
-    """Collect the young generations now, while the call waits for the engine's next token.
-
-    Each call keeps ~100-300 new containers (the request's messages on its turn, the turn itself, its 7,097 prompt
-    ids in one list), so CPython's automatic young collections fell wherever an allocation crossed the threshold:
-    mostly while the next request was parsed, on that call's path. Every tenth of them is a generation-1
-    collection, which walked every turn recorded since the last one (~80 turns, ~600k list items): 14-16 ms
-    on the 2-core EPYC of benchmarks/README.md section 1, a call's added p99. Run here once per call, right
-    after its first chunk is relayed, the same collections are regular and small (generation 1 then holds
-    ~10 turns: at most 1.7 ms, measured) and land where nothing waits on the proxy; the total work is the same
-    (each object is still scanned once per generation). Nothing is done when collection is disabled or the young
-    generation holds little; a process that tuned its thresholds keeps them (they are read, not set)."""
-    if not gc.isenabled():
-        return
-    count0, count1, _ = gc.get_count()
-    threshold0, threshold1, _ = gc.get_threshold()
-    if threshold0 <= 0:
-        return
-    if count1 >= threshold1 - 1:  # the next automatic collection would be of generation 1
-        gc.collect(1)
-    elif count0 > threshold0 // 8:
-        gc.collect(0)
 
 
 @dataclass
@@ -311,6 +288,7 @@ class StreamingPath:
         decoder = SSEDecoder()
         received = response.content.iter_any()
         waiting = False  # the first chunk was relayed: the engine is sampling the next token
+        checked: tuple[list[int] | None, bool | None] = (None, None)  # the prompt ids checked while it samples
         try:
             async for data in received:
                 out: list[bytes] = []
@@ -319,7 +297,9 @@ class StreamingPath:
                     if not payload:  # an empty event
                         continue
                     if payload == b"[DONE]":
-                        await self._done(turn, prepared, session, reply, b"".join(out))
+                        ids, valid = checked
+                        valid = valid if ids is not None and ids is turn.prompt_ids else None
+                        await self._done(turn, prepared, session, reply, b"".join(out), valid)
                         # The engine ends its body right after [DONE]. Reading that end keeps the
                         # connection for the next call (a half-read response is closed instead); it
                         # is read behind the reply, so the call is recorded the moment [DONE] is out.
@@ -341,7 +321,7 @@ class StreamingPath:
                     await reply.body(b"".join(out))
                     if not waiting:
                         waiting = True
-                        _collect_while_waiting()
+                        checked = while_sampling(turn.prompt_ids, prepared.chat_request.get("messages") or [])
         except UPSTREAM_ERRORS as exc:
             raise transport_error(exc) from exc
         raise UpstreamTransportError("could not reach engine: the engine's stream ended before [DONE]")
@@ -367,18 +347,23 @@ class StreamingPath:
         await reply.body(b"", more=False)
 
     @staticmethod
-    async def _done(turn: StreamedTurn, prepared: Prepared, session: Session, reply: Reply, tail: bytes) -> None:
+    async def _done(
+        turn: StreamedTurn, prepared: Prepared, session: Session, reply: Reply, tail: bytes, prompt_valid: bool | None
+    ) -> None:
         """The stream is complete: the chunks read with [DONE] (`tail`: the last token's, the usage chunk)
         and [DONE] to the harness, then the turn is ingested. Nothing the harness receives depends on the
         ingest (OpenEnv replays whatever it ingested), and nothing else runs on the proxy's loop in between
         (no await), so every reader of the proxy finds the turn recorded as soon as the call is; the harness
         just gets its last byte ~1 ms sooner. One write, not two: each write to the harness's socket wakes
         it, and on 2 cores the woken harness took the proxy's core for 0.2-0.4 ms before [DONE] could
-        follow (benchmarks/README.md, proxy overhead)."""
+        follow (benchmarks/README.md, proxy overhead). `prompt_valid`: the prompt ids' check made while the
+        engine sampled (`workbench.capture.waiting`), dropped if the ids are not that list any more."""
         await reply.body(tail + b"data: [DONE]\n\n", more=False)
         response = normalize_response(turn.response())  # the id/logprob pairing check, as OpenEnv's client
         normalise_response(response)
-        ingest(session, prepared.chat_request, response, prepared.requested_sampling)
+        if response.get("prompt_token_ids") is not turn.prompt_ids:  # checked ids only (normalising keeps the list)
+            prompt_valid = None
+        ingest(session, prepared.chat_request, response, prepared.requested_sampling, prompt_valid=prompt_valid)
 
     async def _failed(self, exc: UpstreamError, prepared: Prepared, session: Session, reply: Reply) -> None:
         """OpenEnv's handling of a failed call: a context-length 400 ends the agent's loop with the budget
