@@ -98,3 +98,23 @@ def test_step_tokens_from_metrics():
     t = StepTokens.from_metrics(two_calls)
     assert (t.shared, t.prompt, t.private_prompt, t.scored, t.decode_steps) == (100, 100, 80, 160, 20)
     assert StepTokens.from_metrics({k: v for k, v in one_call.items() if k != "rollouts"}, group=4).rollouts == 4
+
+
+def test_decode_window_counts_only_steps_where_every_sequence_decodes():
+    from decode_floor import window
+
+    # a's tokens come at 0, 1, ..., 10; b's (its prefill queued behind a's) at 2, 3, ..., 12: both decode in (2, 10],
+    # where each got the tokens stamped 3..10 (8 steps in 8 s)
+    a = [float(t) for t in range(0, 11)]
+    b = [float(t) for t in range(2, 13)]
+    w = window([a, b])
+    assert w["window_s"] == 8.0
+    assert w["tokens_in_window"] == [8, 8]
+    assert w["s_per_step"] == 1.0
+
+
+def test_decode_window_refuses_streams_that_barely_overlap():
+    from decode_floor import window
+
+    with pytest.raises(RuntimeError, match="barely overlapped"):
+        window([[0.0, 1.0, 2.0], [1.5, 2.5, 3.5]])
