@@ -297,3 +297,12 @@ def test_a_held_back_partial_character_is_no_difference():
     assert same_text("abc", "abc") and not same_text(None, "abc")
     assert not same_text("abc naiveswift", "abc naive")  # a real difference
     assert not same_text("abX \ufffd", "abc")
+
+
+def test_a_stop_token_is_recorded_but_not_sent():
+    """A reply that ended on the model's stop token: its id is recorded (and trained), its text never sent."""
+    from workbench.evaluate.certify_probes import same_text
+
+    assert same_text("Please add.<|im_end|>", "Please add.", before_stop="Please add.")
+    assert not same_text("Please add.<|im_end|>", "Please add.")  # not stopped on a token: a difference
+    assert not same_text("Please adX<|im_end|>", "Please add.", before_stop="Please adX")
