@@ -81,6 +81,12 @@ def test_each_defect_gives_its_verdict_with_evidence(tmp_path):
     (d / "summary.json").write_text(json.dumps({**summary, "harness_tool_calls": {"invalid": 1}}))
     got = _by_name(grade([d], [_record()], GOOD_PROBES))
     assert got["harness_log"].status == "warn" and got["harness_log"].evidence["per_rollout"] == {d.name: "MISMATCH"}
+    # aider edits from the reply's text: its "edit" is no escaped tool call, and nothing can be compared
+    (d / "summary.json").write_text(json.dumps({**summary, "harness": "aider", "harness_tool_calls": {"edit": 1}}))
+    got = _by_name(grade([d], [_record()], GOOD_PROBES))
+    assert got["harness_log"].status == "not-observed" and got["harness_log"].evidence["per_rollout"] == {
+        d.name: "text"
+    }
 
     # raw logprobs, a narrowed vocabulary, text-only capture: each makes the pair eval-only, not broken
     calls[1]["sampling_params"] = {**calls[1]["sampling_params"], "top_p": 0.9}

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from openenv.core.harness.capture.upstream import truncating_params
 
+from workbench.harnesses import HARNESSES
 from workbench.turns import TraceError, analyse, load_trace, training_trace, validate_training_trace
 
 __all__ = ["Check", "Status", "grade"]
@@ -300,13 +301,18 @@ def _tool_use(calls_of: dict[Path, list[dict[str, Any]]]) -> Check:
 def _harness_log(rollout_dirs: list[Path]) -> Check:
     """The harness's own tool-call record vs the captured completions'. More tool runs than captured requests means
     calls escaped the capture (broken); the same count under other names is the harness renaming what it ran
-    (opencode runs a malformed call as its tool ``invalid``): MISMATCH, a warning with both records."""
+    (opencode runs a malformed call as its tool ``invalid``): MISMATCH, a warning with both records. A harness that
+    acts on the reply's text (`Harness.acts_on_text`: aider's edits are file listings) has nothing to match: its
+    record is counted as ``text``, never as an escape, and compares nothing."""
     per: dict[str, str] = {}
     escaped: dict[str, dict[str, Any]] = {}
     renamed: dict[str, dict[str, Any]] = {}
     for d in rollout_dirs:
         s = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
         said, seen = s.get("harness_tool_calls") or {}, s.get("tool_calls") or {}
+        if s.get("harness") in HARNESSES and HARNESSES[s["harness"]].acts_on_text:
+            per[d.name] = "text"
+            continue
         if not said and not s.get("harness_steps"):  # the harness left no record of its own to compare
             per[d.name] = "none"
             continue
@@ -332,6 +338,11 @@ def _harness_log(rollout_dirs: list[Path]) -> Check:
         "harness_log",
         status,
         f"match {counts['match']}, MISMATCH {counts['MISMATCH']}, empty {counts['empty']}, none {counts['none']}"
+        + (
+            f", text {counts['text']} (the harness acts on the reply's text, not on tool calls)"
+            if counts["text"]
+            else ""
+        )
         + (f"; the harness ran more tools than captured completions asked for: {escaped}" if escaped else "")
         + (f"; same count, other names: {renamed}" if renamed else ""),
         {"per_rollout": per, "escaped": escaped, "renamed": renamed},

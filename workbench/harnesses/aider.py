@@ -74,6 +74,7 @@ class Aider(Harness):
     package = "PyPI aider-chat 0.86.2"
     needs = "`aider --message --yes-always --no-git --no-stream --no-pretty --map-tokens 0 --edit-format whole`, update check, analytics, URL detection and shell suggestions off; `~/.aider.model.metadata.json` (context window, zero costs) and `~/.aider.model.settings.yml` (max_tokens); `OPENAI_API_KEY`, `LITELLM_LOCAL_MODEL_COST_MAP`; the task as `--message=` (it takes it only as an argument), its chat history read after it exits"
     cannot = "tools (it edits from text: whole-file listings, so `HarnessOptions.tools` does not apply); replace its system prompt (a `system_prompt` is prepended: its edit format lives in its own); run shell commands (headless `--yes-always` never confirms them); apply a reply cut at the output cap (a whole-file listing must fit in max_output_tokens)"
+    acts_on_text = True
 
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
         name = f"openai/{model}"

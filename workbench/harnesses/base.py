@@ -111,6 +111,9 @@ class Harness(ABC):
     package: str = ""
     needs: str = ""
     cannot: str = ""
+    # It acts on what it reads in the reply's text (aider's file listings), not on tool calls: its own record of
+    # what it did cannot be matched against the captured completions' tool calls (certify's harness_log check).
+    acts_on_text: bool = False
 
     @abstractmethod
     def launch(self, *, base_url: str, api_key: str, model: str, prompt: str, options: HarnessOptions) -> Launch:
