@@ -17,7 +17,8 @@ test:
 	OMP_NUM_THREADS=1 .venv/bin/python -m pytest
 
 # The newest executed run (what `make run` wrote: outputs, widgets' static views, figures) when there is one; the
-# blank notebooks otherwise.
+# blank notebooks otherwise. As root (a container, a cloud VM) JupyterLab refuses to start without --allow-root.
 lab: setup
 	@dir=$$(ls -1d runs/*__notebooks 2>/dev/null | sort | tail -1); dir=$${dir:-notebooks/}; \
-	echo "jupyter lab $$dir"; .venv/bin/python -m jupyter lab "$$dir"
+	root=$$( [ "$$(id -u)" = 0 ] && echo --allow-root ); \
+	echo "jupyter lab $$dir"; .venv/bin/python -m jupyter lab $$root "$$dir"
