@@ -142,8 +142,9 @@ def test_a_stopped_run_resumes_where_it_stopped_and_refuses_another_config(monke
     with pytest.raises(ValueError, match="learning_rate"):
         run_learning(_config(learning_rate=0.5), run_dir=tmp_path / "r", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
     calls.fail_training, calls.evals = False, []
-    # memory, not the math: a run whose multi-call rows outgrew the host resumes with checkpointing on
-    resumed = _config(activation_checkpointing=True)
+    # memory, not the math: a run whose multi-call rows outgrew the host resumes with checkpointing on; and one still
+    # training may be given more steps
+    resumed = _config(activation_checkpointing=True, steps=LearnConfig().steps + 5)
     ev = run_learning(resumed, run_dir=tmp_path / "r", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
     names = [e[0] for e in calls.evals]  # finished stages are not re-run
     assert names == ["eval-pool/base", "eval-pool/trained", "eval-held-out/base", "eval-held-out/trained"]
@@ -159,6 +160,8 @@ def test_a_stopped_run_resumes_where_it_stopped_and_refuses_another_config(monke
     calls.evals = []
     again = run_learning(resumed, run_dir=tmp_path / "r", resume=True)
     assert calls.evals == [] and again["train_pool_solve_delta"] == ev["train_pool_solve_delta"]
+    with pytest.raises(ValueError, match="steps"):  # trained: its evidence is of the steps it ran
+        run_learning(_config(activation_checkpointing=True), run_dir=tmp_path / "r", resume=True)
     with pytest.raises(ValueError, match="no learning run"):
         run_learning(_config(), run_dir=tmp_path / "empty", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
 

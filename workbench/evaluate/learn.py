@@ -168,8 +168,9 @@ class LearnConfig:
         )
 
 
-# what a resumed learning run may change (`workbench.train.resume.RESUMABLE`: memory, not the math)
-RESUMABLE_LEARN = ("activation_checkpointing",)
+# what a resumed learning run may change (`workbench.train.resume.RESUMABLE`): memory, not the math; and how many steps
+# it trains, while it is still training (a finished run's evidence is of the steps it ran)
+RESUMABLE_LEARN = ("activation_checkpointing", "steps")
 
 
 def choose_pool(probe: dict[str, Any]) -> dict[str, Any]:
@@ -216,13 +217,22 @@ def run_learning(
         saved = json.loads((run.path / "config.json").read_text())["learn"]
         fields_ = asdict(config)
         default = asdict(LearnConfig())
+        trained = (run.path / "grpo" / "adapters" / "final").is_dir()
         changed = {
             k: (saved.get(k, default[k]), v)
             for k, v in fields_.items()
-            if saved.get(k, default[k]) != v and k not in RESUMABLE_LEARN
+            if saved.get(k, default[k]) != v and (k not in RESUMABLE_LEARN or (k == "steps" and trained))
         }
         if changed:
             raise ValueError(f"resume: this config is not the run's ({run.path / 'config.json'}): {changed}")
+        moved = {
+            k: [saved.get(k, default[k]), fields_[k]] for k in RESUMABLE_LEARN if saved.get(k, default[k]) != fields_[k]
+        }
+        if moved:  # the run's config is what it runs now; what changed, and when, is kept beside it
+            record = json.loads((run.path / "config.json").read_text())
+            record["learn"].update({k: new for k, (_, new) in moved.items()})
+            record.setdefault("resumes", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": moved})
+            run.write_json("config.json", record)
     else:
         run = RunDir.create("learning_demo", path=run_dir)
         run.write_config({"learn": asdict(config), "eval": asdict(config.eval_config())})
