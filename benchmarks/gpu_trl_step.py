@@ -1,4 +1,4 @@
-"""TRL's own GRPO step vs TRL + our techniques, on CUDA, trained from recorded rollouts (issue 17).
+"""TRL's own GRPO step vs TRL + our techniques, on CUDA, trained from recorded rollouts.
 
 Runs on the lent H200 (the device tool) from a bare checkout with TRL and its `datasets` carried as wheels:
 
@@ -223,7 +223,7 @@ def run_variant(
     from transformers import TrainerCallback
 
     from workbench.train.experimental.checkpointing import selective_checkpointing_kwargs
-    from workbench.train import GRPORun, TrainConfig, build_trainer
+    from workbench.train import GRPORun, TrainConfig
 
     spec = dict(VARIANTS[name])
     sac = spec.pop("sac", False)
@@ -261,7 +261,7 @@ def run_variant(
     try:
         run = GRPORun(cfg, run_dir=work / name.replace("+", "_"))
         model = build_model(args.shape, device)
-        trainer = build_trainer(run, asset, model=model, checkpointing_kwargs=kwargs)
+        trainer = run._build_trainer(asset, model=model, checkpointing_kwargs=kwargs)
         run.recording.check_vocabulary(len(run.tokenizer))
 
         class _Timer(TrainerCallback):

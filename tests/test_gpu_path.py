@@ -1,4 +1,4 @@
-"""Issue 17 on the CPU: the trainer's device, policy sync to an engine on another host, the AsyncGRPO sessions,
+"""The GPU path, tested on the CPU: the trainer's device, policy sync to an engine on another host, the AsyncGRPO sessions,
 and training from recorded rollouts.
 
 What needs hardware this machine lacks is tested up to its boundary: `--device cuda` is refused here with one line;
@@ -31,7 +31,15 @@ from workbench.engine import build_asset, Engine
 from workbench.capture import CaptureProxy
 from workbench.harnesses import get_harness
 from workbench.train.openenv_session import ProxyAddress
-from workbench.train.policy_sync import LoraSync, MergedSync, NcclSync, SharedFolder, authenticated_vllm_client
+from workbench.train.policy_sync import (
+    LoraSync,
+    MergedSync,
+    NcclSync,
+    SharedFolder,
+    SyncTarget,
+    authenticated_vllm_client,
+)
+from workbench.train.stats import StepStats
 from workbench.runs import RunDir
 from workbench.tasks import load_task
 from workbench.train import GRPORun, TrainConfig
@@ -173,19 +181,18 @@ def _peft_tiny() -> Any:
 def test_adapter_reaches_an_engine_that_reads_only_the_shared_folder(tmp_path, shared):
     actual, remote = shared
     with CaptureProxy(remote.url, "tiny", upstream_api_key=KEY) as proxy:
-        host = SimpleNamespace(
-            trainer=SimpleNamespace(state=SimpleNamespace(global_step=0), model=_peft_tiny()),
-            engine=Engine.external(remote.url, "tiny", api_key=KEY),
-            client=proxy.client(),
-            dir=RunDir.create("x", path=tmp_path / "run"),
-            step_stats={},
-        )
+        trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), model=_peft_tiny())
+        engine = Engine.external(remote.url, "tiny", api_key=KEY)
+        target = SyncTarget(engine, proxy.client(), RunDir.create("x", path=tmp_path / "run").path)
         # Today's behaviour (no sync_dir): the engine is sent the trainer's local path, which it cannot read.
+        local = LoraSync(target, StepStats())
+        local.bind(trainer)
         with pytest.raises(Exception, match="cannot read"):
-            LoraSync(host).sync_weights()
-        sync = LoraSync(host, shared=SharedFolder.of(str(actual), "/mnt/engine-host/wb").check())
+            local.sync_weights()
+        sync = LoraSync(target, StepStats(), shared=SharedFolder.of(str(actual), "/mnt/engine-host/wb").check())
+        sync.bind(trainer)
         for step in (1, 2, 3):
-            host.trainer.state.global_step = step
+            trainer.state.global_step = step
             sync.sync_weights()
         assert list(remote.loaded) == [sync.current] and proxy.model == sync.current
         assert remote.loaded[sync.current] == f"/mnt/engine-host/wb/{sync.current}"
@@ -263,14 +270,10 @@ def test_nccl_sync_drives_trls_client_each_step(tmp_path):
         accelerator=SimpleNamespace(device=torch.device("cuda", 0), unwrap_model=lambda m: m),
     )
     names: list[str] = []
-    host = SimpleNamespace(
-        trainer=trainer,
-        engine=Engine.external("http://gpu:8000", "Qwen/Qwen3-0.6B", api_key=KEY),
-        client=SimpleNamespace(set_model=names.append),
-        dir=None,
-        step_stats={},
-    )
-    sync = NcclSync(host, group_port=51299, client_factory=factory)
+    engine = Engine.external("http://gpu:8000", "Qwen/Qwen3-0.6B", api_key=KEY)
+    target = SyncTarget(engine, SimpleNamespace(set_model=names.append), tmp_path)  # type: ignore[arg-type]
+    sync = NcclSync(target, StepStats(), group_port=51299, client_factory=factory)
+    sync.bind(trainer)
     sync.sync_weights()
     sync.sync_weights()
     assert len(made) == 1 and made[0].made_with == ("http://gpu:8000", KEY, 51299)

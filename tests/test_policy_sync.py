@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from workbench.engine import Engine, EngineConfig, EngineError
-from workbench.train.policy_sync import MergedSync, merged_state_dict
+from workbench.train.policy_sync import MergedSync, SyncTarget, merged_state_dict
+from workbench.train.stats import StepStats
 from workbench.runs import RunDir
 from workbench.train.sync_probe import FP32, SyncProbe, WeightSyncError, engine_prompt_logprobs, model_logprobs
 from workbench.train import TrainConfig
@@ -80,7 +81,8 @@ def _set_lora_b(peft, scale: float, seed: int) -> None:
 
 
 def _sync_host(peft, engine, run_dir: Path) -> SimpleNamespace:
-    """What `MergedSync` reads of a `GRPORun` (`policy_sync.SyncHost`), around a PEFT model and an engine."""
+    """What a `MergedSync` is made from (its target, the step's counters) and bound to (a trainer), around a PEFT
+    model and an engine."""
     from transformers import AutoTokenizer
 
     from workbench.engine import build_asset
@@ -91,9 +93,16 @@ def _sync_host(peft, engine, run_dir: Path) -> SimpleNamespace:
     trainer.state.global_step = 0
     client = SimpleNamespace(models=[])
     client.set_model = client.models.append
+    folder = RunDir.create("t", path=run_dir).path
     return SimpleNamespace(
-        trainer=trainer, engine=engine, client=client, dir=RunDir.create("t", path=run_dir), step_stats={}
+        trainer=trainer, engine=engine, client=client, target=SyncTarget(engine, client, folder), stats=StepStats()
     )
+
+
+def _merged(host: SimpleNamespace) -> MergedSync:
+    sync = MergedSync(host.target, host.stats)
+    sync.bind(host.trainer)
+    return sync
 
 
 class _EngineOnThisHost:
@@ -136,17 +145,17 @@ def test_merged_sync_refuses_an_engine_that_did_not_reload(monkeypatch, tmp_path
         _, peft = _peft_tiny()
         _set_lora_b(peft, 0.0, seed=0)  # a fresh adapter: the merged weights are the base model's
         host = _sync_host(peft, _EngineOnThisHost(reloads), tmp_path / f"run-{reloads}")
-        sync = MergedSync(host)
+        sync = _merged(host)
         sync.sync_weights()  # step 1's sync: base weights on both sides
-        assert host.step_stats["sync_probe_max_abs"] < FP32.gap and host.step_stats["sync_probe_moved"] is None
+        assert host.stats["sync_probe_max_abs"] < FP32.gap and host.stats["sync_probe_moved"] is None
         assert host.client.models == ["tiny"] and sync.probe is not None and len(sync.probe.ids) == 20
         _set_lora_b(peft, scale, seed=3)  # the optimizer step
         host.trainer.state.global_step = 1
         if reloads:
             sync.sync_weights()
-            assert host.step_stats["sync_probe_max_abs"] < FP32.gap
-            assert host.step_stats["sync_probe_moved"] > FP32.moved  # step 1 moved the served weights
-            moved = host.step_stats["sync_probe_moved"]
+            assert host.stats["sync_probe_max_abs"] < FP32.gap
+            assert host.stats["sync_probe_moved"] > FP32.moved  # step 1 moved the served weights
+            moved = host.stats["sync_probe_moved"]
             assert (moved > 10 * FP32.gap) if scale > 1e-3 else (FP32.moved < moved < FP32.gap / 2), moved
         else:
             match = "still serves the previous weights" + (r".*0\.\d+ between" if scale > 1e-3 else ".*to the bit")
@@ -280,10 +289,10 @@ def test_merged_sync_fails_loudly_when_the_engine_answers_200_and_keeps_its_weig
     _, peft = _peft_tiny()
     _set_lora_b(peft, 0.0, seed=0)
     host = _sync_host(peft, plain_engine, tmp_path / "run")
-    sync = MergedSync(host)
+    sync = _merged(host)
     fresh = plain_engine.serves_asset_weights  # the module's engine may hold another test's weights
     sync.sync_weights()  # the base weights: reloaded unless the engine serves its asset's own already
-    assert host.step_stats["sync_probe_max_abs"] < 1e-5 and (host.step_stats["sync_reload_s"] == 0) == fresh
+    assert host.stats["sync_probe_max_abs"] < 1e-5 and (host.stats["sync_reload_s"] == 0) == fresh
     _set_lora_b(peft, 1e-2, seed=3)
     host.trainer.state.global_step = 1
     with monkeypatch.context() as patch:
@@ -291,7 +300,7 @@ def test_merged_sync_fails_loudly_when_the_engine_answers_200_and_keeps_its_weig
         with pytest.raises(WeightSyncError, match=r"still serves the previous weights \(sync at step 1\)"):
             sync.sync_weights()
     sync.sync_weights()  # reloaded for real: the engine moved with the trainer
-    assert host.step_stats["sync_probe_max_abs"] < 1e-5 and host.step_stats["sync_probe_moved"] > 1e-2
+    assert host.stats["sync_probe_max_abs"] < 1e-5 and host.stats["sync_probe_moved"] > 1e-2
 
 
 @pytest.mark.engine
@@ -447,21 +456,21 @@ def test_a_fresh_adapter_costs_no_reload_and_a_moved_one_a_partial_one_in_ram(pl
     _, peft = _peft_tiny()
     _set_lora_b(peft, 1e-2, seed=5)
     host = _sync_host(peft, plain_engine, tmp_path / "run")
-    MergedSync(host).sync_weights()  # whatever the module's engine held: now the adapted weights
+    _merged(host).sync_weights()  # whatever the module's engine held: now the adapted weights
     assert not plain_engine.serves_asset_weights
     plain_engine.reload_weights(plain_engine.asset.path)  # the asset's own weights again
     assert plain_engine.serves_asset_weights
     _set_lora_b(peft, 0.0, seed=0)
     host = _sync_host(peft, plain_engine, tmp_path / "run2")
-    sync = MergedSync(host)
+    sync = _merged(host)
     sync.sync_weights()
-    assert host.step_stats["sync_reload_s"] == 0 and host.step_stats["sync_write_s"] == 0
-    assert host.step_stats["sync_probe_max_abs"] < 1e-5
+    assert host.stats["sync_reload_s"] == 0 and host.stats["sync_write_s"] == 0
+    assert host.stats["sync_probe_max_abs"] < 1e-5
     _set_lora_b(peft, 1e-2, seed=3)
     host.trainer.state.global_step = 1
     sync.sync_weights()
-    assert host.step_stats["sync_reload_s"] > 0 and host.step_stats["sync_probe_max_abs"] < 1e-5
-    assert host.step_stats["sync_probe_moved"] > 1e-3
+    assert host.stats["sync_reload_s"] > 0 and host.stats["sync_probe_max_abs"] < 1e-5
+    assert host.stats["sync_probe_moved"] > 1e-3
     folder = plain_engine.weights_folder()
     from safetensors import safe_open
 
@@ -469,6 +478,6 @@ def test_a_fresh_adapter_costs_no_reload_and_a_moved_one_a_partial_one_in_ram(pl
         written = set(f.keys())
     shapes = {k: v.numel() for k, v in merged_state_dict(peft).items()}
     assert written == {k for k, n in shapes.items() if n < PARTIAL_SKIP_NUMEL or any(t in k for t in TARGETS)}
-    assert not (host.dir.path / "merged").exists()  # nothing on the run folder's disk
+    assert not (host.target.folder / "merged").exists()  # nothing on the run folder's disk
     sync.close()
     assert not folder.exists()

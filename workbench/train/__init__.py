@@ -22,9 +22,8 @@ __all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.train.config import resolve_importance_sampling, TrainConfig
-    from workbench.train.grpo import GRPORun
+    from workbench.train.grpo import GRPORun, resolve_weight_sync
     from workbench.train.openenv_session import HarnessSessionFactory
     from workbench.train.policy_sync import merge_adapter_folder, write_merged
     from workbench.train.sync_probe import engine_prompt_logprobs, model_logprobs, SyncProbe, WeightSyncError
     from workbench.train.sync_probe import PROBE_TEXT, probe_threads, served_dtype, tolerance
-    from workbench.train.trl_trainer import build_trainer

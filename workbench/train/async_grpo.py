@@ -1,7 +1,7 @@
 """``workbench train --trainer async``: TRL's AsyncGRPOTrainer + HarnessRolloutWorker over our sessions.
 
-The same `workbench.train.grpo.TrainConfig` drives it (typed here as `workbench.train.types.AsyncTrainConfig`: this
-module never imports workbench.train.grpo, which dispatches to it): TRL's loop-owning worker (``harness_adapter=None``)
+The same `workbench.train.config.TrainConfig` drives it, handed with the values `workbench.train.grpo.GRPORun`
+resolved (this module never imports workbench.train.grpo, which dispatches to it): TRL's loop-owning worker (``harness_adapter=None``)
 runs our OpenEnv sessions (`workbench.train.openenv_session`) through the capture proxy, with the CPU route's turn policy
 (``train_turns``), token budget, few-shot prompt, `FAILED_STATUSES` unscored and one seed-format artefact folder
 per rollout under ``<run>/rollouts/``. TRL chains the sessions' turns into rows, computes the group advantages
@@ -29,6 +29,7 @@ import functools
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -39,12 +40,17 @@ from trl.experimental.async_grpo.vllm_client import VLLMClient as AsyncVLLMClien
 
 from workbench.train.openenv_session import HarnessSessionFactory, ProxyAddress
 from workbench.train.policy_sync import SharedFolder
-from workbench.train.config import lora_config
+from workbench.train.config import TrainConfig, grpo_args, lora_config
 from workbench.train.resume import last_checkpoint, record_config
-from workbench.train.types import AsyncRun, AsyncTrainConfig
+from workbench.train.types import Device
 
 if TYPE_CHECKING:
     from trl.experimental.async_grpo.openenv_harness import HarnessRolloutOutcome
+
+    from workbench.capture import ProxyClient
+    from workbench.engine import Engine
+    from workbench.runs import RunDir
+    from workbench.tasks import Task
 
 __all__ = ["EngineClient", "harness_reward", "session_factory", "train_async", "MAX_STALENESS"]
 
@@ -66,7 +72,7 @@ def harness_reward(outcome: "HarnessRolloutOutcome") -> float | None:
 
 
 def session_factory(
-    address: ProxyAddress, cfg: AsyncTrainConfig, out_root: Path
+    address: ProxyAddress, cfg: TrainConfig, out_root: Path
 ) -> functools.partial[HarnessSessionFactory]:
     """What TRL's worker calls as ``factory(sampling=...)`` in its spawned process (picklable)."""
     return functools.partial(
@@ -141,8 +147,20 @@ class _SavesPretrained(Protocol):
     def save_pretrained(self, save_directory: str | os.PathLike[str]) -> Any: ...
 
 
-def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
-    """Run `run.config` through AsyncGRPOTrainer against `run.engine` (an external vLLM) and `run.client`."""
+def train_async(
+    cfg: TrainConfig,
+    *,
+    device: Device,
+    engine: "Engine | None",
+    client: "ProxyClient | None",
+    run_dir: "RunDir",
+    isolation: str,
+    tasks: Sequence["Task"],
+    shared: SharedFolder | None,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Run `cfg` through AsyncGRPOTrainer against `engine` (an external vLLM) and its capture proxy's `client`, into
+    `run_dir` (resumed from its last checkpoint with `resume`); returns the summary."""
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
@@ -150,75 +168,58 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
 
     from workbench.engine import load_asset
 
-    cfg = run.config
-    if run.device != "cuda":
+    if device != "cuda":
         raise ValueError(
             "trainer 'async' (TRL's AsyncGRPOTrainer) needs a CUDA trainer: on CPU it needs two "
             "monkeypatches (a CUDA-only FLOP probe, a flash-attn packing kernel); use --trainer grpo"
         )
-    if run.engine is None or run.client is None:
+    if engine is None or client is None:
         raise ValueError(
             "trainer 'async' trains against a running vLLM (VLLM_SERVER_DEV_MODE=1, --enable-lora): "
             "pass --upstream URL and --upstream-key-file"
         )
     asset = load_asset(cfg.model)
-    checkpoint = last_checkpoint(run.dir.path) if resume else None
+    checkpoint = last_checkpoint(run_dir.path) if resume else None
     record = {
         "train": asdict(cfg),
         "asset": str(asset.path),
-        "isolation": run.isolation,
-        "device": run.device,
+        "isolation": isolation,
+        "device": device,
         "max_staleness": MAX_STALENESS,
     }
-    record_config(run.dir, record, resume=resume, checkpoint=checkpoint)  # config.json kept as is on resume
+    record_config(run_dir, record, resume=resume, checkpoint=checkpoint)  # config.json kept as is on resume
     tokenizer = AutoTokenizer.from_pretrained(asset.path)
     lora = cfg.weight_sync in ("auto", "lora")  # auto is lora for the async trainer (TrainConfig.weight_sync)
-    n = cfg.tasks_per_step * cfg.group_size
     args = AsyncGRPOConfig(
-        output_dir=str(run.dir.path / "checkpoints"),
-        per_device_train_batch_size=n,
-        num_generations=cfg.group_size,
-        max_steps=cfg.steps,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=1,
-        save_total_limit=2,
-        report_to=cfg.report_to,
-        seed=cfg.seed,
+        **grpo_args(cfg, run_dir.path / "checkpoints", num_generations=cfg.group_size),
         bf16=True,
         dtype="bfloat16" if lora else "float32",
-        temperature=cfg.temperature,
-        top_p=1.0,
-        epsilon=cfg.epsilon,
         max_completion_length=cfg.max_output_tokens,
         token_budget=cfg.token_budget,
-        vllm_server_base_url=run.engine.url,
+        vllm_server_base_url=engine.url,
         max_staleness=MAX_STALENESS,
         max_inflight_tasks=cfg.parallel_rollouts,
-        gradient_checkpointing=cfg.activation_checkpointing,
-    )  # the name transformers 5.17 knows too
-    address = ProxyAddress.of(run.client)
-    dataset = Dataset.from_dict({"prompt": [t.id for t in run.tasks]})
+    )
+    address = ProxyAddress.of(client)
+    dataset = Dataset.from_dict({"prompt": [t.id for t in tasks]})
     worker = HarnessRolloutWorker(
-        harness_session_factory=session_factory(address, cfg, run.dir.path / "rollouts"),
+        harness_session_factory=session_factory(address, cfg, run_dir.path / "rollouts"),
         harness_adapter=None,
         rollout_reward_fn=harness_reward,
-        model_name=run.engine.served_name,
+        model_name=engine.served_name,
         dataset=dataset,
         reward_funcs=[],
         processing_class=tokenizer,
         eos_token_ids=[tokenizer.eos_token_id],
         num_generations=cfg.group_size,
         max_inflight_tasks=cfg.parallel_rollouts,
-        vllm_server_url=run.engine.url,
+        vllm_server_url=engine.url,
         max_tokens=cfg.max_output_tokens,
         temperature=cfg.temperature,
         top_p=1.0,
         queue_maxsize=args.queue_maxsize,
     )
-    peft_config = lora_config(cfg.lora_rank, cfg.lora_alpha) if lora else None
+    peft_config = lora_config(cfg) if lora else None
     # TRL 1.16's RolloutWorkerProtocol declares its queues as writable `queue.Queue | mp.Queue` attributes, which its
     # own HarnessRolloutWorker (mp.Queue ones) cannot match: writable attributes are invariant.
     trainer = AsyncGRPOTrainer(
@@ -230,12 +231,12 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
         rollout_worker=worker,  # type: ignore[arg-type]
     )
     if getattr(trainer, _LORA_SYNC):
-        trainer.vllm_client = EngineClient(run.engine.url, run.engine.api_key, address, shared=run.shared)
+        trainer.vllm_client = EngineClient(engine.url, engine.api_key, address, shared=shared)
         setattr(trainer, _LORA_NAME, f"policy-{uuid.uuid4().hex[:6]}")  # vLLM refuses a name twice per server
-        setattr(trainer, _LORA_DIR, str((run.dir.path / "adapters").resolve()))
+        setattr(trainer, _LORA_DIR, str((run_dir.path / "adapters").resolve()))
     elif lora:
         raise ValueError(
-            f"the engine at {run.engine.url} was started without --enable-lora: TRL would merge the "
+            f"the engine at {engine.url} was started without --enable-lora: TRL would merge the "
             "adapter into NCCL weight sync; start it with --enable-lora, or use --weight-sync nccl"
         )
     started = time.monotonic()
@@ -243,34 +244,27 @@ def train_async(run: AsyncRun, *, resume: bool = False) -> dict[str, Any]:
     class _Metrics(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
             if logs:
-                run.dir.log_metrics(
-                    {
-                        "step": state.global_step,
-                        **logs,
-                        "trainer": "async",
-                        "device": run.device,
-                        "isolation": run.isolation,
-                    }
+                run_dir.log_metrics(
+                    {"step": state.global_step, **logs, "trainer": "async", "device": device, "isolation": isolation}
                 )
 
     trainer.add_callback(_Metrics())
-    run.trainer = trainer
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    final = run.dir.path / "adapters" / "final"
+    final = run_dir.path / "adapters" / "final"
     # TRL types .model as whatever it accepts (PreTrainedModel | nn.Module | None); after __init__ it is the
     # PeftModel (LoRA) or the PreTrainedModel it loaded from the path, both with save_pretrained.
     cast(_SavesPretrained, trainer.model).save_pretrained(final)
-    metrics = run.dir.read_metrics()
+    metrics = run_dir.read_metrics()
     summary = {
         "steps": trainer.state.global_step,
         "wall_s": round(time.monotonic() - started, 1),
         "trainer": "async",
-        "device": run.device,
-        "isolation": run.isolation,
+        "device": device,
+        "isolation": isolation,
         "final_adapter": str(final),
         "resumed_from": checkpoint.name if checkpoint else None,
         "loss": [m.get("loss") for m in metrics if "loss" in m],
         "reward": [m.get("reward") for m in metrics if "reward" in m],
     }
-    run.dir.write_json("summary.json", summary)
+    run_dir.write_json("summary.json", summary)
     return summary

@@ -3,12 +3,12 @@
 
 The run itself is `workbench.train.grpo.GRPORun`; the config lives apart from it because it is read on its own:
 ``workbench train``'s flags are generated from this dataclass and its docstring (`workbench.cli.flags`), and the
-trainer modules are typed against what they read of it (`workbench.train.types`). `workbench.train.grpo` re-exports
+trainer modules are handed it with the values the run resolved (`workbench.train.trl_trainer`, `workbench.train.async_grpo`). `workbench.train.grpo` re-exports
 `TrainConfig` and `resolve_device`, so ``from workbench.train import GRPORun, TrainConfig`` stays the usual import.
 
     from workbench.train import TrainConfig
     config = TrainConfig(model="smollm2", tasks="easy", steps=10, group_size=4)   # ValueError when inconsistent
-    TrainConfig.baseline(steps=2)          # the path before the speed levers (issue 14), for side-by-side runs
+    TrainConfig.baseline(steps=2)          # the path before the speed levers, for side-by-side runs
     config.rollout_config()                # the RolloutConfig every rollout of the run gets
     resolve_device("auto")                 # "cuda" when torch sees a CUDA device, else "cpu"
     resolve_importance_sampling(config, "cpu")   # "auto" by the trainer's and the engine's dtype
@@ -17,6 +17,7 @@ trainer modules are typed against what they read of it (`workbench.train.types`)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.cpu import bf16_native
@@ -33,6 +34,7 @@ __all__ = [
     "resolve_precision",
     "resolve_engine_dtype",
     "lora_config",
+    "grpo_args",
     "LORA_TARGETS",
 ]
 
@@ -81,7 +83,7 @@ class TrainConfig:
         seed: seeds TRL/torch and the task order.
         report_to: TRL/transformers reporting (``none``; ``trackio`` if installed).
 
-    The speed levers (issue 14; each measured on and off by ``benchmarks/cpu_loop.py`` and
+    The speed levers (each measured on and off by ``benchmarks/cpu_loop.py`` and
     ``benchmarks/trainer_step.py``; `TrainConfig.baseline()` turns them all off, as before):
         shared_prefix: compute a group's shared prefix (system prompt, tools, few-shot turns, task:
             ~2.8k of ~3.1k tokens per row) once in the forward and the backward, exactly
@@ -126,7 +128,7 @@ class TrainConfig:
         every_row: train every row of a forked rollout (each with the rollout's advantage) instead
             of its longest only; ``row_slots`` rows per group (0: 1.5 x group_size), the rest padding.
 
-    Where it runs (issue 17):
+    Where it runs:
         device: the trainer's device: ``cpu`` (fp32, TRL's use_cpu; `precision` applies), ``cuda`` (TRL's GPU
             settings: bf16 mixed precision, LoRA base weights in bf16; an error when torch sees no CUDA device)
             or ``auto`` (cuda when torch sees one). Rollouts, proxy, rows, metrics and the run folder are the same.
@@ -199,7 +201,7 @@ class TrainConfig:
 
     @classmethod
     def baseline(cls, **overrides: Any) -> "TrainConfig":
-        """The path before the speed levers (issue 14), for side-by-side runs: TRL's own step in fp32
+        """The path before the speed levers, for side-by-side runs: TRL's own step in fp32
         with checkpointing and its extra forward, longest row only, fp32 engine on every core, title calls made
         and uncapped, two rollouts at a time, the adapter served through vLLM's LoRA layers."""
         levers = dict(
@@ -327,7 +329,7 @@ def resolve_importance_sampling(config: TrainConfig, device: str, engine_dtype: 
     """``importance_sampling="auto"`` made concrete for a trainer on `device` (``cpu`` or ``cuda``) beside the
     engine of ``engine_dtype``. sequence_mask sums each row's log-ratios: in fp32 on both sides they are ~4e-6
     nats a token and the sum stays ~0, but a bf16 engine puts 0.03-0.05 nats a token on it (a bf16 trainer 5.8e-3
-    on average), which over hundreds of tokens leaves [-inf, log 3] and masks the whole row (issue 26). Then
+    on average), which over hundreds of tokens leaves [-inf, log 3] and masks the whole row. Then
     token_truncate, which clips each token's ratio instead. `engine_dtype`: the dtype of an engine the run is given
     (unset: the one it starts, ``engine_dtype`` resolved)."""
     if config.importance_sampling != "auto":
@@ -370,11 +372,40 @@ def resolve_device(device: str) -> Literal["cpu", "cuda"]:
     return "cpu"
 
 
-def lora_config(rank: int, alpha: int) -> Any:
+def lora_config(cfg: TrainConfig) -> Any:
     """PEFT's LoraConfig (`TrainConfig.lora_rank`, ``lora_alpha``; every linear layer, no dropout): the one both
     trainers use."""
     from peft import LoraConfig
 
     return LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=0.0, task_type="CAUSAL_LM", target_modules=list(LORA_TARGETS)
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+        target_modules=list(LORA_TARGETS),
+    )
+
+
+def grpo_args(cfg: TrainConfig, output_dir: Path, *, num_generations: int) -> dict[str, Any]:
+    """The keywords TRL's GRPOConfig and AsyncGRPOConfig both take, as `cfg` sets them: a step is `tasks_per_step`
+    groups of `num_generations`, a constant learning rate, a log line and a checkpoint (the last two kept) every step,
+    the sampling temperature the engine used (TRL rescales its logprobs by it), no top-p, PPO's clip."""
+    return dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=cfg.tasks_per_step * num_generations,
+        num_generations=num_generations,
+        max_steps=cfg.steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        save_total_limit=2,
+        report_to=cfg.report_to,
+        seed=cfg.seed,
+        temperature=cfg.temperature,
+        top_p=1.0,
+        epsilon=cfg.epsilon,
+        # the old name: the GPU host's transformers 5.17 has no `activation_checkpointing` argument (5.24 maps it)
+        gradient_checkpointing=cfg.activation_checkpointing,
     )

@@ -16,13 +16,13 @@ from workbench.rollout import FAILED_STATUSES, RolloutOutcome, RolloutResult
 from workbench.tasks import Task
 from workbench.train.rows import longest_row_fields, rollout_rows
 from workbench.turns import MaskPolicy, Tokenizer, token_id, Row, load_trace
-from workbench.train.types import StepConfig
+from workbench.train.config import TrainConfig
 
 __all__ = ["step_fields"]
 
 
 def step_fields(
-    cfg: StepConfig,
+    cfg: TrainConfig,
     tasks: Sequence[Task],
     results: Sequence[RolloutResult],
     reward_fn: Callable[[RolloutOutcome], float | None],

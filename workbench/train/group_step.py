@@ -1,4 +1,4 @@
-"""A faster, exact GRPO optimizer step for TRL 1.16's `GRPOTrainer` on CPU (issue 14, levers 1, 2, 3, 5).
+"""A faster, exact GRPO optimizer step for TRL 1.16's `GRPOTrainer` on CPU (the speed levers 1, 2, 3 and 5 of `TrainConfig`).
 
 The rows of a GRPO group share a long common prefix (system prompt, tools, few-shot turns, task message:
 ~3.05k of ~3.1k tokens per SmolLM2 row). TRL forwards every row in full, twice (a no-grad pass for the
@@ -353,7 +353,7 @@ def every_row_fields(
     lead row (most trained tokens: it carries the reward), then the other rows by trained tokens, then padding
     rows (one pad token, nothing trained, reward None). A rollout with no row (no call answered before the
     timeout, a harness dead before calling, every row over the token budget) still gets a lead row: a pad row
-    carrying its reward, so that it counts in TRL's group mean and std like any scored rollout (issue 26: one
+    carrying its reward, so that it counts in TRL's group mean and std like any scored rollout (one
     solve among seven such rollouts otherwise had a baseline of 1, std NaN, advantage 0). Rows past `slots` are
     dropped; returns (fields, rows dropped). Every row of a group is split into prompt/completion at the same
     index (the shortest first-output start), so the group's rows get the same left padding in TRL and can

@@ -44,7 +44,7 @@ from typing import Any, Callable, Literal
 
 from workbench.capture import ProxyClient
 from workbench.engine import Engine
-from workbench.train.policy_sync import MergedSync, SharedFolder
+from workbench.train.policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync, SharedFolder, SyncTarget
 from workbench.rollout import run_rollouts, FAILED_STATUSES, RolloutOutcome
 from workbench.runs import RunDir
 from workbench.sandbox import check_isolation
@@ -60,6 +60,7 @@ from workbench.train.config import (
 from workbench.train.resume import last_checkpoint, record_config
 from workbench.train.fields import step_fields
 from workbench.train.rows import rows_for_trl
+from workbench.train.stats import StepStats
 from workbench.turns import MaskPolicy, mask_policy
 
 # TrainConfig and resolve_device are defined in workbench.train.config and re-exported here: the run and its
@@ -177,8 +178,8 @@ class GRPORun:
         self.weight_sync = resolve_weight_sync(config, engine, self.device)
         self.engine_dtype = resolve_engine_dtype(config) if engine is None else _given_dtype(engine)
         self.importance_sampling = resolve_importance_sampling(config, self.device, self.engine_dtype)
-        self.step_stats: dict[str, Any] = {}
-        self.trainer: Any = None
+        self.stats = StepStats()  # the step in progress: the rollouts, the sync and the trainer's callback report here
+        self.trainer: Any = None  # built by train() (`_build_trainer`), with its tokenizer
         self.tokenizer: Any = None
 
     # -- the rollout function TRL calls -----------------------------------------------------------
@@ -219,23 +220,51 @@ class GRPORun:
             self.given_reward_fn or reward_at(cfg, step),
             self.train_turn_fn,
             self.tokenizer,
-            policy=None if self.recording is not None else self.step_stats.get("policy"),
+            policy=None if self.recording is not None else self.stats.policy,
         )
         # fields_s: grading is in rollout_s; this is turning traces into rows (part of train_s)
         fields_s = time.monotonic() - t0 - rollout_s
         if self.given_reward_fn is None and cfg.write_credit:
             extra["write_credit"] = round(cfg.write_credit_at(step), 6)
-        self.step_stats.update(rollout_s=rollout_s, fields_s=fields_s, **stats, **extra)
+        self.stats.update(rollout_s=rollout_s, fields_s=fields_s, **stats, **extra)
         return fields_
 
     # -- the run ---------------------------------------------------------------------------------
 
-    def _build_trainer(self, asset_path: Path, *, model: Any = None) -> Any:
-        """GRPOTrainer as this config wants it (`workbench.train.trl_trainer.build_trainer`). `model`: a model object
-        to train instead of the asset's (the GPU benchmark's random-init shapes); the tokenizer is the asset's."""
+    def _sync(self) -> LoraSync | MergedSync | NcclSync | SaveOnlySync:
+        """How the trained policy reaches the engine (`workbench.train.policy_sync`), as `weight_sync` resolved."""
+        target = SyncTarget(self.engine, self.client, self.dir.path)
+        if self.recording is not None:
+            return SaveOnlySync(target, self.stats)
+        if self.weight_sync == "nccl":
+            return NcclSync(target, self.stats, group_port=self.config.nccl_group_port)
+        if self.weight_sync == "merged":
+            return MergedSync(target, self.stats)
+        return LoraSync(target, self.stats, shared=self.shared)
+
+    def _build_trainer(
+        self, asset_path: Path, *, model: Any = None, checkpointing_kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """GRPOTrainer as this config wants it (`workbench.train.trl_trainer.build_trainer`), kept with its tokenizer.
+        `model`: a model object to train instead of the asset's (the GPU benchmark's random-init shapes); the
+        tokenizer is the asset's. `checkpointing_kwargs`: TRL's ``gradient_checkpointing_kwargs``."""
         from workbench.train.trl_trainer import build_trainer
 
-        self.trainer = build_trainer(self, asset_path, model=model)
+        self.trainer, self.tokenizer = build_trainer(
+            self.config,
+            asset_path,
+            device=self.device,
+            weight_sync=self.weight_sync,
+            importance_sampling=self.importance_sampling,
+            tasks=self.tasks,
+            rollout_func=self.rollout_func,
+            sync=self._sync(),
+            stats=self.stats,
+            run_dir=self.dir,
+            isolation=self.isolation,
+            model=model,
+            checkpointing_kwargs=checkpointing_kwargs,
+        )
         return self.trainer
 
     def train(self, *, resume: bool = False) -> dict[str, Any]:
@@ -250,7 +279,17 @@ class GRPORun:
         if self.config.trainer == "async":
             from workbench.train.async_grpo import train_async
 
-            return train_async(self, resume=resume)
+            return train_async(
+                self.config,
+                device=self.device,
+                engine=self.engine,
+                client=self.client,
+                run_dir=self.dir,
+                isolation=self.isolation,
+                tasks=self.tasks,
+                shared=self.shared,
+                resume=resume,
+            )
         asset = load_asset(self.config.model)
         checkpoint = last_checkpoint(self.dir.path) if resume else None
         record = {

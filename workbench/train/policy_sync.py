@@ -25,10 +25,14 @@ These objects stand in for TRL's `VLLMGeneration` there:
 - `SaveOnlySync` (``from_rollouts``: no engine): saves the adapter every step.
 
 The trainer talks to the engine directly (its private URL, with its key); sandboxes only ever see the capture
-proxy. Every object has ``current`` (the served policy name) and ``sync_weights()``.
+proxy. Every object is made from a `SyncTarget` (the engine, the proxy's client, the run folder) and the run's
+`workbench.train.stats.StepStats` (where it reports ``sync_s``, the probe's reading, the served ``policy``), is bound
+to its trainer once (`bind`), and has ``current`` (the served policy name) and ``sync_weights()``.
 
     folder = SharedFolder(Path("/mnt/shared/wb"), on_engine="/data/wb").check()   # ValueError if unusable
-    trainer.vllm_generation = LoraSync(run, shared=folder)
+    sync = LoraSync(SyncTarget(engine, client, run_folder), stats, shared=folder)
+    sync.bind(trainer)
+    trainer.vllm_generation = sync
 """
 
 from __future__ import annotations
@@ -41,19 +45,19 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from workbench.train.merged_file import MergedFile, merge_plan
+from workbench.train.stats import StepStats
 from workbench.train.sync_probe import SyncProbe, engine_prompt_logprobs, model_logprobs, probe_threads, served_dtype
 
 if TYPE_CHECKING:
     from workbench.capture import ProxyClient
     from workbench.engine import Engine
-    from workbench.runs import RunDir
 
 __all__ = [
     "SharedFolder",
-    "SyncHost",
+    "SyncTarget",
     "LoraSync",
     "MergedSync",
     "NcclSync",
@@ -65,14 +69,39 @@ __all__ = [
 ]
 
 
-class SyncHost(Protocol):
-    """What a sync object reads from the run it serves (`workbench.train.grpo.GRPORun` is one)."""
+@dataclass(frozen=True)
+class SyncTarget:
+    """Where a sync object sends the policy: the engine (None when replaying: nothing serves it), the capture proxy's
+    client (pointed at each new policy), and the run folder (``adapters/step-N``, ``merged/``)."""
 
-    trainer: Any
     engine: "Engine | None"
     client: "ProxyClient | None"
-    dir: "RunDir"
-    step_stats: dict[str, Any]
+    folder: Path
+
+
+class _Sync:
+    """What every sync object shares: its target, the step's counters, and the trainer it is bound to."""
+
+    current: str | None = None
+
+    def __init__(self, target: SyncTarget, stats: StepStats) -> None:
+        self.target, self.stats = target, stats
+        self.trainer: Any = None
+
+    def bind(self, trainer: Any) -> None:
+        """The trainer whose model this object syncs (set once, after the trainer is built around this object)."""
+        self.trainer = trainer
+
+    def _save_adapter(self) -> tuple[int, Path]:
+        step = self.trainer.state.global_step
+        path = self.target.folder / "adapters" / f"step-{step:04d}"
+        self.trainer.model.save_pretrained(path)
+        return step, path
+
+    def _served(self) -> tuple["Engine", "ProxyClient"]:
+        engine, client = self.target.engine, self.target.client
+        assert engine is not None and client is not None, f"{type(self).__name__} needs an engine and a proxy"
+        return engine, client
 
 
 @dataclass(frozen=True)
@@ -124,45 +153,37 @@ class SharedFolder:
         shutil.rmtree(self.path / name, ignore_errors=True)
 
 
-def _save_adapter(host: SyncHost) -> tuple[int, Path]:
-    step = host.trainer.state.global_step
-    path = host.dir.path / "adapters" / f"step-{step:04d}"
-    host.trainer.model.save_pretrained(path)
-    return step, path
-
-
-class LoraSync:
+class LoraSync(_Sync):
     """Save the adapter, hot-load it into vLLM under a fresh name (vLLM refuses a name twice per server
     lifetime), point the proxy at it, unload the previous one. With `shared`, the adapter is published into the
     shared folder and the engine loads it from its own path; the published copy of an adapter is deleted one sync
     after its unload (vLLM resolves adapter paths lazily)."""
 
-    def __init__(self, host: SyncHost, *, shared: SharedFolder | None = None) -> None:
-        self.host, self.shared = host, shared
-        self.current: str | None = None
+    def __init__(self, target: SyncTarget, stats: StepStats, *, shared: SharedFolder | None = None) -> None:
+        super().__init__(target, stats)
+        self.shared = shared
         self.nonce = uuid.uuid4().hex[:6]
         self._unloaded: list[str] = []
 
     def sync_weights(self) -> None:
-        host = self.host
-        assert host.engine is not None and host.client is not None, "LoraSync needs an engine and a proxy"
+        engine, client = self._served()
         t = time.monotonic()
-        step, path = _save_adapter(host)
+        step, path = self._save_adapter()
         name = f"policy-{self.nonce}-step{step}"
         if self.shared is not None:
-            host.engine.load_adapter(name, path, engine_path=self.shared.publish(path, name))
+            engine.load_adapter(name, path, engine_path=self.shared.publish(path, name))
         else:
-            host.engine.load_adapter(name, path)
-        host.client.set_model(name)
+            engine.load_adapter(name, path)
+        client.set_model(name)
         previous, self.current = self.current, name
         if previous is not None:
-            host.engine.unload_adapter(previous)
+            engine.unload_adapter(previous)
             if self.shared is not None:
                 for old in self._unloaded:
                     self.shared.remove(old)
                 self._unloaded = [previous]
-        host.step_stats["sync_s"] = time.monotonic() - t
-        host.step_stats["policy"] = name
+        self.stats.update(sync_s=time.monotonic() - t)
+        self.stats.policy = name
 
 
 def merged_state_dict(peft_model: Any, *, only_touched: bool = False, dtype: Any = None) -> dict[str, Any]:
@@ -211,27 +232,25 @@ def merge_adapter_folder(model_path: Path, adapter: Path, folder: Path) -> Path:
     return write_merged(PeftModel.from_pretrained(base, str(adapter)), folder)
 
 
-class MergedSync:
+class MergedSync(_Sync):
     """Save the adapter (the run's record, for resume and `workbench eval`), write the merged weights, have the
     engine reload them in place, and check that it serves them (`workbench.train.sync_probe.SyncProbe`: WeightSyncError
     when not). The engine must run on this host (it opens the run folder) with its development routes on; its name
     for the policy never changes, so `current` is the served name."""
 
-    def __init__(self, host: SyncHost) -> None:
-        self.host = host
-        self.current: str | None = None
+    def __init__(self, target: SyncTarget, stats: StepStats) -> None:
+        super().__init__(target, stats)
         self.probe: SyncProbe | None = None  # made at the first sync, from the trainer's tokenizer and dtypes
         self.file: MergedFile | None = None  # made at the first reload
 
     def sync_weights(self) -> None:
-        host = self.host
-        assert host.engine is not None and host.client is not None, "MergedSync needs an engine and a proxy"
+        engine, client = self._served()
         t = time.monotonic()
-        step, _ = _save_adapter(host)
-        model, engine = host.trainer.model, host.engine
+        step, _ = self._save_adapter()
+        model = self.trainer.model
         write_s, folder = 0.0, None
         if self.probe is None:
-            self.probe = SyncProbe.for_run(host.trainer.processing_class, engine, model)
+            self.probe = SyncProbe.for_run(self.trainer.processing_class, engine, model)
         # A fresh adapter (every lora_B is 0: PEFT's init, before the first optimizer step) adds nothing: an engine
         # that serves its asset's own weights already serves this policy (the probe below checks it all the same).
         if not (engine.serves_asset_weights and _adapter_is_zero(model)):
@@ -242,22 +261,22 @@ class MergedSync:
             # float32 on the run folder's disk became 0.72 GB of bfloat16 in /dev/shm, 7-14 s -> 0.3 s.
             if self.file is None:
                 dtype = torch.bfloat16 if served_dtype(engine) == "bfloat16" else None
-                self.file = MergedFile(model, engine.weights_folder() or host.dir.path / "merged", dtype=dtype)
+                self.file = MergedFile(model, engine.weights_folder() or self.target.folder / "merged", dtype=dtype)
             folder = self.file.update()
             write_s = time.monotonic() - t
         served, trained, reload_s, probe_s = reload_and_probe(engine, model, self.probe.ids, folder)
         reading = self.probe.check(served, trained, step=step)
         if self.current is None:
-            host.client.set_model(engine.served_name)
+            client.set_model(engine.served_name)
             self.current = engine.served_name
-        host.step_stats.update(
+        self.stats.policy = self.current
+        self.stats.update(
             sync_s=time.monotonic() - t,
             sync_write_s=round(write_s, 2),
             sync_reload_s=round(reload_s, 2),
             sync_probe_s=round(probe_s, 2),
             sync_probe_max_abs=reading.max_abs,
             sync_probe_moved=reading.moved,
-            policy=self.current,
             policy_step=step,
         )
 
@@ -266,8 +285,8 @@ class MergedSync:
         if self.file is not None:
             self.file.close()
             self.file = None
-        engine_copy = self.host.engine.weights_folder() if self.host.engine is not None else None
-        for folder in (engine_copy, self.host.dir.path / "merged"):
+        engine_copy = self.target.engine.weights_folder() if self.target.engine is not None else None
+        for folder in (engine_copy, self.target.folder / "merged"):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
 
@@ -296,18 +315,13 @@ def reload_and_probe(
     return served, trained, reload_s, time.monotonic() - t
 
 
-class SaveOnlySync:
+class SaveOnlySync(_Sync):
     """Training from recorded rollouts: nothing serves the policy; the adapter is saved each step."""
-
-    current: str | None = None
-
-    def __init__(self, host: SyncHost) -> None:
-        self.host = host
 
     def sync_weights(self) -> None:
         t = time.monotonic()
-        _save_adapter(self.host)
-        self.host.step_stats["sync_s"] = time.monotonic() - t
+        self._save_adapter()
+        self.stats.update(sync_s=time.monotonic() - t)
 
 
 def authenticated_vllm_client(
@@ -334,34 +348,34 @@ def authenticated_vllm_client(
     return _Authenticated(base_url=base_url, group_port=group_port, connection_timeout=connection_timeout)
 
 
-class NcclSync:
+class NcclSync(_Sync):
     """Full fine-tuning: TRL's VLLMClient broadcasts every parameter into the colocated vLLM over NCCL each step,
     then resets its prefix cache (the weights change in place, so the served name stays the engine's own)."""
 
     def __init__(
         self,
-        host: SyncHost,
+        target: SyncTarget,
+        stats: StepStats,
         *,
         group_port: int = 51216,
         client_factory: Callable[[str, str | None, int], Any] | None = None,
     ) -> None:
-        self.host, self.group_port = host, group_port
+        super().__init__(target, stats)
+        self.group_port = group_port
         self._make = client_factory or (lambda url, key, port: authenticated_vllm_client(url, key, group_port=port))
         self.client: Any = None
-        self.current: str | None = None
 
     def sync_weights(self) -> None:
-        host = self.host
-        assert host.engine is not None and host.client is not None, "NcclSync needs an engine and a proxy"
+        engine, proxy = self._served()
         t = time.monotonic()
-        trainer = host.trainer
+        trainer = self.trainer
         if self.client is None:  # one NCCL group for the run: the trainer is rank 0, vLLM's workers follow
-            self.client = self._make(host.engine.url, host.engine.api_key, self.group_port)
+            self.client = self._make(engine.url, engine.api_key, self.group_port)
             self.client.init_communicator(device=trainer.accelerator.device)
         self.client.update_model_params(trainer.accelerator.unwrap_model(trainer.model))
         self.client.reset_prefix_cache()
         if self.current is None:
-            host.client.set_model(host.engine.served_name)
-            self.current = host.engine.served_name
-        host.step_stats["sync_s"] = time.monotonic() - t
-        host.step_stats["policy"] = self.current
+            proxy.set_model(engine.served_name)
+            self.current = engine.served_name
+        self.stats.update(sync_s=time.monotonic() - t)
+        self.stats.policy = self.current

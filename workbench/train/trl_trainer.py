@@ -4,9 +4,13 @@ TRL's GRPOConfig per device (CPU: fp32 and `use_cpu`, with `score_only_labelled_
 `return_large_frees_to_the_os`; CUDA: TRL's GPU settings, bf16 mixed precision), a PEFT LoRA or full fine-tuning,
 our `rollout_func`, the seam that feeds the engine's logprobs to TRL's IS correction and syncs the policy
 (`trainer.use_vllm = True`, `trainer.vllm_generation = <a workbench.train.policy_sync object>`), the `workbench.train.group_step`
-levers, and the callback that writes metrics.jsonl.
+levers, and the callback that writes metrics.jsonl. It is handed values (what `workbench.train.grpo.GRPORun` resolved)
+and returns the trainer and its tokenizer; nothing is written back into the run.
 
-    trainer = build_trainer(run, asset.path)     # run: a workbench.train.grpo.GRPORun (typed as workbench.train.types.TrainerRun)
+    trainer, tokenizer = build_trainer(
+        config, asset.path, device="cpu", weight_sync="merged", importance_sampling="sequence_truncate",
+        tasks=tasks, rollout_func=rollout_func, sync=sync, stats=stats, run_dir=run_dir, isolation="bwrap",
+    )
     trainer.train()
 """
 
@@ -15,19 +19,22 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-import time
 from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from workbench._compat import GRPO_LAST_LOADED_STEP, quiet_known_noise
-from workbench.train.config import lora_config, resolve_precision
-from workbench.train.policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync
+from workbench.train.config import TrainConfig, grpo_args, lora_config, resolve_precision
+from workbench.train.stats import StepStats
+from workbench.train.types import Device, WeightSync
 
 if TYPE_CHECKING:
     from trl import GRPOTrainer
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from workbench.train.types import TrainerRun
+    from workbench.runs import RunDir
+    from workbench.tasks import Task
+    from workbench.train.policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync
 
 __all__ = ["build_trainer", "return_large_frees_to_the_os", "score_only_labelled_positions_on_cpu"]
 
@@ -69,84 +76,72 @@ def _reward(prompts: list[Any], completions: list[Any], wb_reward: list[float | 
 
 
 def build_trainer(
-    run: "TrainerRun", asset_path: Path, *, model: Any = None, checkpointing_kwargs: dict[str, Any] | None = None
-) -> GRPOTrainer:
-    """The trainer for `run` (its config, device, recording, shared folder). `model`: a model object to train
-    instead of the asset's; the tokenizer is the asset's either way. `checkpointing_kwargs`: TRL's
-    ``gradient_checkpointing_kwargs`` (e.g. `workbench.train.experimental.checkpointing.selective_checkpointing_kwargs`)."""
+    cfg: TrainConfig,
+    asset_path: Path,
+    *,
+    device: Device,
+    weight_sync: WeightSync,
+    importance_sampling: str,
+    tasks: Sequence["Task"],
+    rollout_func: Callable[[list[str], Any], dict[str, list[Any]]],
+    sync: "LoraSync | MergedSync | NcclSync | SaveOnlySync",
+    stats: StepStats,
+    run_dir: "RunDir",
+    isolation: str,
+    model: Any = None,
+    checkpointing_kwargs: dict[str, Any] | None = None,
+) -> tuple["GRPOTrainer", Any]:
+    """The trainer for `cfg` on `device` and its tokenizer (the asset's). `weight_sync` and `importance_sampling` as
+    the run resolved them (`nccl`: full fine-tuning, else LoRA); `sync` is bound to the trainer and becomes TRL's
+    ``vllm_generation``; `stats` is the step's counters, which the metrics callback writes to `run_dir` with
+    `isolation` and `device`. `model`: a model object to train instead of the asset's. `checkpointing_kwargs`:
+    TRL's ``gradient_checkpointing_kwargs`` (e.g. `workbench.train.experimental.checkpointing.selective_checkpointing_kwargs`)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     quiet_known_noise()  # TRL's line per None-reward row (ours are None on purpose), the old checkpointing name
-    cfg, cpu, lora = run.config, run.device == "cpu", run.weight_sync != "nccl"
+    cpu, lora = device == "cpu", weight_sync != "nccl"
     if cpu:
         score_only_labelled_positions_on_cpu()
         return_large_frees_to_the_os()
         torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
-    run.tokenizer = AutoTokenizer.from_pretrained(asset_path)
+    tokenizer = AutoTokenizer.from_pretrained(asset_path)
     # CUDA: frozen LoRA base weights in bf16 (half the memory; autocast computes in bf16 anyway), full
     # fine-tuning keeps fp32 master weights under bf16 autocast.
     dtype = torch.float32 if cpu or not lora else torch.bfloat16
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(asset_path, dtype=dtype)
-    n = cfg.tasks_per_step * cfg.slots
     args = GRPOConfig(
-        output_dir=str(run.dir.path / "checkpoints"),
-        per_device_train_batch_size=n,
-        num_generations=cfg.slots,
-        max_steps=cfg.steps,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=1,
-        save_total_limit=2,
-        report_to=cfg.report_to,
+        **grpo_args(cfg, run_dir.path / "checkpoints", num_generations=cfg.slots),
         use_cpu=cpu,
         bf16=not cpu,
         beta=0.0,
-        temperature=cfg.temperature,
-        top_p=1.0,
-        epsilon=cfg.epsilon,
-        seed=cfg.seed,
         data_seed=cfg.seed,
         max_completion_length=cfg.token_budget,
         # The generator's logprobs (from the capture) enter TRL's importance-sampling correction.
         vllm_importance_sampling_correction=True,
-        vllm_importance_sampling_mode=run.importance_sampling,  # 'auto' resolved by both dtypes
+        vllm_importance_sampling_mode=importance_sampling,  # 'auto' resolved by both dtypes
         disable_tqdm=False,
         # Without sharing the prefix, SmolLM2 on 4 rows of ~3k tokens kept 17 GB of activations with
         # checkpointing off and was OOM-killed on this 24 GB machine: keep it on there.
-        # The old name: the GPU host's transformers 5.17 has no `activation_checkpointing` argument (5.24 maps it).
-        gradient_checkpointing=cfg.activation_checkpointing,
         gradient_checkpointing_kwargs=checkpointing_kwargs,
     )
-    dataset = Dataset.from_dict({"prompt": [t.id for t in run.tasks]})
-    peft_config = lora_config(cfg.lora_rank, cfg.lora_alpha) if lora else None
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental: trl is pinned
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[_reward],
         args=args,
-        train_dataset=dataset,
-        processing_class=run.tokenizer,
-        peft_config=peft_config,
-        rollout_func=run.rollout_func,
+        train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
+        processing_class=tokenizer,
+        peft_config=lora_config(cfg) if lora else None,
+        rollout_func=rollout_func,
     )
     # The seam (trl==1.16.0): with use_vllm, TRL feeds our logprobs to its IS correction and calls
     # vllm_generation.sync_weights() before each step's generation.
     trainer.use_vllm = True
-    sync = (
-        SaveOnlySync(run)
-        if run.recording is not None
-        else NcclSync(run, group_port=cfg.nccl_group_port)
-        if not lora
-        else MergedSync(run)
-        if run.weight_sync == "merged"
-        else LoraSync(run, shared=run.shared)
-    )
+    sync.bind(trainer)
     # TRL types the seam as its own VLLMGeneration; with a rollout_func TRL only calls sync_weights() on it,
     # which each policy_sync object implements (duck typing TRL's annotation cannot express).
     trainer.vllm_generation = cast("VLLMGeneration", sync)
@@ -154,8 +149,8 @@ def build_trainer(
     from workbench.train.group_pack import flex_attention_on
 
     # TrainConfig.shared_prefix says why: CPU blockwise SDPA 14.2x; CUDA FlexAttention 4.2x at G = 8 (benchmarks §8b)
-    shared = cfg.shared_prefix == "on" or (cfg.shared_prefix == "auto" and (cpu or flex_attention_on(run.device)))
-    cpu_bf16 = cpu and resolve_precision(cfg, run.device) == "bf16"  # `auto`: bf16 where the cores have it
+    shared = cfg.shared_prefix == "on" or (cfg.shared_prefix == "auto" and (cpu or flex_attention_on(device)))
+    cpu_bf16 = cpu and resolve_precision(cfg, device) == "bf16"  # `auto`: bf16 where the cores have it
     if shared or cfg.reuse_logps or cpu_bf16 or cfg.every_row:
         from workbench.train.group_step import install
 
@@ -165,26 +160,11 @@ def build_trainer(
 
     class _Metrics(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            run.step_stats = {"t_start": time.monotonic(), "policy": run.step_stats.get("policy")}
+            stats.begin()
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
-            if not logs or "loss" not in logs:
-                return
-            s = dict(run.step_stats)
-            step_s = time.monotonic() - s.pop("t_start", time.monotonic())
-            train_s = step_s - s.get("rollout_s", 0.0) - s.get("sync_s", 0.0)
-            record = {
-                "step": state.global_step,
-                **{k: v for k, v in logs.items()},
-                **s,
-                "isolation": run.isolation,
-                "device": run.device,
-                "step_s": step_s,
-                "train_s": train_s,
-                "trained_tokens_per_s": s.get("trained_tokens", 0) / train_s if train_s > 0 else None,
-            }
-            run.dir.log_metrics(record)
+            if logs and "loss" in logs:
+                run_dir.log_metrics(stats.record(step=state.global_step, logs=logs, isolation=isolation, device=device))
 
     trainer.add_callback(_Metrics())
-    run.trainer = trainer  # the sync objects read the run's trainer
-    return trainer
+    return trainer, tokenizer
