@@ -1,4 +1,4 @@
-"""The whole GRPO loop on this CPU, before and after the speed levers (issue 14): one run, side by side.
+"""The whole GRPO loop on this CPU, before and after the speed levers: one run, side by side.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/cpu_loop.py                  # ~40 min on 2 cores
     .venv/bin/python benchmarks/cpu_loop.py --only rollouts                     # the rollout levers only
@@ -15,7 +15,7 @@ opencode, few-shot, short agent prompt, one ``easy`` task, a group of 8 rollouts
    the group's first rollout ahead of the rest so its prompt is prefilled once). Rollouts/min, the
    prefix-cache hit rate (vLLM's /metrics counters), tokens sampled.
 2. **Full steps**: `workbench.train.grpo.GRPORun` with `TrainConfig.baseline()` (every lever off: the path
-   before issue 14) for one step, and with the defaults (every lever on) for three steps. Per step, from
+   before the speed levers) for one step, and with the defaults (every lever on) for three steps. Per step, from
    metrics.jsonl: rollout phase s, train phase s, sync s, step s, row tokens vs tokens forwarded vs
    trained tokens, trainer tokens/s, the trainer/engine logprob gap, IS ratios and the masked fraction,
    the process's peak RSS. (The trainer levers one at a time, on the same rows: benchmarks/trainer_step.py.)

@@ -1,4 +1,4 @@
-"""The shared-prefix group step with FlexAttention vs TRL's own GRPO step, on CUDA (issue 30).
+"""The shared-prefix group step with FlexAttention vs TRL's own GRPO step, on CUDA.
 
 Runs on the lent H200 (the device tool) in one command, TRL and its `datasets` carried as wheels
 (benchmarks/gpu_group_step_device.sh does all of it):

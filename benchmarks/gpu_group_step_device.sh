@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30 on the lent H200, in one device command (run from the repository root there, $OUT set by the tool;
+# The FlexAttention group step on the lent H200, in one device command (run from the repository root there, $OUT set by the tool;
 # carry: .devcarry/site.tar.xz .devcarry/tiny):
 #   1. TRL 1.16 and what its import needs beside the image (datasets, dill, multiprocess; peft pinned to ours),
 #      and openenv 0.10.0 (workbench._compat checks its version on import), carried as ONE xz tarball of the

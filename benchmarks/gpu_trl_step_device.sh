@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17 on the lent H200, in one device command (run from the repository root there, $OUT set by the tool):
+# The GPU path on the lent H200, in one device command (run from the repository root there, $OUT set by the tool):
 #   1. TRL 1.16 and what its import needs beside the image (datasets, dill, multiprocess; peft pinned to ours),
 #      carried as wheels in .devcarry/whl (datasets 4.7.0 in .devcarry/whl-ds4 if 5.2.0 does not import there);
 #   2. the tiny asset, carried xz-compressed in .devcarry/tiny (byte-identical to `workbench assets build tiny`);

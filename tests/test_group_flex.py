@@ -1,4 +1,4 @@
-"""The FlexAttention path of the shared-prefix group step (workbench.train.group_pack, issue 30).
+"""The FlexAttention path of the shared-prefix group step (workbench.train.group_pack).
 
 On the CPU (eager FlexAttention, forward only: torch has no CPU FlexAttention backward): `Pack.block_mask()` marks
 the same blocks as torch's own `create_block_mask` and applies exactly `Pack.mask()`, on random layouts and on the

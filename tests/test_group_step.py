@@ -452,7 +452,7 @@ def call_less_group(tmp: Path) -> list[RolloutResult]:
     ids=["longest", "longest-packed", "every_row", "every_row-packed"],
 )
 def test_a_scored_rollout_without_rows_counts_in_its_groups_baseline(tmp_path, every_row, packed):
-    """Issue 26: 1 solve among 7 scored rollouts that left no row. TRL's group mean must be 1/8 and its std finite,
+    """1 solve among 7 scored rollouts that left no row. TRL's group mean must be 1/8 and its std finite,
     so the solve's rows get a positive advantage (not NaN -> 0) and move the weights; the row-less rollouts are
     pad rows that carry their reward and no trained token; the unscored rollouts stay out of the baseline."""
     results = call_less_group(tmp_path)

@@ -27,7 +27,7 @@ def test_config_rejects_what_would_bias_training():
 
 
 def test_importance_sampling_auto_follows_the_trainers_and_the_engines_dtype(tmp_path):
-    """Issue 26: sequence_mask only when trainer and engine both compute in fp32; a bf16 engine beside an fp32 trainer
+    """sequence_mask only when trainer and engine both compute in fp32; a bf16 engine beside an fp32 trainer
     (0.03-0.05 nats a token, summed over a row) gets token_truncate, and so does a bf16 trainer (CPU autocast or
     CUDA's mixed precision). A mode asked for by name is kept."""
     cases = {

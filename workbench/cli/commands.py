@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--baseline",
         action="store_true",
-        help="start from TrainConfig.baseline() (every speed lever off: the path before issue 14); "
+        help="start from TrainConfig.baseline() (every speed lever off: the path before the speed levers); "
         "flags given still override it",
     )
     p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__grpo)")
