@@ -236,6 +236,29 @@ def test_opencode_killed_mid_rollout_is_crashed_and_its_group_proceeds(tmp_path,
     _assert_nothing_left(tmp_base)
 
 
+@pytest.mark.skipif(not bwrap_available(), reason="needs bubblewrap: a binary outside the sandbox's mounts")
+def test_a_harness_the_sandbox_cannot_see_is_a_setup_failure_not_the_agents_zero(
+    tmp_path, tmp_base, proxy, monkeypatch
+):
+    """A harness binary that exists for the runner but not inside the sandbox (a tools/ folder whose entries point
+    outside it, as a worktree's symlinks into another checkout do) cannot start: the rollout ends `setup_failed`
+    (unscored, left out of its group), its reason the sandbox init's line naming the binary, never `crashed` and 0
+    (which a trainer would take as the agent's failure)."""
+    from workbench.harnesses.opencode import OpenCode
+    from workbench.sandbox import CANNOT_START
+
+    outside = tmp_path / "elsewhere" / "opencode"  # the tmp folder is not among the sandbox's mounts
+    outside.parent.mkdir()
+    outside.write_text("#!/bin/sh\nexit 0\n")
+    outside.chmod(0o755)
+    monkeypatch.setattr(OpenCode, "bin", lambda self: str(outside))
+    r = run_rollout(load_task("humaneval/0"), proxy.client(), replace(FAST, isolation="bwrap"), tmp_path / "r")
+    assert r.status == "setup_failed", (r.status, r.reason)
+    assert r.reason.startswith(CANNOT_START) and str(outside) in r.reason
+    assert r.status in FAILED_STATUSES and _summary(r.out_dir)["status"] == "setup_failed"
+    _assert_nothing_left(tmp_base)
+
+
 # ---------------------------------------------------------------------------------- engine faults
 
 

@@ -45,7 +45,7 @@ from workbench.runs import atomic_json
 from workbench.procs import exit_signal, signal_name
 from workbench.rollout.types import RolloutConfig, Status, agent_entries
 from workbench.rollout.types import call_counts, engine_failure, trace_tool_calls, workspace_files
-from workbench.sandbox import CopyLimitError, Sandbox, SandboxError
+from workbench.sandbox import CANNOT_START, CopyLimitError, Sandbox, SandboxError
 from workbench.tasks import Task
 from workbench.verify import VerifyResult, verify as verify_workspace
 
@@ -220,6 +220,10 @@ class HarnessSession:
                 )
             elif self.run_info.errors:
                 self.status, self.reason = "harness_error", self.run_info.errors[0][:500]
+            elif code == 127 and CANNOT_START in (stderr := self._read_log("stderr.txt")):
+                # the harness never started (its binary is not in the sandbox): the set-up failed, not the agent
+                self.status = "setup_failed"
+                self.reason = stderr[stderr.index(CANNOT_START) :].splitlines()[0][:300]
             elif code != 0:
                 self.status = "crashed"
                 sig = exit_signal(code, bwrap=self.sandbox.isolation == "bwrap")

@@ -22,12 +22,13 @@ from workbench._lazy import face
 __all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
+    from workbench.sandbox._init import CANNOT_START
     from workbench.sandbox.binds import check_bind_source
     from workbench.sandbox.bounded_copy import copy_tree, CopyLimitError, CopyLimits
     from workbench.sandbox.cleanup import force_remove
     from workbench.sandbox.command import mount, system_dirs, under
     from workbench.sandbox.files import exceeds
-    from workbench.sandbox.probes import check_harness, run_probes
+    from workbench.sandbox.probes import check_harness, run_probes, start_latency
     from workbench.sandbox.seccomp import DENIED, filter_fd, passed_filter
     from workbench.sandbox.session import Sandbox
     from workbench.sandbox.spec import (

@@ -187,6 +187,11 @@ def _control(path: str) -> socket.socket:
     return control
 
 
+# What this init says, exit code 127 (the shell's "command not found"), when the command it was given cannot start: a
+# harness binary the sandbox cannot see is the set-up's failure, never the agent's (`workbench.rollout` reads it).
+CANNOT_START = "workbench sandbox: the command could not start: "
+
+
 def main() -> None:
     _undumpable()
     port, path = int(sys.argv[1]), sys.argv[2]
@@ -197,7 +202,11 @@ def main() -> None:
     listener.bind(("127.0.0.1", port))
     listener.listen(64)
     threading.Thread(target=_serve, args=(listener, path, control), daemon=True).start()
-    child = subprocess.Popen(argv)
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as exc:
+        print(f"{CANNOT_START}{argv[0] if argv else '(none)'}: {exc.strerror}", file=sys.stderr, flush=True)
+        sys.exit(127)
     code = child.wait()
     if code < 0:
         if code not in (-signal.SIGKILL, -signal.SIGSTOP):  # those two have no handler to reset
