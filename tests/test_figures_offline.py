@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.cli import NotebookContext
+from workbench.cli import open_notebook
 from workbench.views import learning_curve_figure, summary_figure
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -57,7 +57,7 @@ def _dom_offline(page: Path, profile: Path) -> str:
 
 def _saved(tmp_path: Path, fig, name: str) -> Path:
     """Save `fig` the way every notebook does: Notebook.show(fig, name) -> <run>/figures/<name>.html."""
-    nb = NotebookContext(name="figures", run_dir=str(tmp_path / "run"), interactive=False).open()
+    nb = open_notebook("figures", run_dir=str(tmp_path / "run"), interactive=False)
     nb.show(fig, name)
     return nb.path / "figures" / f"{name}.html"
 

@@ -25,9 +25,12 @@ def test_committed_notebooks_are_stripped_and_parameterised(name):
     )
     tagged = [i for i, c in enumerate(nb["cells"]) if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1
-    # the cell after the parameters builds the typed config (papermill injects in between)
+    # the cell after the parameters opens the notebook's session in one call (papermill injects in between), and no
+    # parameter carries the stack's URLs or keys (the runner's stack.json does)
     after = "".join(nb["cells"][tagged[0] + 1]["source"])
-    assert "NotebookContext(" in after
+    assert after.count(f'open_notebook("{name}", model=model, run_dir=run_dir, interactive=interactive)') == 1
+    params = "".join(nb["cells"][tagged[0]]["source"])
+    assert not re.search(r"^(engine_url|served_name|proxy_url|admin_key|engine_key)\b", params, re.M), params
 
 
 def test_unknown_parameters_are_refused_before_anything_runs(tmp_path):
@@ -70,7 +73,7 @@ def test_all_notebooks_execute_headless(tmp_path):
         assert outputs, name
     config = json.loads((out / "config.json").read_text())
     assert config["params"] == "small" and config["git_commit"] and set(config["notebooks"]) == set(NOTEBOOKS)
-    assert "admin_key" not in json.dumps(config)
+    assert "admin_key" not in json.dumps(config) and not (out / "stack.json").exists()
     # each stage's artefacts
     assert (out / "rollouts" / "r0" / "trace.json").exists() and (out / "rollouts" / "r0" / "turns.json").exists()
     assert (out / "grpo" / "metrics.jsonl").exists() and (out / "grpo" / "adapters" / "final").is_dir()
@@ -97,26 +100,42 @@ def test_all_notebooks_execute_headless(tmp_path):
     assert any("wb-tokens" in "".join(o["data"]["text/html"]) for o in html)
 
 
-@pytest.mark.engine
-def test_secrets_are_scrubbed_even_when_a_notebook_fails(tmp_path):
-    """papermill writes the injected parameters (the proxy's admin key, the engine's API key) into the
-    executed copy; a notebook failing in its config cell must not leave them there either."""
-    out = tmp_path / "run"
-    with pytest.raises(NotebookError, match="04_reward.ipynb failed"):
-        run_notebooks("small", only=["04_reward"], run_dir=out, overrides={"04_reward": {"task": "no-such-task/0"}})
-    text = (out / "04_reward.ipynb").read_text()
-    assert "<secret>" in text
-    injected = [line for line in text.splitlines() if "admin_key = " in line or "engine_key = " in line]
-    assert injected and all("<secret>" in line for line in injected), injected
+def test_the_stack_file_is_the_users_alone_and_gone_when_the_stack_stops(tmp_path):
+    """The runner's stack.json holds the proxy's admin key and the engine's API key: created 0600 (never wider, a
+    name that exists is refused rather than reused), read by `open_notebook`, which connects to that stack rather than
+    starting one. Removed when the run ends: tests below check it is gone and no key is in an executed copy."""
+    import os
+    import stat
+
+    from workbench.cli.notebooks import STACK_FILE, open_notebook, write_stack
+
+    stack = {
+        "model": "smollm2",
+        "engine_url": "http://127.0.0.1:1/v1",
+        "served_name": "served",
+        "engine_key": "",
+        "proxy_url": "http://127.0.0.1:2/v1",
+        "admin_key": "admin-key-s3cret",
+    }
+    old = os.umask(0)  # the most permissive umask: the mode must not come from it
+    try:
+        path = write_stack(tmp_path, stack)
+    finally:
+        os.umask(old)
+    assert path == tmp_path / STACK_FILE and stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(FileExistsError):
+        write_stack(tmp_path, stack)
+    nb = open_notebook("03_turns", model="tiny", run_dir=str(tmp_path), interactive=False)
+    assert nb.model == "smollm2" and nb.path == tmp_path  # the runner's model, not the parameter's default
+    assert nb._stack == stack  # noqa: SLF001 - what it will connect to on first use (nothing started yet)
+    alone = open_notebook("03_turns", model="tiny", run_dir=str(tmp_path / "alone"), interactive=False)
+    assert alone.model == "tiny" and alone._stack is None  # noqa: SLF001 - no runner: it starts its own
 
 
 # --- the command's progress and failure report, on tiny notebooks (papermill and a real kernel; the
 # engine and proxy are stand-ins: what is checked here is what the command says, not what they serve)
 
-_CONTEXT_PARAMS = (
-    'model = "tiny"\nrun_dir = ""\nengine_url = ""\nserved_name = ""\nproxy_url = ""\n'
-    'admin_key = ""\nengine_key = ""\ninteractive = True\n'
-)
+_CONTEXT_PARAMS = 'model = "tiny"\nrun_dir = ""\ninteractive = True\n'
 
 
 def _tiny_notebook(path: Path, *cells: str, params: str = "") -> None:
@@ -160,7 +179,12 @@ def tiny_notebooks(tmp_path, monkeypatch):
 
     src = tmp_path / "src"
     src.mkdir()
-    _tiny_notebook(src / "03_turns.ipynb", "print('turns derived')", "x = 1 + 1")
+    _tiny_notebook(
+        src / "03_turns.ipynb",
+        "print('turns derived')",
+        # what a notebook sees of the runner's stack while it runs: its file, the user's alone
+        "import os, stat\nprint('stack mode', oct(stat.S_IMODE(os.stat(os.path.join(run_dir, 'stack.json')).st_mode)))",
+    )
     _tiny_notebook(
         src / "04_reward.ipynb",
         "print('reward')",
@@ -203,7 +227,8 @@ def test_notebooks_run_reports_each_notebook_and_where_the_copies_are(tiny_noteb
     # on a terminal, papermill's per-cell bar, named after the notebook
     assert "03_turns:" in tty.text and "cell" in tty.text, tty.text
     text = (tiny_notebooks / "03_turns.ipynb").read_text()
-    assert "s3cret" not in text and "<secret>" in text
+    assert "stack mode 0o600" in text  # the stack file was there for the notebook, 0600
+    assert "s3cret" not in text and not (tiny_notebooks / "stack.json").exists()  # no key stays behind
 
 
 def test_a_failing_cell_fails_the_command_naming_notebook_cell_and_reason(tiny_notebooks, capfd):
@@ -233,3 +258,4 @@ def test_a_failing_cell_fails_the_command_naming_notebook_cell_and_reason(tiny_n
     assert "03_turns:" not in err and "%|" not in err and "cell/s" not in err, err
     assert "[IPKernelApp] WARNING" not in err, err  # nor the kernel's warnings between the lines
     assert "s3cret" not in (tiny_notebooks / "04_reward.ipynb").read_text()
+    assert not (tiny_notebooks / "stack.json").exists()  # removed though a notebook failed

@@ -22,7 +22,7 @@ from workbench.verify import verify, answer_key, cannot_show, hostile, leaked
 
 NB_DIR = project_root() / "notebooks"
 
-# What a newcomer's rollouts recorded when the sandbox could not reach the harness (issue 24): a rollout
+# What a newcomer's rollouts recorded when the sandbox could not reach the harness: a rollout
 # folder with its summary.json and nothing else.
 CRASHED = {
     "rollout_id": "attempt-0",
@@ -36,11 +36,19 @@ CRASHED = {
 }
 
 
-def _execute(name: str, params: dict[str, Any], tmp_path: Path) -> tuple[str | None, str, str]:
-    """Run notebook `name` with `params`: (the error's name or None, its message, everything it printed)."""
+def _execute(
+    name: str, params: dict[str, Any], tmp_path: Path, stack: dict[str, str] | None = None
+) -> tuple[str | None, str, str]:
+    """Run notebook `name` with `params` (and the runner's `stack` in its run folder, when given): (the error's name
+    or None, its message, everything it printed)."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    from workbench.cli.notebooks import write_stack
+
+    if stack is not None:
+        (tmp_path / "run").mkdir(parents=True, exist_ok=True)
+        write_stack(tmp_path / "run", stack)
     out = tmp_path / f"{name}.ipynb"
     error = None, ""
     try:
@@ -100,7 +108,8 @@ def test_04_refuses_a_rollout_without_workspace_before_grading_anything(tmp_path
 
 @pytest.fixture(scope="module")
 def shared(engine):
-    """The parameters `workbench notebooks run` passes: one engine and one capture proxy for every notebook."""
+    """What `workbench notebooks run` writes into the run folder (stack.json): one engine and one capture proxy for
+    every notebook."""
     from workbench.engine import local_stack
 
     with local_stack(engine=engine) as (eng, proxy, _):
@@ -119,8 +128,8 @@ def shared(engine):
 def test_02_when_no_agent_call_is_answered_shows_each_attempts_reason(shared, tmp_path):
     """A rollout stopped before opencode can even start (10 ms) answers no call, on any machine: each attempt is
     `stalled` (the infrastructure's, unscored), never the agent's timeout."""
-    params = {**shared, "task": "easy/0", "timeout_s": 0.01, "attempts": 2}
-    ename, message, printed = _execute("02_capture", params, tmp_path)
+    params = {"task": "easy/0", "timeout_s": 0.01, "attempts": 2}
+    ename, message, printed = _execute("02_capture", params, tmp_path, shared)
     assert ename == "NotebookError"
     assert message.startswith("no agent call was answered in 2 rollout(s):")
     assert "attempt-0: stalled: " in message and "attempt-1: stalled: " in message
@@ -131,8 +140,8 @@ def test_02_when_no_agent_call_is_answered_shows_each_attempts_reason(shared, tm
 @pytest.mark.opencode
 @pytest.mark.slow
 def test_05_when_no_rollout_is_answered_says_why_and_shows_no_trl_noise(shared, tmp_path):
-    params = {**shared, "tasks": "easy-train[:1]", "steps": 1, "group_size": 2, "rollout_timeout_s": 0.01}
-    ename, message, printed = _execute("05_grpo", params, tmp_path)
+    params = {"tasks": "easy-train[:1]", "steps": 1, "group_size": 2, "rollout_timeout_s": 0.01}
+    ename, message, printed = _execute("05_grpo", params, tmp_path, shared)
     assert ename == "NotebookError"
     assert message.startswith("no agent call was answered in 2 rollout(s):")
     assert "step-0001/00-00_easy-0: stalled: " in message and "step-0001/00-01_easy-0: stalled: " in message
@@ -143,7 +152,7 @@ def test_05_when_no_rollout_is_answered_says_why_and_shows_no_trl_noise(shared, 
 
 @pytest.mark.engine
 def test_01_without_latency_samples_says_so_and_leaves_no_sandbox(shared, tmp_path):
-    ename, message, printed = _execute("01_sandbox", {**shared, "task": "easy/0", "latency_samples": 0}, tmp_path)
+    ename, message, printed = _execute("01_sandbox", {"task": "easy/0", "latency_samples": 0}, tmp_path, shared)
     assert ename is None, message
     assert "sandbox start not measured: latency_samples=0" in printed
     assert "sandbox folder removed: True" in printed
@@ -151,7 +160,7 @@ def test_01_without_latency_samples_says_so_and_leaves_no_sandbox(shared, tmp_pa
 
 def test_02_with_no_attempt_says_so(tmp_path):
     ename, message, _ = _execute("02_capture", {"attempts": 0}, tmp_path)
-    assert ename == "NotebookError" and "attempts=0" in message
+    assert ename == "ValueError" and "attempts=0: at least one rollout has to be tried" in message
 
 
 # -- notebook 04's examples, without a notebook ------------------------------------------------------------

@@ -21,4 +21,4 @@ __all__, __getattr__, __dir__ = face(__name__)
 if TYPE_CHECKING:
     from workbench.cli.commands import build_parser, main
     from workbench.cli.flags import add_config_arguments, given_fields
-    from workbench.cli.notebooks import NotebookContext, NotebookError
+    from workbench.cli.notebooks import Notebook, NotebookError, open_notebook

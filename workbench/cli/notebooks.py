@@ -6,8 +6,10 @@ suite), and the small context object each notebook opens.
            (resolved parameters + git commit), metrics.jsonl, figures/*.html (+ plotly.min.js),
            rollouts/, grpo/
 
-One engine and one capture proxy serve all five notebooks: the runner starts them and passes their
-URLs (and the proxy's admin key) as parameters. Unknown parameter names are refused before anything
+One engine and one capture proxy serve all five notebooks: the runner starts them and writes where they are (URLs,
+served name, the proxy's admin key, the engine's API key) into ``stack.json`` in the run folder, readable by this user
+only (0600) and removed when the stack stops; papermill passes plain parameters only, so no key is ever written into
+an executed copy. Unknown parameter names are refused before anything
 runs (papermill itself only warns), and a failing cell fails the command naming the notebook, the cell
 (index, execution count, its first comment line) and the error. With `echo`, each notebook's start
 and end (seconds, ok or the failing cell) is reported as it happens; papermill's per-cell bar is
@@ -19,8 +21,8 @@ without internet (a workshop room, this machine).
 
 Inside a notebook (after its parameters cell):
 
-    ctx = NotebookContext(name="02_capture", model=model, run_dir=run_dir, engine_url=engine_url, ...)
-    nb = ctx.open()            # engine + proxy client (shared ones, or started here), the run folder
+    nb = open_notebook("02_capture", model=model, run_dir=run_dir, interactive=interactive)
+                               # engine + proxy client (the run folder's stack.json, or started here), the run folder
     nb.show(render_trace(calls), "trace")   # display, and save figures/trace.html
     nb.log({"calls": 3})       # metrics.jsonl
     nb.close()                 # stops what this notebook started (nothing, when shared)
@@ -34,7 +36,6 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,7 +49,7 @@ __all__ = [
     "NOTEBOOKS",
     "PARAMS",
     "MODELS",
-    "NotebookContext",
+    "open_notebook",
     "Notebook",
     "NotebookError",
     "run_notebooks",
@@ -137,61 +138,67 @@ PARAMS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+# What every notebook's parameters cell declares besides its own knobs (the runner passes them)
+CONTEXT_PARAMETERS = ("model", "run_dir", "interactive")
+
+
 class NotebookError(RuntimeError):
     """A notebook could not run: unknown parameters, or a failing cell (named)."""
 
 
-@dataclass
-class NotebookContext:
-    """What every notebook needs besides its own knobs (all plain values, so papermill can pass them).
+STACK_FILE = (
+    "stack.json"  # in the run folder while the runner's engine and proxy are up: where they are, and their keys
+)
 
-    Attributes:
-        name: the notebook, for folder and figure names.
-        model: model asset served when this notebook starts its own engine.
-        run_dir: output folder; "" makes a new ``runs/<timestamp>__<name>``.
-        engine_url / served_name: a running engine to use (the trainer's private URL).
-        engine_key: that engine's API key (scrubbed from executed copies, like the admin key).
-        proxy_url / admin_key: a running capture proxy in front of it (the sandbox-facing URL).
-        interactive: widgets when True; the same views as static HTML when False (headless).
-    """
 
-    name: str
-    model: str = "tiny"
-    run_dir: str = ""
-    engine_url: str = ""
-    served_name: str = ""
-    proxy_url: str = ""
-    admin_key: str = ""
-    engine_key: str = ""
-    interactive: bool = True
+def write_stack(folder: Path, stack: dict[str, str]) -> Path:
+    """`stack` as ``folder/stack.json``, created readable and writable by this user only (0600, never wider, even
+    for an instant: it holds the proxy's admin key and the engine's API key)."""
+    path = folder / STACK_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(stack, f)
+    return path
 
-    def open(self) -> "Notebook":
-        return Notebook(self)
+
+def open_notebook(name: str, *, model: str = "tiny", run_dir: str = "", interactive: bool = True) -> "Notebook":
+    """A notebook's session: its run folder (`run_dir`, or a new ``runs/<timestamp>__<name>``), and on first use the
+    engine and capture proxy: the runner's (`STACK_FILE` in `run_dir`) or, with none, a stack serving `model`
+    started here and stopped by `Notebook.close`. `interactive`: widgets, or the same views as static HTML."""
+    folder = Path(run_dir) if run_dir else None
+    stack = json.loads((folder / STACK_FILE).read_text()) if folder and (folder / STACK_FILE).is_file() else None
+    return Notebook(
+        name,
+        model=stack["model"] if stack else model,
+        run=RunDir.create(name, path=folder),
+        interactive=interactive,
+        stack=stack,
+    )
 
 
 class Notebook:
-    """The engine, the proxy client and the run folder of one notebook session."""
+    """The engine, the proxy client and the run folder of one notebook session (`open_notebook` makes it)."""
 
-    def __init__(self, ctx: NotebookContext) -> None:
-        self.ctx = ctx
-        self.run = RunDir.create(ctx.name, path=Path(ctx.run_dir) if ctx.run_dir else None)
+    def __init__(
+        self, name: str, *, model: str, run: RunDir, interactive: bool, stack: dict[str, str] | None = None
+    ) -> None:
+        self.name, self.model, self.run, self.interactive = name, model, run, interactive
+        self._stack = stack
         self._engine: Engine | None = None
         self._client: ProxyClient | None = None
         self._owned = contextlib.ExitStack()  # what this notebook started (stopped by close())
-        if ctx.proxy_url and not (ctx.engine_url and ctx.admin_key):
-            raise ValueError("proxy_url needs engine_url, served_name and admin_key too")
 
     def _connected(self) -> tuple[Engine, ProxyClient]:
         """Engine + proxy on first use: the shared ones, or started here (notebooks 03/04 need neither)."""
         if self._engine is None or self._client is None:
-            ctx = self.ctx
-            if ctx.proxy_url:
-                self._engine = Engine.external(
-                    ctx.engine_url, ctx.served_name or ctx.model, api_key=ctx.engine_key or None
+            if self._stack is not None:
+                s = self._stack
+                self._engine = Engine.external(s["engine_url"], s["served_name"], api_key=s["engine_key"] or None)
+                self._client = self._owned.enter_context(
+                    contextlib.closing(ProxyClient(s["proxy_url"], s["admin_key"]))
                 )
-                self._client = self._owned.enter_context(contextlib.closing(ProxyClient(ctx.proxy_url, ctx.admin_key)))
             else:
-                self._engine, _, self._client = self._owned.enter_context(local_stack(ctx.model))
+                self._engine, _, self._client = self._owned.enter_context(local_stack(self.model))
         return self._engine, self._client
 
     @property
@@ -218,7 +225,7 @@ class Notebook:
             save_figure(view, self.path / "figures" / f"{name}.html")
 
     def log(self, record: dict[str, Any]) -> None:
-        self.run.log_metrics({"notebook": self.ctx.name, **record})
+        self.run.log_metrics({"notebook": self.name, **record})
 
     def close(self) -> None:
         self._owned.close()  # the client, then the proxy and the engine behind it (when started here)
@@ -352,9 +359,8 @@ def run_notebooks(
         if n not in NOTEBOOKS:
             raise NotebookError(f"unknown notebook {n!r}; choose from {', '.join(NOTEBOOKS)}")
     resolved = {n: {**PARAMS[params][n], **(overrides or {}).get(n, {})} for n in names}
-    context_keys = {k for k in asdict(NotebookContext(name="")) if k != "name"}
     for n in names:  # before anything is started
-        check_parameters(n, {**resolved[n], **dict.fromkeys(context_keys)})
+        check_parameters(n, {**resolved[n], **dict.fromkeys(CONTEXT_PARAMETERS)})
     run = RunDir.create("notebooks", path=run_dir)
     timings: dict[str, float] = {}
     say(f"run folder: {_shown(run.path)}")
@@ -362,19 +368,19 @@ def run_notebooks(
     t0 = time.monotonic()
     with local_stack(model) as (engine, proxy, _):
         say(f"engine and proxy ready in {time.monotonic() - t0:.1f} s")
-        shared = {
-            "model": model,
-            "engine_url": engine.url,
-            "served_name": engine.served_name,
-            "proxy_url": proxy.url,
-            "admin_key": proxy.admin_key,
-            "engine_key": engine.api_key or "",
-            "interactive": False,
-            "run_dir": str(run.path),
-        }
-        secrets = [proxy.admin_key, engine.api_key or ""]
-        public = {k: v for k, v in shared.items() if k not in ("admin_key", "engine_key")}  # never on disk
-        run.write_config({"params": params, "notebooks": {n: {**resolved[n], **public} for n in names}})
+        shared = {"model": model, "interactive": False, "run_dir": str(run.path)}
+        run.write_config({"params": params, "notebooks": {n: {**resolved[n], **shared} for n in names}})
+        stack = write_stack(
+            run.path,
+            {
+                "model": model,
+                "engine_url": engine.url,
+                "served_name": engine.served_name,
+                "proxy_url": proxy.url,
+                "admin_key": proxy.admin_key,
+                "engine_key": engine.api_key or "",
+            },
+        )
         try:
             for i, n in enumerate(names, 1):
                 seconds = execute_notebook(
@@ -388,19 +394,7 @@ def run_notebooks(
                 )
                 timings[n] = round(seconds, 1)
                 run.log_metrics({"notebook": n, "event": "executed", "seconds": timings[n]})
-        finally:  # a failed notebook's executed copy holds the injected parameters too
-            _scrub_secrets(run.path, [k for k in secrets if k])
+        finally:  # its keys die with the stack: nothing of them stays in the run folder
+            stack.unlink(missing_ok=True)
     run.write_json("notebooks.json", {"params": params, "seconds": timings})
     return run
-
-
-def _scrub_secrets(path: Path, keys: list[str]) -> None:
-    """papermill records injected parameters in the executed notebooks: the proxy's admin key and the
-    engine's API key must not stay there."""
-    for nb in path.glob("*.ipynb"):
-        text = nb.read_text()
-        scrubbed = text
-        for key in keys:
-            scrubbed = scrubbed.replace(key, "<secret>")
-        if scrubbed != text:
-            nb.write_text(scrubbed)

@@ -26,6 +26,6 @@ __all__, __getattr__, __dir__ = face(__name__)
 if TYPE_CHECKING:
     from workbench.harnesses.certified import certificate, refuse_broken, save_certificate, Verdict, VERDICTS
     from workbench.harnesses.base import Harness, HarnessOptions, HarnessRun, json_events, Launch
-    from workbench.harnesses.catalog import classify_call, DEFAULT_HARNESS, get_harness, HARNESSES, REFUSED, BASELINES
+    from workbench.harnesses.catalog import classify_call, get_harness, HARNESSES, REFUSED, BASELINES
     from workbench.harnesses.opencode import OpenCode
-    from workbench.harnesses.purpose import DIALECTS, PURPOSES, CallInfo, Classifier, Dialect, Purpose
+    from workbench.harnesses.purpose import DIALECTS, CallInfo, Classifier, Dialect, Purpose

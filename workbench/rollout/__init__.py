@@ -19,6 +19,7 @@ from workbench._lazy import face
 __all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
+    from workbench.rollout.attempts import Attempts, run_attempts
     from workbench.rollout.run import nothing_answered, read_summaries, run_rollout, run_rollouts, why_missing
     from workbench.rollout.session import HarnessSession
     from workbench.rollout.types import (

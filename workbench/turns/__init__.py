@@ -29,5 +29,5 @@ if TYPE_CHECKING:
     from workbench.turns.interop import FORMATS, export_rollout, import_trace, read_trace, rollout_training_trace
     from workbench.turns.interop import training_trace
     from workbench.turns.interop import validate_training_trace
-    from workbench.turns.sources import SOURCE_FORMATS, Source, Sources, load_sources, sniff
+    from workbench.turns.sources import Source, Sources, load_sources, sniff
     from workbench.turns.derive import RolloutTurns

@@ -21,8 +21,15 @@ from workbench._lazy import face
 __all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
-    from workbench.verify.examples import answer_key, cannot_show, hostile, leaked, tests_file
-    from workbench.verify.graded import OUTCOMES
+    from workbench.verify.examples import (
+        answer_key,
+        cannot_show,
+        grade_source,
+        hostile,
+        leaked,
+        tests_file,
+        verify_rows,
+    )
     from workbench.verify.oracle import check_tasks, oracle_check
     from workbench.verify.jail_host import SANDBOXES
     from workbench.verify.reward import (

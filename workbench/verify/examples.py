@@ -9,6 +9,8 @@ hostile solution that attacks the grader and then tries to read the held-out tes
     tests_file(task)                           # the file the held-out tests are loaded from on this machine
     hostile(task)                              # forks, spins, floods, then reads tests_file(task) for answers
     leaked(verify(task, ws_with_hostile))      # the tests it passed (only reading the answers passes them)
+    r = grade_source(task, answer_key(task))   # any of these graded as solution.py, as a rollout's would be
+    verify_rows(r, "answer key")               # its reward, then each test's outcome: rows for a table
 
 Where the held-out tests are: `workbench.tasks.catalog` loads them from the task's data file (the easy set and the
 DeepCoder fixture in workbench/data/, a user's JSONL) into the grader's memory, and `workbench.verify`
@@ -22,13 +24,15 @@ pass the tests, which `leaked` reports.
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from workbench.tasks import Task, EASY_PATH, FIXTURE_PATH
-from workbench.verify.reward import VerifyResult
+from workbench.verify.reward import VerifyResult, verify
 
-__all__ = ["answer_key", "cannot_show", "hostile", "leaked", "tests_file", "KINDS"]
+__all__ = ["answer_key", "cannot_show", "hostile", "leaked", "tests_file", "grade_source", "verify_rows", "KINDS"]
 
 KINDS = ("function_call", "stdin_stdout")  # tests whose expected values are plain data: an answer key exists
 
@@ -129,3 +133,16 @@ if KIND == "stdin_stdout":
 def leaked(result: VerifyResult) -> list[int]:
     """The tests a `hostile` solution passed: it computes nothing, so it passes only with answers it read."""
     return [t.index for t in result.tests if t.outcome == "passed"]
+
+
+def grade_source(task: Task, source: str) -> VerifyResult:
+    """`source` graded as a workspace's solution.py on `task`'s held-out tests (the workspace is removed after)."""
+    with tempfile.TemporaryDirectory(prefix="wb-example-") as ws:
+        (Path(ws) / "solution.py").write_text(source)
+        return verify(task, Path(ws))
+
+
+def verify_rows(result: VerifyResult, label: str) -> list[dict[str, Any]]:
+    """A verification as table rows: the solution's reward and counts, then each test's outcome and reason."""
+    head = {"solution": label, "reward": round(result.reward, 3), "passed": result.passed, "total": result.total}
+    return [head] + [{"solution": "", "test": t.index, "outcome": t.outcome, "reason": t.reason} for t in result.tests]

@@ -24,5 +24,4 @@ if TYPE_CHECKING:
     from workbench.views.export import export_figures, screenshot
     from workbench.views.tables import browser, render_eval, render_table, render_trace
     from workbench.views.tokens import render_drift, render_row, render_turn, STYLE, token_texts
-    from workbench.views.tokens import LEGEND, render_tokens, row_fork
     from workbench.views.page import RolloutPage, load_run, render_run, save_run_html
