@@ -501,3 +501,51 @@ def test_the_prompt_ids_check_reaches_check_turns_verdict(ids):
     assert [str(f) for f in check_turn(checked, [1], [-0.5]).findings] == [
         str(f) for f in check_turn(ids, [1], [-0.5]).findings
     ]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "openenv"])
+def test_sessions_are_spread_over_several_engines_and_each_sticks_to_its_own(stream):
+    """Two engines behind one proxy: four sessions go two and two, every call of a session reaches the engine it
+    was pinned to (streamed and not), each recorded exactly; a closed session frees its place; `/engine` names
+    an engine that stopped answering."""
+    ups = [ScriptedUpstream(seed=1).start(), ScriptedUpstream(seed=2).start()]
+    proxy = CaptureProxy(ups[0].url, "scripted", replicas=[ups[1].url]).start()
+    client = proxy.client()
+    try:
+        keys = [client.open_session(harness="opencode", temperature=0.7) for _ in range(4)]
+        for round_ in range(2):
+            for i, key in enumerate(keys):
+                ups[0].script = ups[1].script = ["text"]
+                if stream:
+                    assert _post(proxy, key, AGENT + [{"role": "user", "content": f"s{i} r{round_}"}], stream=True)
+                else:
+                    r = _post(proxy, key, AGENT + [{"role": "user", "content": f"s{i} r{round_}"}])
+                    assert r.status_code == 200
+        seen = [[req["messages"][-1]["content"] for req in up.requests] for up in ups]
+        # sessions 0 and 2 on the first engine, 1 and 3 on the second (fewest live sessions, ties: the first)
+        assert sorted(seen[0]) == ["s0 r0", "s0 r1", "s2 r0", "s2 r1"]
+        assert sorted(seen[1]) == ["s1 r0", "s1 r1", "s3 r0", "s3 r1"]
+        assert all(req["model"] == "scripted" and req["stream"] is stream for up in ups for req in up.requests)
+        for i, key in enumerate(keys):  # each call recorded with its own engine's ids
+            up = ups[i % 2]
+            answers = [
+                a for req, a in zip(up.requests, up.answers) if req["messages"][-1]["content"].startswith(f"s{i} ")
+            ]
+            calls = client.trace(key)
+            assert [c["status"] for c in calls] == ["ok", "ok"]
+            assert [c["completion_token_ids"] for c in calls] == [a["choices"][0]["token_ids"] for a in answers]
+        assert [e["live_sessions"] for e in client._call("GET", "/engine")["engines"]] == [2, 2]
+        client.close_session(keys[1])  # the second engine has one live session now: the next goes there
+        fifth = client.open_session(harness="opencode", temperature=0.7)
+        ups[1].script = ["text"]
+        assert _post(proxy, fifth, AGENT + [{"role": "user", "content": "s4"}]).status_code == 200
+        assert ups[1].requests[-1]["messages"][-1]["content"] == "s4"
+        client.check_engine()
+        ups[1].stop()
+        with pytest.raises(ProxyError, match=f"engine not reachable at {ups[1].url}"):
+            client.check_engine()
+    finally:
+        client.close()
+        proxy.stop()
+        for up in ups:
+            up.stop()

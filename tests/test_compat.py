@@ -84,6 +84,25 @@ def test_openenv_inference_client_policy_and_post_seam():
     assert getattr(_CheckedClient, _compat.OPENENV_CLIENT_POST) is _CheckedClient.checked_post
 
 
+def test_openenvs_pool_keeps_engines_where_a_replicas_checked_client_is_entered():
+    import asyncio
+
+    from openenv.core.harness.capture.server import UpstreamPool
+    from openenv.core.harness.capture.sessions import Upstream as SessionEngine
+
+    from workbench.capture.openenv import Upstream, _CheckedClient, _Replicas
+
+    default = _CheckedClient(base_url="http://127.0.0.1:9", served_model="m", capture_level="tokens")
+    pool = UpstreamPool(default_client=default, default_level="tokens")
+    assert getattr(pool, _compat.OPENENV_POOL_ENGINES) == {}
+    replicas = _Replicas(pool, [Upstream("http://127.0.0.1:9"), Upstream("http://127.0.0.1:10")], "m")
+    pinned = replicas.pin("s1")
+    assert isinstance(pinned, SessionEngine)
+    # the pool answers a pinned session from the entry, without probing (nothing listens on those ports)
+    client, level = asyncio.run(pool.resolve(pinned))
+    assert client is replicas.client_of("s1") and level == "tokens" and isinstance(client, _CheckedClient)
+
+
 def test_quiet_known_noise_drops_exactly_trls_none_reward_line_and_the_checkpointing_warnings(caplog, tmp_path):
     import logging
     import warnings

@@ -43,6 +43,7 @@ __all__ = [
     "quiet_known_noise",
     "OPENENV_PRIVATE",
     "OPENENV_CLIENT_POST",
+    "OPENENV_POOL_ENGINES",
     "ClientPolicy",
     "client_policy",
     "UVICORN_VERSION",
@@ -90,6 +91,9 @@ OPENENV_PRIVATE: dict[str, tuple[str, str]] = {
 # openenv.core.harness.capture.upstream.InferenceClient (0.10.0): the method every engine POST goes through
 # (workbench.capture.openenv overrides it to count a non-JSON reply as an upstream error), and its retry policy,
 # kept as private class attributes, which the streamed relay (workbench.capture.upstream) follows too.
+# openenv.core.harness.capture.server.UpstreamPool (0.10.0): its per-engine cache, {Upstream.cache_key: (client,
+# level)}, where workbench.capture.openenv enters each replica's checked client (no probe, our client).
+OPENENV_POOL_ENGINES = "_by_engine"
 OPENENV_CLIENT_POST = "_post_with_retries"  # async (self, path, body, *, headers=None) -> the reply's JSON
 _CLIENT_POLICY = {
     "max_attempts": "_MAX_ATTEMPTS",

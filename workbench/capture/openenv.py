@@ -9,7 +9,9 @@ parts replaced (`workbench.capture.proxy.CaptureProxy` serves the result behind 
   streamed Anthropic reply's ``message_start`` carries the prompt's token count (OpenEnv sends 0);
 - the engine client: a 200 whose body is not a JSON object is an upstream error, not a 500;
 - the public routes: ``/health`` no longer names the upstream URL, ``/v1/models`` needs a session key;
-- control routes added: ``GET /sessions/{id}/trace``, ``PUT /model``, ``GET /engine`` (admin key).
+- control routes added: ``GET /sessions/{id}/trace``, ``PUT /model``, ``GET /engine`` (admin key);
+- several engines (``replicas``): each new session is pinned to the engine with the fewest live sessions, through
+  OpenEnv's own per-session engine (``Session.upstream``), each engine's checked client entered in its pool.
 
     log = CallLog(classify, lambda sid: app.state.registry.get(sid))
     app = build_app(log, Upstream("http://127.0.0.1:8011", api_key=None), "tiny", admin_key=key)
@@ -30,10 +32,11 @@ from openenv.core.harness.capture.dialects import TransformManager
 from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
 from openenv.core.harness.capture.server import UpstreamPool, create_app
 from openenv.core.harness.capture.sessions import Session, SessionRegistry, extract_api_key
+from openenv.core.harness.capture.sessions import Upstream as SessionEngine
 from openenv.core.harness.capture.upstream import InferenceClient, UpstreamHTTPError, UpstreamTransportError
 from starlette.requests import Request
 
-from workbench._compat import OPENENV_CLIENT_POST
+from workbench._compat import OPENENV_CLIENT_POST, OPENENV_POOL_ENGINES
 from workbench.capture.record import CallLog, current_call
 
 __all__ = ["Upstream", "build_app"]
@@ -70,22 +73,74 @@ class _TaggingGraph(RolloutGraph):
         return node
 
 
-class _Registry(SessionRegistry):
-    """OpenEnv's registry; new sessions get a tagging graph and a call log, closed ones lose the log."""
+class _Replicas:
+    """Engines serving the same weights behind one proxy, sessions pinned to them.
 
-    def __init__(self, log: CallLog) -> None:
+    A new session goes to the engine with the fewest live sessions (ties: the first named) and every call of it,
+    streamed or not, goes there: a rollout's prefix cache stays on one engine. The pin is OpenEnv's own per-session
+    engine (`Session.upstream`, model left empty so `PUT /model` still names what is served); each engine's
+    checked client is entered in OpenEnv's pool under the key that engine's sessions look up, so no session
+    probes an engine and every engine's non-JSON reply is an upstream error, as on one engine."""
+
+    def __init__(self, pool: UpstreamPool, engines: list[Upstream], model: str) -> None:
+        cache = getattr(pool, OPENENV_POOL_ENGINES)
+        self.engines = engines
+        self._targets: list[SessionEngine] = []
+        self._clients: list[InferenceClient] = []
+        for engine in engines:
+            target = SessionEngine(llm_url=engine.url, model="", api_key=engine.api_key)
+            client = _CheckedClient(
+                base_url=engine.url, served_model=model, api_key=engine.api_key, capture_level="tokens"
+            )
+            cache[target.cache_key] = (client, "tokens")
+            self._targets.append(target)
+            self._clients.append(client)
+        self._pinned: dict[str, int] = {}  # live session -> engine index
+
+    def pin(self, session_id: str) -> SessionEngine:
+        live = [0] * len(self.engines)
+        for index in self._pinned.values():
+            live[index] += 1
+        index = live.index(min(live))
+        self._pinned[session_id] = index
+        return self._targets[index]
+
+    def release(self, session_id: str) -> None:
+        self._pinned.pop(session_id, None)
+
+    def client_of(self, session_id: str) -> InferenceClient | None:
+        """The engine client a session is pinned to (None: not pinned here)."""
+        index = self._pinned.get(session_id)
+        return None if index is None else self._clients[index]
+
+    def live(self) -> list[int]:
+        """Live sessions per engine, in the order named."""
+        return [sum(i == index for i in self._pinned.values()) for index in range(len(self.engines))]
+
+
+class _Registry(SessionRegistry):
+    """OpenEnv's registry; new sessions get a tagging graph and a call log, closed ones lose the log; with
+    several engines each new session is pinned to one (`_Replicas`)."""
+
+    def __init__(self, log: CallLog, replicas: _Replicas | None = None) -> None:
         super().__init__(require_registered=True)
         self._log = log
+        self.replicas = replicas
 
     def create(self, session_id: str | None = None, **kwargs: Any) -> Session:
         session = super().create(session_id, **kwargs)
         if not isinstance(session.graph, _TaggingGraph):
             session.graph = _TaggingGraph(self._log, session.session_id)
+        if self.replicas is not None and session.upstream is None:
+            session.upstream = self.replicas.pin(session.session_id)
+            session.capture_level = "tokens"
         self._log.open(session.session_id)
         return session
 
     def delete(self, session_id: str) -> bool:
         self._log.close(session_id)
+        if self.replicas is not None:
+            self.replicas.release(session_id)
         return super().delete(session_id)
 
 
@@ -191,8 +246,10 @@ def build_app(
     admin_key: str,
     max_output_tokens: int = 4096,
     max_model_calls: int = 0,
+    replicas: tuple[Upstream, ...] = (),
 ) -> FastAPI:
-    """OpenEnv's capture app at the ``tokens`` level on `upstream`, serving `model`, with the parts above."""
+    """OpenEnv's capture app at the ``tokens`` level on `upstream`, serving `model`, with the parts above;
+    with `replicas`, sessions are spread over `upstream` and them, each pinned to one."""
     app = create_app(
         llm_url=upstream.url,
         model=model,
@@ -203,15 +260,16 @@ def build_app(
         max_model_calls=max_model_calls,
         engine="vllm",
     )
-    app.state.registry = _Registry(log)
     app.state.transforms = _StrippingTransforms()
     # Same client create_app built (same arguments), but a non-JSON reply is an upstream error.
     app.state.inference = _CheckedClient(
         base_url=upstream.url, served_model=model, api_key=upstream.api_key, capture_level="tokens"
     )
     app.state.upstreams = UpstreamPool(default_client=app.state.inference, default_level="tokens")
+    engines = [upstream, *replicas]
+    app.state.registry = _Registry(log, _Replicas(app.state.upstreams, engines, model) if replicas else None)
     _replace_public_routes(app)
-    _add_control_routes(app, log, upstream, admin_key)
+    _add_control_routes(app, log, engines, admin_key)
     return app
 
 
@@ -231,7 +289,7 @@ def _replace_public_routes(app: FastAPI) -> None:
         return {"object": "list", "data": [{"id": app.state.model, "object": "model", "owned_by": "workbench"}]}
 
 
-def _add_control_routes(app: FastAPI, log: CallLog, upstream: Upstream, admin_key: str) -> None:
+def _add_control_routes(app: FastAPI, log: CallLog, engines: list[Upstream], admin_key: str) -> None:
     def admin_ok(request: Request) -> bool:
         offered = extract_api_key(dict(request.headers)) or ""
         return secrets.compare_digest(offered, admin_key)
@@ -264,15 +322,33 @@ def _add_control_routes(app: FastAPI, log: CallLog, upstream: Upstream, admin_ke
         app.state.model = name
         return {"model": name}
 
+    async def reach(engine: Upstream, http: httpx.AsyncClient) -> str | None:
+        try:
+            r = await http.get(f"{engine.url}/v1/models", headers=engine.headers)
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None if r.status_code == 200 else f"HTTP {r.status_code}"
+
     @app.get("/engine")
     async def engine(request: Request) -> Any:
-        """Trainer-side: which model, and is the engine behind the proxy answering?"""
+        """Trainer-side: which model, and is every engine behind the proxy answering? (`url`, `reachable` and
+        `error` are the first unreachable engine's, else the first engine's; `engines` lists each with its live
+        sessions when there are several.)"""
         if not admin_ok(request):
             return unauthorised()
-        try:
-            async with httpx.AsyncClient(timeout=5) as http:
-                r = await http.get(f"{upstream.url}/v1/models", headers=upstream.headers)
-            error = None if r.status_code == 200 else f"HTTP {r.status_code}"
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        return {"url": upstream.url, "model": app.state.model, "reachable": error is None, "error": error}
+        async with httpx.AsyncClient(timeout=5) as http:
+            errors = [await reach(e, http) for e in engines]
+        worst = next((i for i, e in enumerate(errors) if e is not None), 0)
+        answer = {
+            "url": engines[worst].url,
+            "model": app.state.model,
+            "reachable": errors[worst] is None,
+            "error": errors[worst],
+        }
+        replicas = app.state.registry.replicas
+        if replicas is not None:
+            answer["engines"] = [
+                {"url": e.url, "reachable": err is None, "error": err, "live_sessions": n}
+                for e, err, n in zip(engines, errors, replicas.live())
+            ]
+        return answer

@@ -47,6 +47,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -125,6 +126,8 @@ class CaptureProxy:
     session's harness decides). `log` holds every session's calls (`workbench.capture.record.CallLog`).
     `connection_limits` (default `ConnectionLimits()`) closes connections whose request arrives too slowly and
     caps the waiting connections of one client address; `connection_guard` counts what it closed.
+    `replicas`: more engines serving the same weights (same key, same served name); each new session is pinned
+    to the one of `upstream` and them with the fewest live sessions, and all its calls go there.
     """
 
     def __init__(
@@ -143,6 +146,7 @@ class CaptureProxy:
         bookkeeping_max_tokens: dict[str, int] | None = None,
         classify: Classifier = classify_call,
         connection_limits: ConnectionLimits | None = None,
+        replicas: Sequence[str] = (),
     ) -> None:
         if host not in ("127.0.0.1", "localhost", "::1") and not admin_key:
             raise ProxyError(f"--admin-key is required to listen on {host}: the control routes would be open")
@@ -160,6 +164,7 @@ class CaptureProxy:
             admin_key=self.admin_key,
             max_output_tokens=max_output_tokens,
             max_model_calls=max_model_calls,
+            replicas=tuple(Upstream(url.rstrip("/"), upstream_api_key) for url in replicas),
         )
         self._streaming = StreamingPath(self.inner.state) if stream_upstream else None
         self.connection_guard = ConnectionGuard(connection_limits or ConnectionLimits())

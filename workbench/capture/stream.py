@@ -155,11 +155,17 @@ class StreamingPath:
 
         Pure: nothing is counted or recorded here, so falling back leaves OpenEnv's path exactly as
         it would have been."""
-        if scope["path"] != _PATH or session.upstream is not None or session.eval_sampling or session.over_budget:
+        if scope["path"] != _PATH or session.eval_sampling or session.over_budget:
             return None
         if original.get("stream") is not True:
             return None
         client, level = self.state.upstreams.default
+        if session.upstream is not None:  # pinned to one of several engines, or an engine OpenEnv probed
+            replicas = self.state.registry.replicas
+            pinned = replicas.client_of(session.session_id) if replicas is not None else None
+            if pinned is None:
+                return None
+            client = pinned
         if client is None or level != "tokens" or client.provider not in ("openai", "vllm"):
             return None
         if any(original.get(key) for key in _OPENENV_ONLY) or original.get("tool_choice") not in (None, "auto", "none"):
