@@ -6,7 +6,8 @@
 
 Private modules: ``run`` (`run_rollout`, `run_rollouts`: one or many, in parallel), ``types``
 (`RolloutConfig`, `RolloutResult`, what a rollout's status can be), ``session`` (the sandbox, the
-harness process and the proxy session of one run, stopped whatever happens).
+harness process and the proxy session of one run, stopped whatever happens), ``cluster`` (`fan_out`: the same
+rollouts on the sandbox nodes of a Ray cluster, each node with its own proxy, a dead node's rollouts re-queued).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.rollout.attempts import Attempts, run_attempts
+    from workbench.rollout.cluster import Cluster, fan_out, NodeProxy
     from workbench.rollout.run import nothing_answered, read_summaries, run_rollout, run_rollouts, why_missing
     from workbench.rollout.session import HarnessSession
     from workbench.rollout.types import (

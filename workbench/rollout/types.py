@@ -65,6 +65,7 @@ FinalStatus = Literal[
     "setup_failed",
     "verify_error",
     "capture_failed",
+    "worker_lost",
 ]
 Status = Literal["running", FinalStatus]
 STATUSES: tuple[FinalStatus, ...] = get_args(FinalStatus)
@@ -73,7 +74,8 @@ STATUSES: tuple[FinalStatus, ...] = get_args(FinalStatus)
 # nothing passed. ``stalled`` is a wall-clock timeout before any model call was answered: the engine (a loaded
 # host) never let the agent act, so it is not the agent's 0 (a timeout after an answer is). ``capture_failed``: a
 # model call the proxy answered but could not record (OpenEnv's ``capture_ingest_failed``), so the trace lacks a turn
-# the agent acted on and its other turns would take a reward they did not earn alone.
+# the agent acted on and its other turns would take a reward they did not earn alone. ``worker_lost``: the cluster
+# node (or its worker) running it died, every time it was re-queued (`workbench.rollout.cluster`).
 FAILED_STATUSES: tuple[FinalStatus, ...] = (
     "setup_failed",
     "upstream_error",
@@ -81,6 +83,7 @@ FAILED_STATUSES: tuple[FinalStatus, ...] = (
     "verify_error",
     "stalled",
     "capture_failed",
+    "worker_lost",
 )
 
 # Engine refusals that say nothing about the agent's output: credentials (401, 403), a model or route the

@@ -1,0 +1,167 @@
+"""Rollouts fanned out over a Ray cluster (`workbench.rollout.fan_out`), on real Ray nodes started on this machine
+(`ray.cluster_utils.Cluster`: a head and sandbox worker nodes, each its own raylet and worker processes): each node's
+own capture proxy, the rollout folders brought back to the driver, a group spread over nodes, and a node killed
+mid-rollout: its rollout re-queued and finished on the other node, nothing scored 0 for it, nothing left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster as RayCluster
+
+from scripted_upstream import ScriptedUpstream
+from workbench.procs import environ, processes
+from workbench.rollout import FAILED_STATUSES, NodeProxy, RolloutConfig, fan_out
+from workbench.tasks import load_task
+
+SOLUTION = (
+    "def has_close_elements(numbers, threshold):\n"
+    "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1 :])\n"
+)
+SOLVED = f"say:Here it is.\n```python\n{SOLUTION}```"
+
+
+@contextlib.contextmanager
+def ray_nodes(*slots: int):
+    """A head (no sandbox slots) and one sandbox node per entry of `slots`; node death noticed within ~3 s (Ray's
+    default health check takes ~30 s), a short temp folder (Ray's socket paths must fit 107 bytes), all removed."""
+    temp = tempfile.mkdtemp(prefix="wbray-")
+    cluster = RayCluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "include_dashboard": False,
+            "temp_dir": temp,
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+        },
+    )
+    try:
+        nodes = [cluster.add_node(num_cpus=1, resources={"sandbox": n}) for n in slots]
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+        cluster.wait_for_nodes()
+        yield cluster, nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _wait_for(cond, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
+
+
+def _left_behind() -> list[str]:
+    """Node scratch folders, node workers, and processes started by one (their TMPDIR is its scratch)."""
+    folders = [str(p) for p in Path(tempfile.gettempdir()).glob("wb-node-*")]
+    procs = [
+        f"{p.pid} {_cmdline(p.pid)[:120]}"
+        for p in processes()
+        if b"TMPDIR=/tmp/wb-node-" in environ(p.pid) or "_NodeWorker" in _cmdline(p.pid)
+    ]
+    return folders + procs
+
+
+def test_a_group_is_spread_over_the_nodes_each_rollout_through_its_nodes_proxy_and_back_on_the_drivers_disk(tmp_path):
+    before = set(_left_behind())
+    up = ScriptedUpstream().start()
+    up.script = [SOLVED] * 4
+    task = load_task("humaneval/0")
+    jobs = [(task, tmp_path / f"00-{r:02d}") for r in range(4)]
+    config = RolloutConfig(harness="direct", max_output_tokens=64, timeout_s=120)
+    try:
+        with ray_nodes(2, 2) as (_, nodes), fan_out("unused: connected", NodeProxy(up.url, "scripted")) as cluster:
+            assert cluster.slots == 4
+            results = cluster.run(jobs, config, model="scripted")
+            assert set(_left_behind()) - before, "each node keeps a scratch folder while its worker lives"
+    finally:
+        up.stop()
+    assert [(r.status, r.reward) for r in results] == [("ok", 1.0)] * 4, [r.reason for r in results]
+    ran_on = [json.loads((out / "summary.json").read_text())["node"] for _, out in jobs]
+    assert sorted(ran_on) == sorted(n.node_id for n in nodes for _ in range(2)), "two of the group on each node"
+    for _, out in jobs:  # the whole folder came back: trace with the engine's ids, the graded workspace
+        calls = json.loads((out / "trace.json").read_text())
+        assert len(calls) == 1 and calls[0]["completion_token_ids"], calls
+        assert (out / "workspace" / "solution.py").read_text().strip() == SOLUTION.strip()
+        assert (out / "verify.json").is_file() and oct(out.stat().st_mode & 0o777) == "0o700"
+    # every request reached the engine from a node's proxy, none from the agent itself
+    assert len(up.requests) == 4
+    assert set(_left_behind()) <= before, _left_behind()
+
+
+def test_a_node_killed_mid_rollout_its_rollout_finishes_on_the_other_node_and_nothing_is_left_behind(tmp_path):
+    before = set(_left_behind())
+    up = ScriptedUpstream().start()
+    up.script = ["wait", "wait", SOLVED]  # both first tries held in flight, the re-queued one answered solved
+    task = load_task("humaneval/0")
+    jobs = [(task, tmp_path / f"00-{r:02d}") for r in range(2)]
+    config = RolloutConfig(harness="direct", max_output_tokens=64, timeout_s=120)
+    out: dict[str, object] = {}
+    try:
+        with ray_nodes(1, 1) as (ray_cluster, nodes), fan_out("x", NodeProxy(up.url, "scripted")) as cluster:
+            run = threading.Thread(target=lambda: out.update(results=cluster.run(jobs, config, model="scripted")))
+            run.start()
+            _wait_for(lambda: len(up.requests) == 2, "a rollout in flight on each node")
+            ray_cluster.remove_node(nodes[0], allow_graceful=False)  # its raylet and workers killed
+            _wait_for(lambda: cluster.requeued == 1, "the dead node's rollout re-queued")
+            up.release.set()  # the survivor's held call answers; then it runs the re-queued rollout
+            run.join(timeout=180)
+            assert not run.is_alive()
+    finally:
+        up.stop()
+    results = out["results"]
+    assert [r.status for r in results] == ["ok", "ok"], [r.reason for r in results]
+    summaries = [json.loads((o / "summary.json").read_text()) for _, o in jobs]
+    moved = [s for s in summaries if s["node_tries"] == 2]
+    assert len(moved) == 1 and moved[0]["reward"] == 1.0, summaries  # it ran again, whole, and was graded
+    assert {s["node"] for s in summaries} == {nodes[1].node_id}
+    assert cluster.lost == 0 and len(up.requests) == 3
+    _wait_for(lambda: set(_left_behind()) <= before, f"nothing left behind: {_left_behind()}", timeout_s=30)
+
+
+def test_a_rollout_whose_node_dies_every_time_is_worker_lost_unscored_not_zero(tmp_path):
+    up = ScriptedUpstream().start()
+    up.script = ["wait"]
+    task = load_task("humaneval/0")
+    jobs = [(task, tmp_path / "00-00")]
+    out: dict[str, object] = {}
+    try:
+        with ray_nodes(1) as (ray_cluster, nodes), fan_out("x", NodeProxy(up.url, "scripted"), retries=0) as cluster:
+            run = threading.Thread(target=lambda: out.update(results=cluster.run(jobs, RolloutConfig(harness="direct", timeout_s=120), model="scripted")))  # fmt: skip
+            run.start()
+            _wait_for(lambda: len(up.requests) == 1, "the rollout in flight")
+            ray_cluster.remove_node(nodes[0], allow_graceful=False)
+            run.join(timeout=120)
+            assert not run.is_alive()
+    finally:
+        up.stop()
+    (result,) = out["results"]
+    assert result.status == "worker_lost" and result.status in FAILED_STATUSES and result.reward is None
+    summary = json.loads((tmp_path / "00-00" / "summary.json").read_text())
+    assert summary["status"] == "worker_lost" and summary["reward"] is None and "lost 1 time" in summary["reason"]
+    assert cluster.lost == 1
+
+
+def test_a_cluster_without_sandbox_nodes_is_refused_with_how_to_start_one():
+    with ray_nodes() as _:
+        with pytest.raises(RuntimeError, match="no live node with a 'sandbox' resource.*ray start"):
+            with fan_out("x", NodeProxy("http://127.0.0.1:1", "m")):
+                pass
+    assert os.environ.get("RAY_ADDRESS") is None
