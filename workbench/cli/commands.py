@@ -17,13 +17,16 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from workbench.cli.services import add_service_commands, read_secret
 from workbench.cli.traces import add_trace_commands
 from workbench.cli.certify import add_certify_command
 from workbench.cli.flags import add_config_arguments, given_fields
 from workbench.procs import unwind_on_signals
+
+if TYPE_CHECKING:
+    from workbench.rollout import Cluster
 
 __all__ = ["main", "build_parser"]
 
@@ -53,9 +56,11 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
     from workbench.engine import prompting, local_stack
     from workbench.capture import ProxyClient
-    from workbench.rollout import run_rollouts, RolloutConfig, agent_prompt
+    from workbench.rollout import run_rollouts, rollouts_on, RolloutConfig, agent_prompt
     from workbench.tasks import load_task
 
+    if args.proxy and args.cluster != "local":
+        raise ValueError("--cluster starts a proxy on every node in front of the engine: give --upstream, not --proxy")
     task = load_task(args.task)
     # unset: the model's own prompting (assets.prompting); with --upstream/--proxy, as shipped unless told
     few_shot, prompt_name = prompting(args.model, args.few_shot, args.agent_prompt)
@@ -74,8 +79,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     out = Path(args.out)
     jobs = [(task, out / f"r{i:03d}" if args.n > 1 else out) for i in range(args.n)]
 
-    def go(client: ProxyClient) -> int:
-        results = run_rollouts(jobs, client, config, parallel=args.parallel)
+    def go(client: ProxyClient, cluster: Cluster | None = None) -> int:
+        results = run_rollouts(jobs, client, config, parallel=args.parallel, cluster=cluster)
         for r in results:
             reward = "-" if r.reward is None else f"{r.reward:.2f}"
             calls = r.summary.get("calls_by_purpose", {})
@@ -91,7 +96,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         return go(ProxyClient(args.proxy, read_secret(args.admin_key_file)))
     with local_stack(args.model, upstream=args.upstream, served_name=args.served_name) as (engine, _, client):
         config = replace(config, tool_parser=engine.tool_parser)
-        return go(client)
+        with rollouts_on(args.cluster, engine, args.max_output_tokens) as cluster:
+            return go(client, cluster)
 
 
 def _cmd_turns(args: argparse.Namespace) -> int:
@@ -247,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="artefact folder (with --n > 1: one subfolder per rollout)")
     p.add_argument("--n", type=int, default=1, help="rollouts of the task")
     p.add_argument("--parallel", type=int, default=2)
+    p.add_argument(
+        "--cluster",
+        default="local",
+        help="local, or a Ray head's HOST:PORT: the rollouts run on its 'sandbox' nodes (docs/cluster.md)",
+    )
     p.add_argument("--harness", default="opencode")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-output-tokens", type=int, default=512)

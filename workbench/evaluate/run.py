@@ -77,7 +77,10 @@ class EvalConfig:
         max_output_tokens: per-call output cap.
         max_model_calls: model calls per rollout before the proxy ends the agent's loop.
         timeout_s: wall-clock limit per rollout, in seconds.
-        parallel: rollouts run at once.
+        parallel: rollouts run at once (on this machine).
+        cluster: ``local``, or a Ray cluster head's HOST:PORT: the rollouts run on its ``sandbox`` nodes, each through
+            that node's proxy (`workbench.rollout.fan_out`, docs/cluster.md). Where they ran is not a setting: two
+            evaluations on different clusters compare.
         lead_s: each task's first rollout starts alone, the rest wait until its first agent call is at the engine (at
             most this long): the engine prefills the shared prompt once (`RolloutConfig.lead_s`).
         isolation: sandbox mode: auto (bwrap when installed), bwrap or none.
@@ -111,6 +114,7 @@ class EvalConfig:
     max_model_calls: int = 8
     timeout_s: float = 300.0
     parallel: int = 2
+    cluster: str = "local"
     lead_s: float = 60.0
     isolation: Isolation = "auto"
     unsafe_no_sandbox: bool = False
@@ -154,7 +158,7 @@ def run_eval(
     The engine and proxy are started here (`local_stack`) unless both are given. Everything that can be
     refused (adapter, isolation, tasks, agent prompt) is checked before any of them starts."""
     from workbench.engine import load_asset, prompting, EngineConfig
-    from workbench.rollout import run_rollouts, RolloutConfig, agent_prompt
+    from workbench.rollout import run_rollouts, rollouts_on, RolloutConfig, agent_prompt
     from workbench.tasks import load_tasks
 
     if config.with_base:
@@ -230,7 +234,8 @@ def run_eval(
                 served = policy = name or eng.served_name
             cli.set_model(served)
             rollout = replace(rollout, tool_parser=eng.tool_parser)  # recorded in each summary.json
-            results = run_rollouts(jobs, cli, rollout, parallel=config.parallel, progress=progress)
+            with rollouts_on(config.cluster, eng, config.max_output_tokens) as cluster:
+                results = run_rollouts(jobs, cli, rollout, parallel=config.parallel, progress=progress, cluster=cluster)
         finally:
             cli.set_model(previous)
             if name and name in eng.adapters:

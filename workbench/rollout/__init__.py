@@ -21,7 +21,7 @@ __all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
     from workbench.rollout.attempts import Attempts, run_attempts
-    from workbench.rollout.cluster import Cluster, fan_out, NodeProxy
+    from workbench.rollout.cluster import Cluster, fan_out, NodeProxy, rollouts_on
     from workbench.rollout.run import nothing_answered, read_summaries, run_rollout, run_rollouts, why_missing
     from workbench.rollout.session import HarnessSession
     from workbench.rollout.types import (

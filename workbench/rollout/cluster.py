@@ -46,7 +46,7 @@ from workbench.runs import atomic_json
 from workbench.sandbox import force_remove
 from workbench.tasks import Task
 
-__all__ = ["NodeProxy", "Cluster", "fan_out", "SANDBOX_RESOURCE"]
+__all__ = ["NodeProxy", "Cluster", "fan_out", "rollouts_on", "SANDBOX_RESOURCE"]
 
 SANDBOX_RESOURCE = "sandbox"  # a node's sandbox slots: ray start --resources '{"sandbox": N}'
 
@@ -267,6 +267,17 @@ class Cluster:
             n.alive = False
             if n.scratch and Path(n.scratch).is_dir():  # a dead node's scratch, when it is on this disk
                 force_remove(Path(n.scratch))
+
+
+def rollouts_on(
+    cluster: str, engine: Any, max_output_tokens: int, bookkeeping_max_tokens: dict[str, int] | None = None
+) -> contextlib.AbstractContextManager[Cluster | None]:
+    """`fan_out` to the cluster a config names, its nodes' proxies in front of `engine` (a
+    `workbench.engine.Engine`: url, served_name, api_key) with the driver's caps; None for ``local``."""
+    if cluster == "local":
+        return contextlib.nullcontext(None)
+    proxy = NodeProxy(engine.url, engine.served_name, engine.api_key, max_output_tokens, bookkeeping_max_tokens)
+    return fan_out(cluster, proxy)
 
 
 @contextlib.contextmanager

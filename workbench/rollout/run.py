@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.capture import ProxyClient, ProxyError
+from workbench.rollout.cluster import Cluster
 from workbench.rollout.session import HarnessSession
 from workbench.runs import atomic_json
 from workbench.rollout.types import RolloutConfig, RolloutResult
@@ -104,8 +105,11 @@ def run_rollouts(
     *,
     parallel: int = 2,
     progress: bool = True,
+    cluster: Cluster | None = None,
 ) -> list[RolloutResult]:
     """Run rollouts `parallel` at a time; every job gets a result (failures are recorded, not dropped).
+    With `cluster` (`workbench.rollout.fan_out`) they run on its sandbox nodes instead, as many at once as they
+    have slots, sampling the policy `client`'s proxy serves now, their folders brought back to the jobs' paths.
 
     On Ctrl-C (a notebook's interrupt), rollouts that finished keep their folders, the running ones
     are ended as ``interrupted`` (summary.json says so, the trace so far is kept), queued ones never
@@ -113,6 +117,8 @@ def run_rollouts(
     """
     from tqdm.auto import tqdm
 
+    if cluster is not None:
+        return cluster.run(jobs, config, model=client.model)
     results: list[RolloutResult | None] = [None] * len(jobs)
     bar = tqdm(total=len(jobs), desc="rollouts", disable=not progress)
     lock = threading.Lock()

@@ -71,6 +71,10 @@ class TrainConfig:
             (`assets.prompting`: short + few-shot for qwen-coder, as shipped for the others).
         train_turns: ``tool_calls`` (the seed's `has_tool_call`) or ``all``.
         parallel_rollouts: rollouts run concurrently (2 cores: 2).
+        cluster: ``local`` (rollouts on this machine), or the address (HOST:PORT) of a Ray cluster's head whose nodes
+            advertise ``sandbox`` slots: each rollout runs on one of them, through that node's own proxy, a dead
+            node's rollouts re-queued (`workbench.rollout.fan_out`, docs/cluster.md); the engine must be reachable
+            from every node.
         lead_s: a group's first rollout starts alone; the rest wait until its first agent call is at the engine (at
             most this long), so the engine prefills the shared prompt once (`RolloutConfig.lead_s`).
         isolation: sandbox mode for the harness and the grading (``auto`` = bwrap, which set-up installs).
@@ -172,6 +176,7 @@ class TrainConfig:
     agent_prompt: Literal["default", "short"] | None = None
     train_turns: Literal["tool_calls", "all"] = "tool_calls"
     parallel_rollouts: int = 2
+    cluster: str = "local"
     lead_s: float = 60.0
     isolation: Isolation = "auto"
     unsafe_no_sandbox: bool = False
@@ -276,6 +281,8 @@ class TrainConfig:
             resolve_device("cuda")  # ValueError now, not after the engine and the sandboxes are up
         if self.weight_sync == "nccl" and self.device == "cpu":
             raise ValueError("weight_sync='nccl' broadcasts the weights over NCCL from a CUDA trainer: use device cuda")
+        if self.cluster != "local" and self.trainer == "async":
+            raise ValueError("cluster: the async trainer samples on this machine only; use trainer='grpo'")
         if self.weight_sync == "nccl" and self.sync_dir:
             raise ValueError("sync_dir is where LoRA adapters are published; weight_sync='nccl' sends no files")
         if self.weight_sync == "merged" and self.sync_dir:

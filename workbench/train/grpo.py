@@ -45,7 +45,7 @@ from typing import Any, Callable, Literal
 from workbench.capture import ProxyClient
 from workbench.engine import Engine
 from workbench.train.policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync, SharedFolder, SyncTarget
-from workbench.rollout import run_rollouts, FAILED_STATUSES, RolloutOutcome
+from workbench.rollout import run_rollouts, rollouts_on, Cluster, FAILED_STATUSES, RolloutOutcome
 from workbench.runs import RunDir
 from workbench.sandbox import check_isolation
 from workbench.tasks import load_task, load_tasks
@@ -149,6 +149,7 @@ class GRPORun:
         self.shared = SharedFolder.of(config.sync_dir, config.sync_dir_on_engine).check() if config.sync_dir else None
         self.dir = RunDir.create("grpo", path=run_dir)
         self.engine, self.client = engine, client
+        self.cluster: Cluster | None = None  # the Ray cluster's sandbox nodes, opened by train() (config.cluster)
         # Default: the hidden-test reward, with `TrainConfig.write_credit` for writing solution.py when set (and
         # decaying when `write_credit_decay_steps` is: `reward_at` gives each step its own).
         self.given_reward_fn = reward_fn
@@ -210,8 +211,15 @@ class GRPORun:
             assert self.client is not None, "a sampling run has its proxy (set in train())"
             cache_before = self.engine.prefix_cache_counters() if self.engine is not None else None
             rollout = replace(cfg.rollout_config(), tool_parser=self.engine.tool_parser if self.engine else None)
-            results = run_rollouts(jobs, self.client, rollout, parallel=cfg.parallel_rollouts, progress=False)
+            requeued = self.cluster.requeued if self.cluster is not None else 0
+            results = run_rollouts(
+                jobs, self.client, rollout, parallel=cfg.parallel_rollouts, progress=False, cluster=self.cluster
+            )
             extra.update(_phase_counters(results, cache_before, self.engine))
+            if self.cluster is not None:  # rollouts a dead node cost: given to another node (not scored 0)
+                extra["rollouts_requeued"] = self.cluster.requeued - requeued
+        # the rollouts the infrastructure failed (unscored, never a 0), per step
+        extra["infra_failed_rate"] = round(sum(r.status in FAILED_STATUSES for r in results) / len(results), 4)
         rollout_s = time.monotonic() - t0
         fields_, stats = step_fields(
             cfg,
@@ -317,6 +325,11 @@ class GRPORun:
                         max_output_tokens=cfg.max_output_tokens,
                         bookkeeping_max_tokens=cfg.bookkeeping_max_tokens(),
                     )
+                )
+            if self.recording is None:
+                cfg = self.config
+                self.cluster = stack.enter_context(
+                    rollouts_on(cfg.cluster, self.engine, cfg.max_output_tokens, cfg.bookkeeping_max_tokens())
                 )
             self.trainer = self._build_trainer(asset.path)
             if isinstance(self.trainer.vllm_generation, MergedSync):
