@@ -64,7 +64,9 @@ def test_proxy_admin_key_is_not_read_as_admin_key_file(capsys):
     error, not silently taken as the path of a key file."""
     argv = ["proxy", "--upstream", "http://127.0.0.1:1/v1", "--model", "m"]
     args = build_parser().parse_args([*argv, "--admin-key-file", "k.txt"])
-    assert args.admin_key_file == "k.txt"
+    assert args.admin_key_file == "k.txt" and args.upstream == ["http://127.0.0.1:1/v1"]
+    replicas = build_parser().parse_args([*argv, "--upstream", "http://127.0.0.1:2/v1"]).upstream
+    assert replicas == ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"]  # the first, then a replica
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args([*argv, "--admin-key", "K"])
     assert exc.value.code == 2

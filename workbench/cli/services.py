@@ -50,7 +50,13 @@ def add_service_commands(add: AddCommand) -> None:
     p.add_argument("--temperature", type=float, default=0.7)
 
     p = add("proxy", _cmd_proxy, "run the capture proxy standalone in front of an engine (OpenEnv HTTP contract)")
-    p.add_argument("--upstream", required=True, help="the engine's OpenAI-compatible URL (kept from the agent)")
+    p.add_argument(
+        "--upstream",
+        required=True,
+        action="append",
+        help="the engine's OpenAI-compatible URL (kept from the agent); repeated: replicas serving the same weights,"
+        " each new session pinned to the one with the fewest live sessions (same key and served name)",
+    )
     p.add_argument("--model", required=True, help="served model name to send upstream")
     p.add_argument("--host", default="127.0.0.1", help="non-loopback binds require --admin-key-file")
     p.add_argument("--port", type=int, default=8100)
@@ -159,18 +165,20 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
     admin_key = read_secret(args.admin_key_file) if args.admin_key_file else None
     upstream_key = read_secret(args.upstream_key_file) if args.upstream_key_file else None
+    first, *replicas = args.upstream
     proxy = CaptureProxy(
-        args.upstream,
+        first,
         args.model,
         host=args.host,
         port=args.port,
         admin_key=admin_key,
         upstream_api_key=upstream_key,
         max_output_tokens=args.max_output_tokens,
+        replicas=replicas,
     )
     with proxy:
         proxy.freeze_startup_objects()  # this process hosts the proxy alone
-        print(f"capture proxy at {proxy.url} -> {args.upstream} ({args.model}); Ctrl-C stops it", flush=True)
+        print(f"capture proxy at {proxy.url} -> {', '.join(args.upstream)} ({args.model}); Ctrl-C stops it", flush=True)
         if not admin_key:
             print(f"admin key (for /sessions*, /engine): {proxy.admin_key}", flush=True)
         _wait_for_stop()
