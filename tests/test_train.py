@@ -319,3 +319,14 @@ def test_a_resumed_run_continues_the_step_count_the_optimizer_and_the_metrics(tm
     (empty / "config.json").write_bytes(saved)
     with pytest.raises(ValueError, match="holds no checkpoint"):
         GRPORun(config(), run_dir=empty).train(resume=True)
+
+
+def test_a_run_launched_as_several_processes_is_refused_not_run_with_zero_steps(tmp_path, monkeypatch):
+    """torchrun --nproc_per_node 2 once 'finished' a one-step replay with 0 steps in each process (rc 0)."""
+    from workbench.train import GRPORun
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    run = GRPORun(TrainConfig(model="tiny", tasks="easy[:1]"), run_dir=tmp_path / "run")
+    with pytest.raises(RuntimeError, match="launched as 2 processes"):
+        run.train()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

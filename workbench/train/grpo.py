@@ -36,6 +36,7 @@ cores; GRPOTrainer needs one small, tested seam (a `workbench.train.policy_sync`
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import time
 from dataclasses import asdict, replace
@@ -282,6 +283,14 @@ class GRPORun:
         from workbench.engine import load_asset
         from workbench.harnesses import refuse_broken
 
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if (
+            world > 1
+        ):  # measured: under torchrun --nproc_per_node 2 each process split one group's slots and ran 0 steps
+            raise RuntimeError(
+                f"this run was launched as {world} processes (WORLD_SIZE={world}): the trainer runs as one process for"
+                " now (several processes split each group's rows and train nothing); launch it without torchrun/accelerate"
+            )
         if self.recording is None:  # live rollouts: a pair certified broken is refused before anything starts
             refuse_broken(self.config.rollout_config().harness, self.config.model)
         if self.config.trainer == "async":
