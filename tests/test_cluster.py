@@ -33,26 +33,37 @@ SOLVED = f"say:Here it is.\n```python\n{SOLUTION}```"
 @contextlib.contextmanager
 def ray_nodes(*slots: int):
     """A head (no sandbox slots) and one sandbox node per entry of `slots`; node death noticed within ~3 s (Ray's
-    default health check takes ~30 s), a short temp folder (Ray's socket paths must fit 107 bytes), all removed."""
+    default health check takes ~30 s), a short temp folder (Ray's socket paths must fit 107 bytes), all removed.
+    `cluster_utils` writes the head's address to `$RAY_TMPDIR/ray/ray_current_cluster` whatever `temp_dir` says, and
+    fails where that folder does not exist (a clean machine never ran Ray): it goes under the temp folder too."""
     temp = tempfile.mkdtemp(prefix="wbray-")
-    cluster = RayCluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "include_dashboard": False,
-            "temp_dir": temp,
-            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
-        },
-    )
+    (Path(temp) / "ray").mkdir()
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp
+    cluster = None
     try:
+        cluster = RayCluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "temp_dir": temp,
+                "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+            },
+        )
         nodes = [cluster.add_node(num_cpus=1, resources={"sandbox": n}) for n in slots]
         ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
         cluster.wait_for_nodes()
         yield cluster, nodes
     finally:
         ray.shutdown()
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+        if before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = before
 
 
 def _wait_for(cond, what: str, timeout_s: float = 120.0) -> None:
@@ -160,11 +171,12 @@ def test_a_rollout_whose_node_dies_every_time_is_worker_lost_unscored_not_zero(t
 
 
 def test_a_cluster_without_sandbox_nodes_is_refused_with_how_to_start_one():
+    before = set(_left_behind())
     with ray_nodes() as _:
         with pytest.raises(RuntimeError, match="no live node with a 'sandbox' resource.*ray start"):
             with fan_out("x", NodeProxy("http://127.0.0.1:1", "m")):
                 pass
-    assert os.environ.get("RAY_ADDRESS") is None
+        assert set(_left_behind()) - before == set()  # refused before any worker or scratch folder was made
 
 
 @pytest.mark.engine
