@@ -18,6 +18,8 @@ from workbench.turns import has_tool_call, load_trace
 
 from test_turns import FIXTURES
 
+ROLLOUTS = Path(__file__).parent.parent / "workbench" / "data" / "rollouts"
+
 
 def test_config_rejects_what_would_bias_training():
     with pytest.raises(ValueError, match="top_p must be 1.0"):
@@ -321,12 +323,27 @@ def test_a_resumed_run_continues_the_step_count_the_optimizer_and_the_metrics(tm
         GRPORun(config(), run_dir=empty).train(resume=True)
 
 
-def test_a_run_launched_as_several_processes_is_refused_not_run_with_zero_steps(tmp_path, monkeypatch):
-    """torchrun --nproc_per_node 2 once 'finished' a one-step replay with 0 steps in each process (rc 0)."""
+def test_what_several_processes_cannot_do_is_refused_before_the_run_folder_is_made(tmp_path, monkeypatch):
+    """torchrun --nproc_per_node 2 once 'finished' a one-step replay with 0 steps in each process (rc 0): each
+    process had half of the step's only group. Several processes replay whole groups each, into one named folder."""
     from workbench.train import GRPORun
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    run = GRPORun(TrainConfig(model="tiny", tasks="easy[:1]"), run_dir=tmp_path / "run")
-    with pytest.raises(RuntimeError, match="launched as 2 processes"):
-        run.train()
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    rec = str(ROLLOUTS / "smollm2-easy")
+    cases = [
+        (TrainConfig(model="tiny", tasks="easy[:1]"), "live sampling runs as one process"),
+        (
+            TrainConfig(from_rollouts=rec, temperature=0.5, tasks_per_step=1),
+            "tasks_per_step 1 is not a multiple of the 2",
+        ),
+        (TrainConfig(from_rollouts=rec, temperature=0.5, tasks_per_step=3), "tasks_per_step 3 is not a multiple"),
+    ]
+    for cfg, why in cases:
+        with pytest.raises(ValueError, match=f"launched as 2 processes.*{why}"):
+            GRPORun(cfg, run_dir=tmp_path / "run")
+        assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="name the run folder"):
+        GRPORun(TrainConfig(from_rollouts=rec, temperature=0.5, tasks_per_step=2))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    GRPORun(TrainConfig(from_rollouts=rec, temperature=0.5, tasks_per_step=3), run_dir=tmp_path / "run")  # alone: any
+    assert (tmp_path / "run").is_dir()

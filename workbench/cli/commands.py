@@ -253,11 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="artefact folder (with --n > 1: one subfolder per rollout)")
     p.add_argument("--n", type=int, default=1, help="rollouts of the task")
     p.add_argument("--parallel", type=int, default=2)
-    p.add_argument(
-        "--cluster",
-        default="local",
-        help="local, or a Ray head's HOST:PORT: the rollouts run on its 'sandbox' nodes (docs/cluster.md)",
-    )
+    p.add_argument("--cluster", default="local", help="local, or a Ray head's HOST:PORT (docs/cluster.md)")
     p.add_argument("--harness", default="opencode")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-output-tokens", type=int, default=512)

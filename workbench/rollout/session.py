@@ -2,12 +2,11 @@
 
 task -> sandbox -> harness (unmodified opencode, claude-code, ...) <-> capture proxy <-> engine -> verify -> artefact.
 
-`HarnessSession` is the unit: create it (sandbox + proxy session + the harness started), wait for
-the agent to exit, read its calls, grade the workspace, write the artefact, close. `workbench.rollout.run`
-drives it (one rollout that never raises for its own failures, N in parallel); OpenEnv's harness
-protocols over it (so TRL's `HarnessRolloutWorker(harness_adapter=None)` can drive these sessions)
-are in `workbench.train.openenv_session`. Nothing of OpenEnv's is imported here (its capture server alone
-brings ~3,400 modules): the trainer, the notebooks and the CLI import it cheaply.
+`HarnessSession` is the unit: create it (sandbox + proxy session + the harness started), wait for the agent to exit,
+read its calls, grade the workspace, write the artefact, close. `workbench.rollout.run` drives it (one rollout that
+never raises for its own failures, N in parallel); OpenEnv's harness protocols over it (TRL's
+`HarnessRolloutWorker(harness_adapter=None)` drives them) are in `workbench.train.openenv_session`. Nothing of
+OpenEnv's is imported here (its capture server alone brings ~3,400 modules): importing this stays cheap.
 
 Each rollout writes the seed artefact's folder (`../shared/seeds/004_*`):
 
@@ -242,12 +241,11 @@ class HarnessSession:
             return True  # the proxy cannot tell: the agent's timeout, as before
 
     def _engine_failure(self, upstream_errors: int) -> tuple[Status, str]:
-        """The status and reason of a rollout whose engine calls failed: ``agent_error`` (scored) when every
-        failed call is the engine refusing the agent's own output (`refused_for_the_agents_output`: a 4xx
-        about the request, e.g. a tool call the chat template cannot re-render), ``upstream_error``
-        (unscored) otherwise: a 5xx, a lost connection, a cut stream, or any call it cannot tell."""
-        # The proxy counts a failure a moment before the call's record settles (its status and purpose
-        # come with the reply's last byte): wait until every counted failure is on record.
+        """The status and reason of a rollout whose engine calls failed: ``agent_error`` (scored) when every failed
+        call is the engine refusing the agent's own output (`refused_for_the_agents_output`: a 4xx about the request,
+        e.g. a tool call the chat template cannot re-render), ``upstream_error`` (unscored) otherwise: a 5xx, a lost
+        connection, a cut stream, or any call it cannot tell."""
+        # A failure is counted before its record settles (with the reply's last byte): wait until all are on record.
         failed: list[dict[str, Any]] = []
         deadline = time.monotonic() + 5
         with contextlib.suppress(ProxyError):
@@ -263,8 +261,8 @@ class HarnessSession:
         self._stop_agent()
 
     def _stop_agent(self) -> None:
-        """Kill the agent and everything it started, and wait until all of it is gone: a pid
-        namespace takes a moment to die after its first process (its init waits for the rest)."""
+        """Kill the agent and everything it started, and wait until all of it is gone: a pid namespace takes a moment
+        to die after its first process (its init waits for the rest)."""
         self.proc.kill()
         self.sandbox.kill_all()
         self.exit_code = self.proc.poll()
@@ -281,8 +279,7 @@ class HarnessSession:
         calls = self.client.trace(self.key)
         if self.status == "running":
             return calls
-        # The harness may exit with a call in flight (opencode does not wait for its title call);
-        # give it a moment to land or be cancelled, so the trace records how it ended.
+        # opencode exits with its title call in flight: let it land or be cancelled, so the trace says how it ended.
         deadline = time.monotonic() + 5
         while any(c["status"] == "pending" for c in calls) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -303,7 +300,7 @@ class HarnessSession:
                 f"unscored (the agent had ended {self.status}: {self.reason})",
             )
 
-    def fetch_proxy_trace(self) -> list[dict[str, Any]]:
+    def fetch_proxy_trace(self) -> list[dict[str, Any]]:  # OpenEnv's LoopOwningSession: the agent calls' entries
         return agent_entries(self.calls())
 
     # -- the reward --------------------------------------------------------------------------------

@@ -40,7 +40,8 @@ from trl.experimental.async_grpo.vllm_client import VLLMClient as AsyncVLLMClien
 
 from workbench.train.openenv_session import HarnessSessionFactory, ProxyAddress
 from workbench.train.policy_sync import SharedFolder
-from workbench.train.config import TrainConfig, grpo_args, lora_config
+from workbench.train.config import TrainConfig
+from workbench.train.trl_args import grpo_args, lora_config
 from workbench.train.resume import last_checkpoint, record_config
 from workbench.train.types import Device
 

@@ -17,7 +17,6 @@ trainer modules are handed it with the values the run resolved (`workbench.train
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.cpu import bf16_native
@@ -27,19 +26,7 @@ from workbench.sandbox import Isolation, check_isolation
 if TYPE_CHECKING:
     from workbench.engine import EngineConfig
 
-__all__ = [
-    "TrainConfig",
-    "resolve_device",
-    "resolve_importance_sampling",
-    "resolve_precision",
-    "resolve_engine_dtype",
-    "lora_config",
-    "grpo_args",
-    "LORA_TARGETS",
-]
-
-# the LoRA's modules: every linear layer of a Qwen2/Llama block (attention and MLP)
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+__all__ = ["TrainConfig", "resolve_device", "resolve_importance_sampling", "resolve_precision", "resolve_engine_dtype"]
 
 
 @dataclass
@@ -377,42 +364,3 @@ def resolve_device(device: str) -> Literal["cpu", "cuda"]:
             f"with torch {torch.__version__}): use --device cpu or auto"
         )
     return "cpu"
-
-
-def lora_config(cfg: TrainConfig) -> Any:
-    """PEFT's LoraConfig (`TrainConfig.lora_rank`, ``lora_alpha``; every linear layer, no dropout): the one both
-    trainers use."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=cfg.lora_rank,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=0.0,
-        task_type="CAUSAL_LM",
-        target_modules=list(LORA_TARGETS),
-    )
-
-
-def grpo_args(cfg: TrainConfig, output_dir: Path, *, num_generations: int) -> dict[str, Any]:
-    """The keywords TRL's GRPOConfig and AsyncGRPOConfig both take, as `cfg` sets them: a step is `tasks_per_step`
-    groups of `num_generations`, a constant learning rate, a log line and a checkpoint (the last two kept) every step,
-    the sampling temperature the engine used (TRL rescales its logprobs by it), no top-p, PPO's clip."""
-    return dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=cfg.tasks_per_step * num_generations,
-        num_generations=num_generations,
-        max_steps=cfg.steps,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=1,
-        save_total_limit=2,
-        report_to=cfg.report_to,
-        seed=cfg.seed,
-        temperature=cfg.temperature,
-        top_p=1.0,
-        epsilon=cfg.epsilon,
-        # the old name: the GPU host's transformers 5.17 has no `activation_checkpointing` argument (5.24 maps it)
-        gradient_checkpointing=cfg.activation_checkpointing,
-    )

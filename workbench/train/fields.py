@@ -102,6 +102,7 @@ def step_fields(
     stats = dict(
         rollout_failures=failures,
         **c,
+        infra_failed_rate=round(c["rollouts_failed"] / len(results), 4) if results else 0.0,  # unscored, never a 0
         effective_group_size=min(scorable) if scorable else 0,
         effective_group_size_mean=sum(scorable) / len(scorable) if scorable else 0.0,
         verify_s=sum(r.summary.get("timings", {}).get("verify_s", 0.0) for r in results),

@@ -36,7 +36,6 @@ cores; GRPOTrainer needs one small, tested seam (a `workbench.train.policy_sync`
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import time
 from dataclasses import asdict, replace
@@ -61,7 +60,8 @@ from workbench.train.config import (
 from workbench.train.resume import last_checkpoint, record_config
 from workbench.train.fields import step_fields
 from workbench.train.rows import rows_for_trl
-from workbench.train.stats import StepStats
+from workbench.train.stats import StepStats, phase_counters
+from workbench.train.trl_args import check_processes, processes
 from workbench.turns import MaskPolicy, mask_policy
 
 # TrainConfig and resolve_device are defined in workbench.train.config and re-exported here: the run and its
@@ -148,6 +148,7 @@ class GRPORun:
         self.device = resolve_device(config.device)
         # A shared folder the engine cannot be sent to is an error now, before any engine or sandbox starts.
         self.shared = SharedFolder.of(config.sync_dir, config.sync_dir_on_engine).check() if config.sync_dir else None
+        self.processes = check_processes(config, run_dir)  # torchrun: replay only, whole groups a process
         self.dir = RunDir.create("grpo", path=run_dir)
         self.engine, self.client = engine, client
         self.cluster: Cluster | None = None  # the Ray cluster's sandbox nodes, opened by train() (config.cluster)
@@ -216,11 +217,9 @@ class GRPORun:
             results = run_rollouts(
                 jobs, self.client, rollout, parallel=cfg.parallel_rollouts, progress=False, cluster=self.cluster
             )
-            extra.update(_phase_counters(results, cache_before, self.engine))
+            extra.update(phase_counters(results, cache_before, self.engine))
             if self.cluster is not None:  # rollouts a dead node cost: given to another node (not scored 0)
                 extra["rollouts_requeued"] = self.cluster.requeued - requeued
-        # the rollouts the infrastructure failed (unscored, never a 0), per step
-        extra["infra_failed_rate"] = round(sum(r.status in FAILED_STATUSES for r in results) / len(results), 4)
         rollout_s = time.monotonic() - t0
         fields_, stats = step_fields(
             cfg,
@@ -283,14 +282,6 @@ class GRPORun:
         from workbench.engine import load_asset
         from workbench.harnesses import refuse_broken
 
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if (
-            world > 1
-        ):  # measured: under torchrun --nproc_per_node 2 each process split one group's slots and ran 0 steps
-            raise RuntimeError(
-                f"this run was launched as {world} processes (WORLD_SIZE={world}): the trainer runs as one process for"
-                " now (several processes split each group's rows and train nothing); launch it without torchrun/accelerate"
-            )
         if self.recording is None:  # live rollouts: a pair certified broken is refused before anything starts
             refuse_broken(self.config.rollout_config().harness, self.config.model)
         if self.config.trainer == "async":
@@ -321,7 +312,9 @@ class GRPORun:
             "engine_dtype": self.engine_dtype,
             "cpu_flags": list(cpu_flags()),
         }
-        record_config(self.dir, record, resume=resume, checkpoint=checkpoint)  # before any engine or sandbox
+        main = processes()[1] == 0  # of several processes, rank 0 writes the run's files
+        if main:
+            record_config(self.dir, record, resume=resume, checkpoint=checkpoint)  # before any engine or sandbox
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
             if self.engine is None and self.recording is None:
@@ -347,6 +340,8 @@ class GRPORun:
                 self.recording.check_vocabulary(len(self.tokenizer))
             self.trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
             self.trainer.vllm_generation.sync_weights()  # the engine serves the final policy afterwards
+            if not main:
+                return {"steps": self.trainer.state.global_step, "process": processes()[1]}
             final = self.dir.path / "adapters" / "final"
             if final.exists():
                 shutil.rmtree(final)
@@ -376,31 +371,6 @@ def _given_dtype(engine: Engine) -> str | None:
     if engine.config.dtype != "asset":
         return engine.config.dtype
     return engine.asset.dtype if engine.asset is not None else None
-
-
-def _phase_counters(
-    results: list[Any], cache_before: tuple[float, float] | None, engine: Engine | None
-) -> dict[str, Any]:
-    """What the rollout phase cost beyond sampling, for the step's metrics:
-
-    - ``grade_tail_s``: seconds from the last agent's exit to the phase's end. Each rollout is graded in its own
-      worker as soon as its agent stops, while the others still run; only this tail holds the step.
-    - ``prefix_cache_hit_rate`` (with the token counts): the share of prompt tokens the engine found in its prefix
-      cache. A group's rollouts share the harness's system prompt, tools and the task (~2.8k tokens for opencode
-      with qwen-coder): near (G - 1) / G of the first calls' tokens when it is prefilled once."""
-    out: dict[str, Any] = {}
-    exits = [r.summary.get("agent_exited_at") for r in results if r.summary.get("agent_exited_at")]
-    if exits:
-        out["grade_tail_s"] = round(max(0.0, time.time() - max(exits)), 3)
-    after = engine.prefix_cache_counters() if engine is not None and cache_before is not None else None
-    if cache_before is not None and after is not None:
-        queried, hit = after[0] - cache_before[0], after[1] - cache_before[1]
-        out.update(
-            prefix_cache_queried_tokens=int(queried),
-            prefix_cache_hit_tokens=int(hit),
-            prefix_cache_hit_rate=round(hit / queried, 4) if queried else None,
-        )
-    return out
 
 
 def _mean(values: list[float | None] | None) -> float | None:

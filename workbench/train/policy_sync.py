@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.train.merged_file import MergedFile, merge_plan
 from workbench.train.stats import StepStats
+from workbench.train.trl_args import processes
 from workbench.train.sync_probe import SyncProbe, engine_prompt_logprobs, model_logprobs, probe_threads, served_dtype
 
 if TYPE_CHECKING:
@@ -95,7 +96,8 @@ class _Sync:
     def _save_adapter(self) -> tuple[int, Path]:
         step = self.trainer.state.global_step
         path = self.target.folder / "adapters" / f"step-{step:04d}"
-        self.trainer.model.save_pretrained(path)
+        if processes()[1] == 0:  # several processes (a replay under torchrun) hold the same weights: rank 0 writes them
+            self.trainer.model.save_pretrained(path)
         return step, path
 
     def _served(self) -> tuple["Engine", "ProxyClient"]:

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from workbench._compat import GRPO_LAST_LOADED_STEP, quiet_known_noise
-from workbench.train.config import TrainConfig, grpo_args, lora_config, resolve_precision
+from workbench.train.config import TrainConfig, resolve_precision
+from workbench.train.trl_args import grpo_args, lora_config, processes
 from workbench.train.stats import StepStats
 from workbench.train.types import Device, WeightSync
 
@@ -158,13 +159,19 @@ def build_trainer(
             trainer, shared_prefix=shared, reuse_logps=cfg.reuse_logps, bf16=cpu_bf16
         )  # on CUDA, TRL's own bf16 autocast
 
+    world = processes()[0]  # several (torchrun): each process's counters merged, rank 0 writes the record
+    facts = {"isolation": isolation, "device": device} | ({"processes": world} if world > 1 else {})
+
     class _Metrics(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             stats.begin()
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
-            if logs and "loss" in logs:
-                run_dir.log_metrics(stats.record(step=state.global_step, logs=logs, isolation=isolation, device=device))
+            if logs and "loss" in logs:  # every process logs the step (TRL's loss is already gathered)
+                if world > 1:
+                    stats.merge_processes(world)
+                if state.is_world_process_zero:
+                    run_dir.log_metrics(stats.record(step=state.global_step, logs=logs, **facts))
 
     trainer.add_callback(_Metrics())
     return trainer, tokenizer
