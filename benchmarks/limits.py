@@ -43,8 +43,10 @@ what the CPU trainer uses: `workbench.train.trl_trainer.build_trainer`) and 1 (t
    learning demo ran); the trainer and the sync at ``--threads`` in both.
 4. **Achieved**: a forward + backward of the real qwen-coder + PEFT LoRA (r 16, alpha 32, every linear layer of the
    blocks, as trl_trainer.py builds it) on one packed sequence of ``--model-tokens`` random ids, the LM head on the
-   last ``--model-scored`` positions (`logits_to_keep`, like the compact head), fp32 and bf16 autocast (the
-   trainer's ``precision="bf16"``), one warm-up (``--model-warmup-tokens``) and 2 timed reps each, fp32 and bf16
+   last ``--model-scored`` positions (`logits_to_keep`, like the compact head), fp32 and, where the cores compute
+   bf16 natively (`workbench.cpu.bf16_native`), bf16 autocast (the trainer's ``precision="bf16"``; on an AVX2-only
+   host torch's reference bf16 GEMM is ~20-200x slower than fp32, and `auto` never trains in it there: its warm-up
+   alone took the whole budget and left fp32 no rep), one warm-up (``--model-warmup-tokens``) and 2 timed reps each,
    alternating, within ~5 minutes (`Knobs.model_budget_s`); achieved GFLOP/s = the trainer floor's FLOP count /
    time, against this host's measured matmul rate in that dtype (the goal: the trainer at >= 50% of it). Each rep
    records its CPU seconds: CPU / wall well under the thread count means another job had the cores.
@@ -522,7 +524,10 @@ def measure_model(knobs: Knobs, asset_path: Path, shape: ModelShape) -> dict[str
     # after, at 256 tokens) and builds the kernels; a short one keeps the part within ~5 minutes. fp32 and bf16
     # alternate, so a change in the shared machine's load falls on both; a rep that would end past
     # knobs.model_budget_s (predicted from the last one) is not run.
-    start, warm, reps = time.perf_counter(), {}, {"fp32": [], "bf16": []}
+    from workbench.cpu import bf16_native
+
+    start, warm = time.perf_counter(), {}
+    reps: dict[str, list[dict[str, float]]] = {"fp32": [], "bf16": []} if bf16_native() else {"fp32": []}
     warm_tokens = min(T, knobs.model_warmup_tokens)
     warm_flops = trainer_flops(shape, warm_tokens, min(K, warm_tokens), causal_pairs(warm_tokens), knobs.lora_rank)
     for name in reps:
@@ -745,7 +750,9 @@ def main(argv: list[str] | None = None) -> int:
         save()
         print(f"\n{knobs.model} + LoRA r{knobs.lora_rank}, fwd+bwd of {md['tokens']} tokens ({md['scored']} scored), "
               f"{knobs.threads} threads, {md['flops'] / 1e12:.2f} TFLOP counted; peak RSS {md['peak_rss_mib']:,.0f} MiB")  # fmt: skip
-        for name in ("fp32", "bf16"):
+        if "bf16" not in md:
+            print("  bf16: not measured (the cores have no native bf16: AVX512-BF16 / AMX-BF16 absent)")
+        for name in [d for d in ("fp32", "bf16") if d in md]:
             v = md[name]
             ref = _best_up_to(mm, "best", name, knobs.threads)
             if v["gflops"] is None:

@@ -48,6 +48,7 @@ class ScriptedUpstream:
         self.release = threading.Event()  # ends every "wait" request's hold
         self.requests: list[dict[str, Any]] = []
         self.answers: list[dict[str, Any]] = []
+        self.adapters: list[tuple[str, str | None, str | None]] = []  # (route, lora_name, lora_path) as received
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -227,6 +228,10 @@ class ScriptedUpstream:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self.path.endswith("_lora_adapter"):  # vLLM's hot (un)load: recorded, answered 200
+                    with up._lock:
+                        up.adapters.append((self.path.rsplit("/", 1)[-1], body.get("lora_name"), body.get("lora_path")))
+                    return self._json(200, {})
                 with up._lock:
                     up.requests.append(body)
                     if up.untooled is not None and not body.get("tools"):
@@ -245,6 +250,9 @@ class ScriptedUpstream:
                     self.end_headers()
                     self.wfile.write(raw)
                     return
+                if mode == "waitclose":  # held until `release` (or stop), then cut as "close": an engine dying
+                    up.release.wait(120.0)
+                    mode = "close"
                 if mode == "close":  # headers promise the whole answer; half of it comes, then EOF
                     raw = json.dumps(up._answer(body, "text")).encode()
                     self.send_response(200)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -501,6 +502,66 @@ def test_the_prompt_ids_check_reaches_check_turns_verdict(ids):
     assert [str(f) for f in check_turn(checked, [1], [-0.5]).findings] == [
         str(f) for f in check_turn(ids, [1], [-0.5]).findings
     ]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "openenv"])
+def test_an_engine_that_stops_answering_is_drained_and_its_sessions_go_on_on_the_other(stream):
+    """Two engines behind one proxy, a session on each; the second stops: within seconds it is drained, the session
+    pinned to it gets its next call answered by the first engine, recorded exactly, and new sessions avoid it."""
+    ups = [ScriptedUpstream(seed=1).start(), ScriptedUpstream(seed=2).start()]
+    proxy = CaptureProxy(ups[0].url, "scripted", replicas=[ups[1].url]).start()
+    client = proxy.client()
+    try:
+        keys = [client.open_session(harness="opencode", temperature=0.7) for _ in range(2)]
+        for i, key in enumerate(keys):
+            ups[i].script = ["text"]
+            assert _post(proxy, key, AGENT + [{"role": "user", "content": f"s{i} r0"}]).status_code == 200
+        ups[1].stop()
+        deadline = time.monotonic() + 20
+        while not client._call("GET", "/engine")["engines"][1]["drained"]:
+            assert time.monotonic() < deadline, "the stopped engine was not drained within 20 s"
+            time.sleep(0.2)
+        engines = client._call("GET", "/engine")
+        assert [e["live_sessions"] for e in engines["engines"]] == [2, 0] and engines["sessions_moved"] == 1
+        ups[0].script = ["text"]
+        if stream:
+            assert _post(proxy, keys[1], AGENT + [{"role": "user", "content": "s1 r1"}], stream=True)
+        else:
+            assert _post(proxy, keys[1], AGENT + [{"role": "user", "content": "s1 r1"}]).status_code == 200
+        assert ups[0].requests[-1]["messages"][-1]["content"] == "s1 r1"
+        calls = client.trace(keys[1])
+        assert [c["status"] for c in calls] == ["ok", "ok"]
+        assert calls[1]["completion_token_ids"] == ups[0].answers[-1]["choices"][0]["token_ids"]
+        client.open_session(harness="opencode", temperature=0.7)
+        assert [e["live_sessions"] for e in client._call("GET", "/engine")["engines"]] == [3, 0]
+    finally:
+        client.close()
+        proxy.stop()
+        ups[0].stop()
+
+
+def test_the_watch_drains_after_its_misses_in_a_row_and_restores_on_an_answer():
+    """`ReplicaWatch.check`, one round at a time, against a transport that fails the second engine on demand."""
+    from workbench.capture.watch import ReplicaWatch
+
+    ups = [ScriptedUpstream(seed=1), ScriptedUpstream(seed=2)]  # never started: only their URLs are asked
+    proxy = CaptureProxy(ups[0].url, "scripted", replicas=[ups[1].url])  # not started: no watch of its own
+    replicas = proxy.inner.state.registry.replicas
+    down = {ups[1].url}
+    transport = httpx.MockTransport(
+        lambda r: httpx.Response(503 if f"{r.url.scheme}://{r.url.host}:{r.url.port}" in down else 200, json={})
+    )
+    watch = ReplicaWatch(replicas, failures=2)
+    with httpx.Client(transport=transport) as http:
+        watch.check(http)
+        assert replicas.drained == set() and watch.misses == [0, 1]  # one miss is not enough
+        watch.check(http)
+        assert replicas.drained == {1}
+        down.clear()
+        watch.check(http)
+        assert replicas.drained == set() and watch.misses == [0, 0]
+    for up in ups:
+        up.server.server_close()
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "openenv"])

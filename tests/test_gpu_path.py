@@ -287,6 +287,45 @@ def test_nccl_sync_drives_trls_client_each_step(tmp_path):
     assert names == ["Qwen/Qwen3-0.6B"] and sync.current == "Qwen/Qwen3-0.6B"
 
 
+def test_a_lora_sync_loads_each_adapter_into_every_replica_before_the_proxy_names_it(tmp_path):
+    """Two engines behind one proxy (`SyncTarget.replicas`): every sync loads the new adapter into both, from the
+    shared folder's path as the engines see it, then points the proxy at it, then unloads the previous one from
+    both. Merged and NCCL syncs reach one engine: refused with replicas."""
+    ups = [ScriptedUpstream(seed=1).start(), ScriptedUpstream(seed=2).start()]
+    proxy = CaptureProxy(ups[0].url, "tiny", replicas=[ups[1].url]).start()
+    try:
+        engines = [Engine.external(up.url, "tiny") for up in ups]
+        target = SyncTarget(engines[0], proxy.client(), tmp_path / "run", replicas=(engines[1],))
+        (tmp_path / "shared").mkdir()
+        shared = SharedFolder.of(str(tmp_path / "shared"), "/mnt/engine-host/wb").check()
+        sync = LoraSync(target, StepStats(), shared=shared)
+        trainer = SimpleNamespace(state=SimpleNamespace(global_step=1), model=_peft_tiny())
+        sync.bind(trainer)
+        sync.sync_weights()
+        first = sync.current
+        assert proxy.model == first
+        trainer.state.global_step = 2
+        sync.sync_weights()
+        assert proxy.model == sync.current != first
+        for up in ups:
+            assert up.adapters == [
+                ("load_lora_adapter", first, f"/mnt/engine-host/wb/{first}"),
+                ("load_lora_adapter", sync.current, f"/mnt/engine-host/wb/{sync.current}"),
+                ("unload_lora_adapter", first, None),
+            ]
+        for how in (MergedSync, NcclSync):
+            with pytest.raises(ValueError, match="reach one engine, and this run has 2"):
+                how(target, StepStats())
+        with pytest.raises(ValueError, match="a --cluster node's proxy has one engine"):  # nodes' proxies: one engine
+            GRPORun(TrainConfig(cluster="head:6379"), run_dir=tmp_path / "r", engine=engines[0], client=proxy.client(),
+                    replicas=engines[1:])  # fmt: skip
+        assert not (tmp_path / "r").exists()
+    finally:
+        proxy.stop()
+        for up in ups:
+            up.stop()
+
+
 def test_trls_vllm_client_carries_the_engine_key(monkeypatch, tmp_path):
     import trl.generation.vllm_client as trl_client
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
+import time
 import os
 
 import pytest
@@ -176,3 +178,51 @@ def test_a_groups_leader_reaches_the_engine_before_its_followers_call(proxy, tmp
         if bwrap_available():  # the same /app, HOME and TMPDIR in every sandbox: the same prompt, token for token
             first = [next(c["prompt_token_ids"] for c in calls(i) if c["purpose"] == "agent") for i in (lead, follower)]
             assert first[0] == first[1]
+
+
+def test_a_rollout_whose_engine_dies_under_it_is_run_again_on_the_other_replica(tmp_path):
+    """Two engines behind one proxy; the rollout's call is held on the first, which then stops listening: the proxy
+    drains it and moves the session; the held call is cut (an engine dying mid-answer), so the rollout ends
+    `replica_lost` (unscored), and `run_rollouts` runs it again: on the second engine, solved. The lost try is kept
+    inside the rollout's folder, not beside it (nothing reading rollout folders counts it)."""
+    from workbench.rollout import run_rollouts
+
+    solution = (
+        "def has_close_elements(numbers, threshold):\n"
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1 :])\n"
+    )
+    ups = [ScriptedUpstream(seed=1).start(), ScriptedUpstream(seed=2).start()]
+    ups[0].script, ups[1].script = ["waitclose"], [f"say:Here it is.\n```python\n{solution}```"]
+    proxy = CaptureProxy(ups[0].url, "scripted", replicas=[ups[1].url]).start()
+    client = proxy.client()
+    out: dict[str, object] = {}
+    config = RolloutConfig(harness="direct", max_output_tokens=64, timeout_s=120)
+    job = (load_task("humaneval/0"), tmp_path / "00-00")
+    worker = threading.Thread(target=lambda: out.update(results=run_rollouts([job], client, config, progress=False)))
+    try:
+        worker.start()
+        deadline = time.monotonic() + 60
+        while not ups[0].requests:  # the first call is held on the first engine
+            assert time.monotonic() < deadline, "no call reached the first engine"
+            time.sleep(0.1)
+        ups[0].server.shutdown()  # stops listening: /v1/models refused from now on
+        ups[0].server.server_close()
+        while not client._call("GET", "/engine")["engines"][0]["drained"]:
+            assert time.monotonic() < deadline, "the first engine was not drained"
+            time.sleep(0.2)
+        ups[0].release.set()  # the held call is cut mid-answer
+        worker.join(timeout=120)
+        assert not worker.is_alive()
+    finally:
+        client.close()
+        proxy.stop()
+        ups[0].release.set()
+        ups[1].stop()
+    (result,) = out["results"]
+    assert result.status == "ok" and result.reward == 1.0, (result.status, result.reason)
+    folder = tmp_path / "00-00"
+    lost = json.loads((folder / "lost-try" / "summary.json").read_text())
+    assert lost["status"] == "replica_lost" and "replica_lost" in FAILED_STATUSES  # unscored wherever it is read
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["lost_tries"][0].startswith("lost-try: replica_lost")
+    assert [p.name for p in tmp_path.iterdir()] == ["00-00"]  # nothing beside it

@@ -7,7 +7,8 @@
 Each call is relayed as the harness sent it and recorded with the token ids and logprobs the engine produced
 (OpenEnv's capture app underneath). Private modules: ``proxy`` (`CaptureProxy`), ``client`` (`ProxyClient`,
 light: no OpenEnv), ``gate`` (what a request may carry), ``record``, ``openenv``, ``stream``, ``upstream``,
-``relay``, ``ingest``, ``sse``, ``guard`` (slow clients). docs/sandboxes.md says what the proxy refuses.
+``relay``, ``ingest``, ``sse``, ``guard`` (slow clients), ``watch`` (replicas drained). docs/sandboxes.md says
+what the proxy refuses.
 """
 
 from __future__ import annotations
@@ -20,6 +21,6 @@ from workbench._lazy import face
 __all__, __getattr__, __dir__ = face(__name__)
 
 if TYPE_CHECKING:
-    from workbench.capture.client import ProxyClient, ProxyError
+    from workbench.capture.client import REPLICA_DRAINED, ProxyClient, ProxyError
     from workbench.capture.guard import ConnectionLimits
     from workbench.capture.proxy import CaptureProxy

@@ -17,7 +17,11 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ProxyClient", "ProxyError"]
+__all__ = ["ProxyClient", "ProxyError", "REPLICA_DRAINED"]
+
+# The finding a session gets when its engine, one of several behind the proxy, stopped answering and its calls were
+# moved to another (`workbench.capture.watch`): a rollout with a failed call and this finding ended because of it.
+REPLICA_DRAINED = "replica_drained"
 
 
 class ProxyError(RuntimeError):

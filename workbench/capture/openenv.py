@@ -11,7 +11,8 @@ parts replaced (`workbench.capture.proxy.CaptureProxy` serves the result behind 
 - the public routes: ``/health`` no longer names the upstream URL, ``/v1/models`` needs a session key;
 - control routes added: ``GET /sessions/{id}/trace``, ``PUT /model``, ``GET /engine`` (admin key);
 - several engines (``replicas``): each new session is pinned to the engine with the fewest live sessions, through
-  OpenEnv's own per-session engine (``Session.upstream``), each engine's checked client entered in its pool.
+  OpenEnv's own per-session engine (``Session.upstream``), each engine's checked client entered in its pool; one
+  that stops answering is drained, its sessions moved (`workbench.capture.watch`).
 
     log = CallLog(classify, lambda sid: app.state.registry.get(sid))
     app = build_app(log, Upstream("http://127.0.0.1:8011", api_key=None), "tiny", admin_key=key)
@@ -21,6 +22,7 @@ parts replaced (`workbench.capture.proxy.CaptureProxy` serves the result behind 
 from __future__ import annotations
 
 import secrets
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,7 @@ from openenv.core.harness.capture.upstream import InferenceClient, UpstreamHTTPE
 from starlette.requests import Request
 
 from workbench._compat import OPENENV_CLIENT_POST, OPENENV_POOL_ENGINES
+from workbench.capture.client import REPLICA_DRAINED
 from workbench.capture.record import CallLog, current_call
 
 __all__ = ["Upstream", "build_app"]
@@ -80,7 +83,10 @@ class _Replicas:
     streamed or not, goes there: a rollout's prefix cache stays on one engine. The pin is OpenEnv's own per-session
     engine (`Session.upstream`, model left empty so `PUT /model` still names what is served); each engine's
     checked client is entered in OpenEnv's pool under the key that engine's sessions look up, so no session
-    probes an engine and every engine's non-JSON reply is an upstream error, as on one engine."""
+    probes an engine and every engine's non-JSON reply is an upstream error, as on one engine. An engine that stops
+    answering is drained (`drain`, by `workbench.capture.watch.ReplicaWatch`): no new session is pinned to it and its
+    live sessions are moved to the others (their next call goes there; a call in flight on it fails, upstream_error,
+    unscored); `restore` when it answers again. With every engine drained, sessions are pinned as before."""
 
     def __init__(self, pool: UpstreamPool, engines: list[Upstream], model: str) -> None:
         cache = getattr(pool, OPENENV_POOL_ENGINES)
@@ -96,17 +102,46 @@ class _Replicas:
             self._targets.append(target)
             self._clients.append(client)
         self._pinned: dict[str, int] = {}  # live session -> engine index
+        self._sessions: dict[str, Session] = {}
+        self.drained: set[int] = set()
+        self.moved = 0  # sessions moved off a drained engine, over the proxy's life
+        self._lock = threading.Lock()  # pins change on the serving loop and on the watch's thread
 
-    def pin(self, session_id: str) -> SessionEngine:
-        live = [0] * len(self.engines)
-        for index in self._pinned.values():
-            live[index] += 1
-        index = live.index(min(live))
-        self._pinned[session_id] = index
-        return self._targets[index]
+    def _least_busy(self) -> int:
+        live = self.live()
+        open_ = [i for i in range(len(self.engines)) if i not in self.drained] or list(range(len(self.engines)))
+        return min(open_, key=lambda i: live[i])
+
+    def pin(self, session: Session) -> None:
+        with self._lock:
+            index = self._least_busy()
+            self._pinned[session.session_id], self._sessions[session.session_id] = index, session
+            session.upstream, session.capture_level = self._targets[index], "tokens"
 
     def release(self, session_id: str) -> None:
-        self._pinned.pop(session_id, None)
+        with self._lock:
+            self._pinned.pop(session_id, None)
+            self._sessions.pop(session_id, None)
+
+    def drain(self, index: int) -> int:
+        """Pin nothing new to engine `index` and move its live sessions to the least busy open engine; returns how
+        many moved (none when no other engine is open)."""
+        with self._lock:
+            self.drained.add(index)
+            moved = 0
+            for session_id, at in list(self._pinned.items()):
+                if at == index and (to := self._least_busy()) != index:
+                    self._pinned[session_id] = to
+                    session = self._sessions[session_id]
+                    session.upstream = self._targets[to]
+                    session.findings.append(f"[WARN] {REPLICA_DRAINED}: engine {index} stopped answering; now {to}")
+                    moved += 1
+            self.moved += moved
+            return moved
+
+    def restore(self, index: int) -> None:
+        with self._lock:
+            self.drained.discard(index)
 
     def client_of(self, session_id: str) -> InferenceClient | None:
         """The engine client a session is pinned to (None: not pinned here)."""
@@ -115,7 +150,8 @@ class _Replicas:
 
     def live(self) -> list[int]:
         """Live sessions per engine, in the order named."""
-        return [sum(i == index for i in self._pinned.values()) for index in range(len(self.engines))]
+        pinned = list(self._pinned.values())
+        return [pinned.count(index) for index in range(len(self.engines))]
 
 
 class _Registry(SessionRegistry):
@@ -132,8 +168,7 @@ class _Registry(SessionRegistry):
         if not isinstance(session.graph, _TaggingGraph):
             session.graph = _TaggingGraph(self._log, session.session_id)
         if self.replicas is not None and session.upstream is None:
-            session.upstream = self.replicas.pin(session.session_id)
-            session.capture_level = "tokens"
+            self.replicas.pin(session)
         self._log.open(session.session_id)
         return session
 
@@ -332,13 +367,16 @@ def _add_control_routes(app: FastAPI, log: CallLog, engines: list[Upstream], adm
     @app.get("/engine")
     async def engine(request: Request) -> Any:
         """Trainer-side: which model, and is every engine behind the proxy answering? (`url`, `reachable` and
-        `error` are the first unreachable engine's, else the first engine's; `engines` lists each with its live
-        sessions when there are several.)"""
+        `error` are the first unreachable engine's that is not drained, else the first answering one's, else the
+        first's: a drained engine takes no session, so the proxy serves while one answers; `engines` lists each with
+        its live sessions when there are several.)"""
         if not admin_ok(request):
             return unauthorised()
         async with httpx.AsyncClient(timeout=5) as http:
             errors = [await reach(e, http) for e in engines]
-        worst = next((i for i, e in enumerate(errors) if e is not None), 0)
+        drained = app.state.registry.replicas.drained if app.state.registry.replicas is not None else set()
+        bad = [i for i, e in enumerate(errors) if e is not None and i not in drained]
+        worst = bad[0] if bad else next((i for i, e in enumerate(errors) if e is None), 0)
         answer = {
             "url": engines[worst].url,
             "model": app.state.model,
@@ -348,7 +386,14 @@ def _add_control_routes(app: FastAPI, log: CallLog, engines: list[Upstream], adm
         replicas = app.state.registry.replicas
         if replicas is not None:
             answer["engines"] = [
-                {"url": e.url, "reachable": err is None, "error": err, "live_sessions": n}
-                for e, err, n in zip(engines, errors, replicas.live())
+                {
+                    "url": e.url,
+                    "reachable": err is None,
+                    "error": err,
+                    "live_sessions": n,
+                    "drained": i in replicas.drained,
+                }
+                for i, (e, err, n) in enumerate(zip(engines, errors, replicas.live()))
             ]
+            answer["sessions_moved"] = replicas.moved
         return answer

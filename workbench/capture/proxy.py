@@ -62,6 +62,7 @@ from workbench.capture.guard import ConnectionGuard, ConnectionLimits
 from workbench.capture.openenv import Upstream, build_app
 from workbench.capture.record import CallLog, CallRecord, CallRecorder
 from workbench.capture.stream import StreamingPath
+from workbench.capture.watch import ReplicaWatch
 
 __all__ = ["CaptureProxy", "ProxyClient", "ProxyError", "CallRecord", "ConnectionLimits", "BOOKKEEPING_MAX_TOKENS"]
 
@@ -127,7 +128,8 @@ class CaptureProxy:
     `connection_limits` (default `ConnectionLimits()`) closes connections whose request arrives too slowly and
     caps the waiting connections of one client address; `connection_guard` counts what it closed.
     `replicas`: more engines serving the same weights (same key, same served name); each new session is pinned
-    to the one of `upstream` and them with the fewest live sessions, and all its calls go there.
+    to the one of `upstream` and them with the fewest live sessions, and all its calls go there; one that stops
+    answering is drained and its sessions moved (`workbench.capture.watch`).
     """
 
     def __init__(
@@ -170,6 +172,7 @@ class CaptureProxy:
         self.connection_guard = ConnectionGuard(connection_limits or ConnectionLimits())
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._watch: ReplicaWatch | None = None
 
     @property
     def model(self) -> str:
@@ -349,6 +352,8 @@ class CaptureProxy:
                 raise ProxyError(f"capture proxy could not bind {self.url}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).json().get("instance") == self.inner.state.instance_id:
+                    if (replicas := self.inner.state.registry.replicas) is not None:  # a dead engine is drained
+                        self._watch = ReplicaWatch(replicas).start()
                     return self
             except (httpx.HTTPError, ValueError):
                 pass
@@ -368,6 +373,9 @@ class CaptureProxy:
         gc.freeze()
 
     def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
         if self._streaming is not None:  # its engine connections belong to the serving loop
             self._streaming.close()
         if self._server is not None:

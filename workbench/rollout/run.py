@@ -142,6 +142,8 @@ def run_rollouts(
             result = results[i] = run_rollout(
                 task, client, config, out, stop=stop, primed=primed[task.id] if lead and config.lead_s > 0 else None
             )
+            if result.status == "replica_lost" and not stop.is_set():
+                result = results[i] = _again(task, client, config, out, stop, result)
         except Exception as exc:  # recorded: a rollout failing must not sink the group
             result = results[i] = RolloutResult(
                 out.name, task.id, "crashed", f"{type(exc).__name__}: {exc}", None, out, {}
@@ -177,6 +179,22 @@ def run_rollouts(
         pool.shutdown(wait=True)
         bar.close()
     return [r for r in results if r is not None]
+
+
+def _again(
+    task: Task, client: ProxyClient, config: RolloutConfig, out: Path, stop: threading.Event, lost: RolloutResult
+) -> RolloutResult:
+    """Run a ``replica_lost`` rollout once more (its engine died under it; the proxy has moved on to another). The
+    lost try's folder is kept inside the new one (``lost-try/``: not a rollout of its own to anything that reads
+    rollout folders), and the new summary.json names it."""
+    aside = out.with_name(f".{out.name}.lost-try")
+    os.replace(out, aside)
+    result = run_rollout(task, client, config, out, stop=stop)
+    out.mkdir(parents=True, exist_ok=True)
+    os.replace(aside, out / "lost-try")
+    summary = json.loads((out / "summary.json").read_text())
+    atomic_json(out / "summary.json", {**summary, "lost_tries": [f"lost-try: replica_lost: {lost.reason}"]})
+    return result
 
 
 def read_summaries(folder: Path) -> list[dict[str, Any]]:

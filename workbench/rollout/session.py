@@ -42,7 +42,7 @@ from workbench.harnesses import HarnessOptions, HarnessRun, get_harness
 from workbench.paths import tools_dir
 from workbench.runs import atomic_json
 from workbench.procs import exit_signal, signal_name
-from workbench.rollout.types import RolloutConfig, Status, agent_entries
+from workbench.rollout.types import RolloutConfig, Status, after_capture, agent_entries
 from workbench.rollout.types import call_counts, engine_failure, trace_tool_calls, workspace_files
 from workbench.sandbox import CANNOT_START, CopyLimitError, Sandbox, SandboxError
 from workbench.tasks import Task
@@ -288,17 +288,12 @@ class HarnessSession:
         return calls
 
     def check_capture(self) -> None:
-        """A model call the proxy answered but could not record (``[FATAL] capture_ingest_failed``) leaves the
-        trace without a turn the agent acted on: the rollout becomes ``capture_failed``, unscored (a failure
-        already recorded, or an interrupt, stays what it is)."""
+        """The status once the capture's findings are read (`workbench.rollout.types.after_capture`: a call answered
+        but not recorded is ``capture_failed``; an engine failure on a drained replica ``replica_lost``)."""
+        findings: list[str] = []
         with contextlib.suppress(ProxyError):
-            self.capture_ingest_failed = sum("capture_ingest_failed" in f for f in self.client.findings(self.key))
-        if self.capture_ingest_failed and self.status not in ("setup_failed", "upstream_error", "interrupted"):
-            self.status, self.reason = (
-                "capture_failed",
-                f"{self.capture_ingest_failed} model call(s) answered but not recorded (capture_ingest_failed): "
-                f"unscored (the agent had ended {self.status}: {self.reason})",
-            )
+            findings = self.client.findings(self.key)
+        self.status, self.reason, self.capture_ingest_failed = after_capture(self.status, self.reason, findings)
 
     def fetch_proxy_trace(self) -> list[dict[str, Any]]:  # OpenEnv's LoopOwningSession: the agent calls' entries
         return agent_entries(self.calls())

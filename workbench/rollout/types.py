@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from workbench.capture import REPLICA_DRAINED
 from workbench.sandbox import Isolation, SandboxLimits
 from workbench.tasks import Task
 
@@ -33,6 +34,7 @@ __all__ = [
     "RolloutOutcome",
     "agent_entries",
     "trace_tool_calls",
+    "after_capture",
 ]
 
 # A short agent prompt (opencode's own is ~7.2k tokens; with this one a prompt is ~1.8k). The
@@ -66,6 +68,7 @@ FinalStatus = Literal[
     "verify_error",
     "capture_failed",
     "worker_lost",
+    "replica_lost",
 ]
 Status = Literal["running", FinalStatus]
 STATUSES: tuple[FinalStatus, ...] = get_args(FinalStatus)
@@ -75,7 +78,9 @@ STATUSES: tuple[FinalStatus, ...] = get_args(FinalStatus)
 # host) never let the agent act, so it is not the agent's 0 (a timeout after an answer is). ``capture_failed``: a
 # model call the proxy answered but could not record (OpenEnv's ``capture_ingest_failed``), so the trace lacks a turn
 # the agent acted on and its other turns would take a reward they did not earn alone. ``worker_lost``: the cluster
-# node (or its worker) running it died, every time it was re-queued (`workbench.rollout.cluster`).
+# node (or its worker) running it died, every time it was re-queued (`workbench.rollout.cluster`). ``replica_lost``:
+# a call failed because its engine, one of several behind the proxy, stopped answering and was drained
+# (`workbench.capture.watch`); `run_rollouts` runs it again once.
 FAILED_STATUSES: tuple[FinalStatus, ...] = (
     "setup_failed",
     "upstream_error",
@@ -84,6 +89,7 @@ FAILED_STATUSES: tuple[FinalStatus, ...] = (
     "stalled",
     "capture_failed",
     "worker_lost",
+    "replica_lost",
 )
 
 # Engine refusals that say nothing about the agent's output: credentials (401, 403), a model or route the
@@ -253,3 +259,18 @@ def trace_tool_calls(calls: list[dict[str, Any]]) -> dict[str, int]:
             name = str((call.get("function") or {}).get("name") or "")
             counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+def after_capture(status: Status, reason: str | None, findings: list[str]) -> tuple[Status, str | None, int]:
+    """A finished rollout's status and reason once the capture's findings for its session are read, and how many
+    of its calls were answered but not recorded. Such a call (``[FATAL] capture_ingest_failed``) leaves the trace
+    without a turn the agent acted on: ``capture_failed``, unscored (a failure already recorded, or an interrupt,
+    stays what it is). An engine failure in a session whose engine was drained (`REPLICA_DRAINED`) is
+    ``replica_lost``: unscored, and `workbench.rollout.run_rollouts` runs it again."""
+    failed = sum("capture_ingest_failed" in f for f in findings)
+    if status == "upstream_error" and any(REPLICA_DRAINED in f for f in findings):
+        return "replica_lost", f"its engine stopped answering and was drained: {reason}", failed
+    if failed and status not in ("setup_failed", "upstream_error", "interrupted"):
+        why = f"{failed} model call(s) answered but not recorded (capture_ingest_failed): unscored"
+        return "capture_failed", f"{why} (the agent had ended {status}: {reason})", failed
+    return status, reason, failed

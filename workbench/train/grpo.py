@@ -40,6 +40,7 @@ import shutil
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable, Literal
 
 from workbench.capture import ProxyClient
@@ -130,7 +131,7 @@ def resolve_weight_sync(config: TrainConfig, engine: Engine | None, device: str)
 
 class GRPORun:
     """One short GRPO run into a run folder. The engine and proxy are started unless given (or unless the run
-    replays recorded rollouts: ``from_rollouts``, no engine)."""
+    replays recorded rollouts: ``from_rollouts``, no engine); `replicas`, more engines behind the given proxy."""
 
     def __init__(
         self,
@@ -141,9 +142,14 @@ class GRPORun:
         client: ProxyClient | None = None,
         reward_fn: Callable[[RolloutOutcome], float | None] | None = None,
         train_turn_fn: MaskPolicy | None = None,
+        replicas: Sequence[Engine] = (),
     ) -> None:
-        if (engine is None) != (client is None):
-            raise ValueError("pass both engine and client (an engine the proxy forwards to), or neither")
+        if (engine is None) != (client is None) or (replicas and engine is None):
+            raise ValueError(
+                "pass both engine and client (an engine the proxy forwards to), or neither; replicas with them"
+            )
+        if replicas and config.cluster != "local":
+            raise ValueError("replicas are behind this machine's proxy; a --cluster node's proxy has one engine")
         self.config = config
         self.device = resolve_device(config.device)
         # A shared folder the engine cannot be sent to is an error now, before any engine or sandbox starts.
@@ -151,6 +157,7 @@ class GRPORun:
         self.processes = check_processes(config, run_dir)  # torchrun: replay only, whole groups a process
         self.dir = RunDir.create("grpo", path=run_dir)
         self.engine, self.client = engine, client
+        self.replicas = tuple(replicas)  # more engines behind the client's proxy: each LoRA sync reaches them all
         self.cluster: Cluster | None = None  # the Ray cluster's sandbox nodes, opened by train() (config.cluster)
         # Default: the hidden-test reward, with `TrainConfig.write_credit` for writing solution.py when set (and
         # decaying when `write_credit_decay_steps` is: `reward_at` gives each step its own).
@@ -241,7 +248,7 @@ class GRPORun:
 
     def _sync(self) -> LoraSync | MergedSync | NcclSync | SaveOnlySync:
         """How the trained policy reaches the engine (`workbench.train.policy_sync`), as `weight_sync` resolved."""
-        target = SyncTarget(self.engine, self.client, self.dir.path)
+        target = SyncTarget(self.engine, self.client, self.dir.path, self.replicas)
         if self.recording is not None:
             return SaveOnlySync(target, self.stats)
         if self.weight_sync == "nccl":

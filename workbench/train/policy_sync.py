@@ -73,11 +73,14 @@ __all__ = [
 @dataclass(frozen=True)
 class SyncTarget:
     """Where a sync object sends the policy: the engine (None when replaying: nothing serves it), the capture proxy's
-    client (pointed at each new policy), and the run folder (``adapters/step-N``, ``merged/``)."""
+    client (pointed at each new policy), and the run folder (``adapters/step-N``, ``merged/``). `replicas`: more
+    engines behind the same proxy (``CaptureProxy(replicas=...)``), serving the same weights: `LoraSync` loads each
+    adapter into every one before the proxy names it; merged and NCCL syncs reach one engine and refuse them."""
 
     engine: "Engine | None"
     client: "ProxyClient | None"
     folder: Path
+    replicas: "tuple[Engine, ...]" = ()
 
 
 class _Sync:
@@ -169,17 +172,18 @@ class LoraSync(_Sync):
 
     def sync_weights(self) -> None:
         engine, client = self._served()
+        engines = (engine, *self.target.replicas)  # every one serves the adapter before the proxy names it
         t = time.monotonic()
         step, path = self._save_adapter()
         name = f"policy-{self.nonce}-step{step}"
-        if self.shared is not None:
-            engine.load_adapter(name, path, engine_path=self.shared.publish(path, name))
-        else:
-            engine.load_adapter(name, path)
+        published = self.shared.publish(path, name) if self.shared is not None else None
+        for each in engines:
+            each.load_adapter(name, path, engine_path=published)
         client.set_model(name)
         previous, self.current = self.current, name
         if previous is not None:
-            engine.unload_adapter(previous)
+            for each in engines:
+                each.unload_adapter(previous)
             if self.shared is not None:
                 for old in self._unloaded:
                     self.shared.remove(old)
@@ -241,6 +245,7 @@ class MergedSync(_Sync):
     for the policy never changes, so `current` is the served name."""
 
     def __init__(self, target: SyncTarget, stats: StepStats) -> None:
+        _one_engine(target, "merged weights")
         super().__init__(target, stats)
         self.probe: SyncProbe | None = None  # made at the first sync, from the trainer's tokenizer and dtypes
         self.file: MergedFile | None = None  # made at the first reload
@@ -326,6 +331,14 @@ class SaveOnlySync(_Sync):
         self.stats.update(sync_s=time.monotonic() - t)
 
 
+def _one_engine(target: SyncTarget, how: str) -> None:
+    if target.replicas:
+        raise ValueError(
+            f"{how} reach one engine, and this run has {1 + len(target.replicas)}: sync LoRA adapters "
+            "(weight_sync='lora', with sync_dir when the engines are on other hosts)"
+        )
+
+
 def authenticated_vllm_client(
     base_url: str, api_key: str | None, *, group_port: int = 51216, connection_timeout: float = 0.0
 ) -> Any:
@@ -362,6 +375,7 @@ class NcclSync(_Sync):
         group_port: int = 51216,
         client_factory: Callable[[str, str | None, int], Any] | None = None,
     ) -> None:
+        _one_engine(target, "NCCL broadcasts")
         super().__init__(target, stats)
         self.group_port = group_port
         self._make = client_factory or (lambda url, key, port: authenticated_vllm_client(url, key, group_port=port))
