@@ -154,7 +154,7 @@ class GRPORun:
         self.device = resolve_device(config.device)
         # A shared folder the engine cannot be sent to is an error now, before any engine or sandbox starts.
         self.shared = SharedFolder.of(config.sync_dir, config.sync_dir_on_engine).check() if config.sync_dir else None
-        self.processes = check_processes(config, run_dir)  # torchrun: replay only, whole groups a process
+        check_processes(config, run_dir)  # under torchrun: replay only, whole groups a process, or ValueError
         self.dir = RunDir.create("grpo", path=run_dir)
         self.engine, self.client = engine, client
         self.replicas = tuple(replicas)  # more engines behind the client's proxy: each LoRA sync reaches them all
@@ -319,7 +319,8 @@ class GRPORun:
             "engine_dtype": self.engine_dtype,
             "cpu_flags": list(cpu_flags()),
         }
-        main = processes()[1] == 0  # of several processes, rank 0 writes the run's files
+        rank = processes()[1]  # of several processes, rank 0 writes the run's files
+        main = rank == 0
         if main:
             record_config(self.dir, record, resume=resume, checkpoint=checkpoint)  # before any engine or sandbox
         started = time.monotonic()
@@ -348,7 +349,7 @@ class GRPORun:
             self.trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
             self.trainer.vllm_generation.sync_weights()  # the engine serves the final policy afterwards
             if not main:
-                return {"steps": self.trainer.state.global_step, "process": processes()[1]}
+                return {"steps": self.trainer.state.global_step, "process": rank}
             final = self.dir.path / "adapters" / "final"
             if final.exists():
                 shutil.rmtree(final)
