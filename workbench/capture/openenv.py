@@ -85,8 +85,8 @@ class _Replicas:
     checked client is entered in OpenEnv's pool under the key that engine's sessions look up, so no session
     probes an engine and every engine's non-JSON reply is an upstream error, as on one engine. An engine that stops
     answering is drained (`drain`, by `workbench.capture.watch.ReplicaWatch`): no new session is pinned to it and its
-    live sessions are moved to the others (their next call goes there; a call in flight on it fails, upstream_error,
-    unscored); `restore` when it answers again. With every engine drained, sessions are pinned as before."""
+    live sessions are moved to the others (their next call goes there; a call in flight on it fails, and the session
+    has a `REPLICA_DRAINED` finding: its rollout is ``replica_lost``, run again); `restore` when it answers again. With every engine drained, sessions are pinned as before."""
 
     def __init__(self, pool: UpstreamPool, engines: list[Upstream], model: str) -> None:
         cache = getattr(pool, OPENENV_POOL_ENGINES)

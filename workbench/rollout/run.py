@@ -189,9 +189,11 @@ def _again(
     rollout folders), and the new summary.json names it."""
     aside = out.with_name(f".{out.name}.lost-try")
     os.replace(out, aside)
-    result = run_rollout(task, client, config, out, stop=stop)
-    out.mkdir(parents=True, exist_ok=True)
-    os.replace(aside, out / "lost-try")
+    try:
+        result = run_rollout(task, client, config, out, stop=stop)
+    finally:  # interrupted too: the lost try goes inside, never left beside it as a hidden folder
+        out.mkdir(parents=True, exist_ok=True)
+        os.replace(aside, out / "lost-try")
     summary = json.loads((out / "summary.json").read_text())
     atomic_json(out / "summary.json", {**summary, "lost_tries": [f"lost-try: replica_lost: {lost.reason}"]})
     return result
