@@ -238,3 +238,89 @@ def test_the_cluster_is_a_config_field_the_command_line_reaches_and_the_async_tr
         assert cls().cluster == "local"
     with pytest.raises(ValueError, match="async trainer samples on this machine only"):
         TrainConfig(cluster="10.0.0.5:6379", trainer="async")
+
+
+@pytest.mark.engine
+@pytest.mark.opencode
+def test_a_driver_killed_mid_step_resumes_on_the_cluster_and_leaves_nothing_behind(engine, tmp_path):
+    """`workbench train --cluster` SIGKILLed while step 2's rollouts run on the nodes (nothing of it closes: its proxy,
+    its Ray workers, their sandboxes die with it, their scratch folders are left): `--resume` continues from step 1's
+    checkpoint on the same cluster, re-samples step 2 whole, and its workers remove the dead run's scratch folders."""
+    import signal
+    import subprocess
+    import sys
+
+    before = set(_left_behind())
+    key = tmp_path / "key"
+    key.write_text(engine.api_key or "")
+    key.chmod(0o600)
+    run_dir = tmp_path / "run"
+
+    def train(address: str, *more: str) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "workbench", "train", "--model", "tiny", "--tasks", "easy[:1]", "--steps", "3"]
+        argv += ["--group-size", "2", "--temperature", "0.7", "--lr", "2e-2", "--max-output-tokens", "24"]
+        argv += ["--max-calls", "2", "--train-turns", "all", "--cluster", address, "--out", str(run_dir)]
+        argv += ["--upstream", engine.url, "--served-name", engine.served_name, "--upstream-key-file", str(key)]
+        log = (tmp_path / f"train{len(more)}.log").open("w")
+        return subprocess.Popen([*argv, *more], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def in_flight() -> bool:  # a node worker's scratch holds a rollout folder: step 2 is sampling on the cluster
+        metrics = run_dir / "metrics.jsonl"
+        steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        return steps == [1] and any(any(Path(f).iterdir()) for f in set(_left_behind()) - before if Path(f).is_dir())
+
+    started: list[subprocess.Popen] = []
+    with ray_nodes(1, 1) as (ray_cluster, _):
+        driver = train(ray_cluster.address)
+        started.append(driver)
+        try:
+            _wait_for(lambda: in_flight() or driver.poll() is not None, "step 2 in flight on a node", timeout_s=300)
+            assert driver.poll() is None, (tmp_path / "train0.log").read_text()[-3000:]
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=30)
+            # Ray kills the dead job's workers, and their sandboxes with them; their scratch folders stay
+            _wait_for(lambda: not any("_NodeWorker" in _cmdline(p.pid) for p in processes()), "the workers gone", 60)
+            orphans = {f for f in set(_left_behind()) - before if Path(f).is_dir()}
+            assert orphans, "a killed worker closes nothing: its scratch folder is left until a worker sweeps it"
+            assert not (run_dir / "checkpoints" / "checkpoint-2").exists()
+
+            resumed = train(ray_cluster.address, "--resume")
+            started.append(resumed)
+            assert resumed.wait(timeout=600) == 0, (tmp_path / "train1.log").read_text()[-3000:]
+        finally:
+            for proc in started:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3], metrics
+    assert all(m["rollouts"] == 2 and m["infra_failed_rate"] == 0.0 for m in metrics), metrics
+    [resume] = [json.loads(line) for line in (run_dir / "resumes.jsonl").read_text().splitlines()]
+    assert resume["checkpoint"] == "checkpoint-1"
+    step2 = sorted((run_dir / "rollouts" / "step-0002").iterdir())
+    assert len(step2) == 2 and all(json.loads((f / "summary.json").read_text())["node"] for f in step2)
+    assert (run_dir / "checkpoints" / "checkpoint-3").is_dir()
+    assert not orphans & set(_left_behind()), "the resumed run's workers removed the dead run's scratch folders"
+    _wait_for(lambda: set(_left_behind()) <= before, f"nothing left behind: {_left_behind()}", timeout_s=30)
+
+
+def test_a_node_worker_removes_scratch_folders_whose_worker_is_gone_and_keeps_live_ones(tmp_path):
+    from workbench.rollout.cluster import _sweep_orphans
+
+    dead = _exited_pid()
+    gone = tmp_path / f"wb-node-{dead}-abc"
+    live = tmp_path / f"wb-node-{os.getpid()}-def"
+    other = tmp_path / "wb-node-xyz"  # not a worker's name: never touched
+    for folder in (gone, live, other):
+        (folder / "rollout" / "workspace").mkdir(parents=True)
+    (gone / "rollout" / "workspace").chmod(0o000)  # as an agent may leave it
+    assert _sweep_orphans(tmp_path) == [gone]
+    assert not gone.exists() and live.is_dir() and other.is_dir()
+
+
+def _exited_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

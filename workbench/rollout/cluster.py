@@ -22,7 +22,10 @@ failures, re-queued on a live node up to `retries` times; past that (or with no 
 ``worker_lost``, unscored (`FAILED_STATUSES`), never a reward of 0. The policy version is the driver's proxy's
 served name (`model=`), set on a node's proxy before each rollout, so a policy sync reaches every node.
 A node's scratch folder is removed when its worker closes; one left by a node that died is removed by the driver
-when that folder is on the driver's own disk (a cluster on one machine), else it stays on the dead node.
+when that folder is on the driver's own disk (a cluster on one machine). A driver that dies takes its workers with it
+(Ray kills a dead job's actors, and their sandboxes die with them), but not their scratch folders: each is named
+after its worker's pid, and the next worker that starts on that node (the resumed run's) removes every one whose
+worker is gone.
 """
 
 from __future__ import annotations
@@ -72,6 +75,23 @@ class NodeProxy:
     replicas: tuple[str, ...] = ()
 
 
+_SCRATCH = "wb-node-"  # a worker's scratch folder: wb-node-<its pid>-<random>
+
+
+def _sweep_orphans(tmp: Path) -> list[Path]:
+    """Remove the scratch folders under `tmp` whose worker process is gone (a driver killed with SIGKILL: Ray kills
+    its workers, which then close nothing). A folder whose pid is alive stays, whoever has that pid now: a live
+    worker's is never touched, at the cost of keeping a dead one's until its pid is free again. Returns the removed."""
+    removed = []
+    for folder in tmp.glob(f"{_SCRATCH}*-*"):
+        pid = folder.name[len(_SCRATCH) :].split("-", 1)[0]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        force_remove(folder)
+        removed.append(folder)
+    return removed
+
+
 class _NodeWorker:
     """One node's rollouts (a Ray actor, threaded: `slots` at once): a capture proxy on the node's loopback, a
     scratch folder, and `rollout()` returning a finished rollout's folder as a gzipped tar."""
@@ -91,7 +111,8 @@ class _NodeWorker:
         # Everything this node's rollouts make (rollout folders, sandbox and grading folders) goes below one
         # folder, so closing the worker, or the driver after the node died, removes all of it. 0711: a sandbox's
         # fresh uid must pass through it to its own folder (as through /tmp), not list it.
-        self.scratch = Path(tempfile.mkdtemp(prefix="wb-node-"))
+        _sweep_orphans(Path(tempfile.gettempdir()))
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"{_SCRATCH}{os.getpid()}-"))
         self.scratch.chmod(0o711)
         os.environ["TMPDIR"] = tempfile.tempdir = str(self.scratch)
 
