@@ -531,6 +531,7 @@ def test_an_engine_that_stops_answering_is_drained_and_its_sessions_go_on_on_the
         assert ups[0].requests[-1]["messages"][-1]["content"] == "s1 r1"
         calls = client.trace(keys[1])
         assert [c["status"] for c in calls] == ["ok", "ok"]
+        assert [c["engine"] for c in calls] == [1, 0], "each call's record names the engine it went to"
         assert calls[1]["completion_token_ids"] == ups[0].answers[-1]["choices"][0]["token_ids"]
         client.open_session(harness="opencode", temperature=0.7)
         assert [e["live_sessions"] for e in client._call("GET", "/engine")["engines"]] == [3, 0]
@@ -593,7 +594,7 @@ def test_sessions_are_spread_over_several_engines_and_each_sticks_to_its_own(str
                 a for req, a in zip(up.requests, up.answers) if req["messages"][-1]["content"].startswith(f"s{i} ")
             ]
             calls = client.trace(key)
-            assert [c["status"] for c in calls] == ["ok", "ok"]
+            assert [c["status"] for c in calls] == ["ok", "ok"] and [c["engine"] for c in calls] == [i % 2] * 2
             assert [c["completion_token_ids"] for c in calls] == [a["choices"][0]["token_ids"] for a in answers]
         assert [e["live_sessions"] for e in client._call("GET", "/engine")["engines"]] == [2, 2]
         client.close_session(keys[1])  # the second engine has one live session now: the next goes there

@@ -40,7 +40,7 @@ from starlette.requests import Request
 
 from workbench._compat import OPENENV_CLIENT_POST, OPENENV_POOL_ENGINES
 from workbench.capture.client import REPLICA_DRAINED
-from workbench.capture.record import CallLog, current_call
+from workbench.capture.record import ENGINE_KEY, CallLog, current_call
 
 __all__ = ["Upstream", "build_app"]
 
@@ -101,8 +101,7 @@ class _Replicas:
             cache[target.cache_key] = (client, "tokens")
             self._targets.append(target)
             self._clients.append(client)
-        self._pinned: dict[str, int] = {}  # live session -> engine index
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, Session] = {}  # live ones; each one's engine index is its metadata's ENGINE_KEY
         self.drained: set[int] = set()
         self.moved = 0  # sessions moved off a drained engine, over the proxy's life
         self._lock = threading.Lock()  # pins change on the serving loop and on the watch's thread
@@ -115,12 +114,12 @@ class _Replicas:
     def pin(self, session: Session) -> None:
         with self._lock:
             index = self._least_busy()
-            self._pinned[session.session_id], self._sessions[session.session_id] = index, session
+            self._sessions[session.session_id] = session
+            session.metadata[ENGINE_KEY] = index
             session.upstream, session.capture_level = self._targets[index], "tokens"
 
     def release(self, session_id: str) -> None:
         with self._lock:
-            self._pinned.pop(session_id, None)
             self._sessions.pop(session_id, None)
 
     def drain(self, index: int) -> int:
@@ -129,10 +128,9 @@ class _Replicas:
         with self._lock:
             self.drained.add(index)
             moved = 0
-            for session_id, at in list(self._pinned.items()):
-                if at == index and (to := self._least_busy()) != index:
-                    self._pinned[session_id] = to
-                    session = self._sessions[session_id]
+            for session in list(self._sessions.values()):
+                if session.metadata[ENGINE_KEY] == index and (to := self._least_busy()) != index:
+                    session.metadata[ENGINE_KEY] = to
                     session.upstream = self._targets[to]
                     session.findings.append(f"[WARN] {REPLICA_DRAINED}: engine {index} stopped answering; now {to}")
                     moved += 1
@@ -145,12 +143,12 @@ class _Replicas:
 
     def client_of(self, session_id: str) -> InferenceClient | None:
         """The engine client a session is pinned to (None: not pinned here)."""
-        index = self._pinned.get(session_id)
-        return None if index is None else self._clients[index]
+        session = self._sessions.get(session_id)
+        return None if session is None else self._clients[session.metadata[ENGINE_KEY]]
 
     def live(self) -> list[int]:
         """Live sessions per engine, in the order named."""
-        pinned = list(self._pinned.values())
+        pinned = [session.metadata[ENGINE_KEY] for session in list(self._sessions.values())]
         return [pinned.count(index) for index in range(len(self.engines))]
 
 

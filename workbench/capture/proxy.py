@@ -60,7 +60,7 @@ from workbench.capture.client import ProxyClient, ProxyError
 from workbench.capture.gate import DUPLICATE, body_problem, offered_key, route
 from workbench.capture.guard import ConnectionGuard, ConnectionLimits
 from workbench.capture.openenv import Upstream, build_app
-from workbench.capture.record import CallLog, CallRecord, CallRecorder
+from workbench.capture.record import ENGINE_KEY, CallLog, CallRecord, CallRecorder
 from workbench.capture.stream import StreamingPath
 from workbench.capture.watch import ReplicaWatch
 
@@ -273,7 +273,10 @@ class CaptureProxy:
         when the session's log is gone (closed while this request was arriving)."""
         harness_session = dict(scope["headers"]).get(b"x-session-id")
         return self.log.new_call(
-            session.session_id, harness_session.decode("latin-1") if harness_session else None, **fields
+            session.session_id,
+            harness_session.decode("latin-1") if harness_session else None,
+            engine=session.metadata.get(ENGINE_KEY),  # the engine it is pinned to now, when there are several
+            **fields,
         )
 
     async def _read_body(self, scope: Scope, receive: Receive) -> list[Message] | None:

@@ -42,7 +42,11 @@ from workbench.capture import fastjson
 from workbench.capture.fidelity import fidelity
 from workbench.harnesses import CallInfo, Classifier, Dialect, Purpose
 
-__all__ = ["CallRecord", "CallLog", "CallRecorder", "current_call"]
+__all__ = ["CallRecord", "CallLog", "CallRecorder", "current_call", "ENGINE_KEY"]
+
+# Where a session pinned to one of several engines keeps that engine's index (`Session.metadata`; the order the
+# engines were named in); each call's record copies it (trace.json's ``engine``), moved sessions included.
+ENGINE_KEY = "engine"
 
 
 @dataclass
@@ -70,6 +74,7 @@ class CallRecord:
     request_body: bytearray = field(default_factory=bytearray, repr=False)  # kept only until classified
     # every block of the raw request found in what was forwarded (`workbench.capture.fidelity`), for answered calls
     fidelity: dict[str, Any] | None = None
+    engine: int | None = None  # which of several engines the call went to (None: the proxy has one)
 
     def to_json(self) -> dict[str, Any]:
         """The trace.json record: the seed's per-call fields plus purpose/status."""
@@ -89,6 +94,8 @@ class CallRecord:
             record["clamped_max_tokens"] = self.clamped_max_tokens
         if self.upstream_status is not None:
             record["upstream_status"] = self.upstream_status
+        if self.engine is not None:
+            record["engine"] = self.engine
         if n is None:
             return record
         record.update(

@@ -64,8 +64,11 @@ def _ram_folder() -> str | None:
 class Engine:
     """A running (or external) OpenAI-compatible vLLM server."""
 
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, *, api_key: str | None = None) -> None:
+        """`api_key`: the key the started engine requires (None: a fresh random one). Replicas behind one capture
+        proxy share one key: ``Engine(config, api_key=first.api_key)``."""
         self.config = config or EngineConfig()
+        self._key = api_key
         self.asset: ModelAsset | None = None
         self.url = ""
         self.served_name = ""
@@ -197,7 +200,7 @@ class Engine:
         self.log_path = logs / f"vllm-{self.asset.served_name}-{self.config.port}.log"
         self.url = f"http://{self.config.host}:{self.config.port}"
         self.served_name = self.asset.served_name
-        self.api_key = secrets.token_urlsafe(24)
+        self.api_key = self._key or secrets.token_urlsafe(24)
         # In RAM where there is a tmpfs: merged weights are written here every step (`weights_folder`), 0.7-2.5 GB
         # that a disk folder would have to write back (a 2.5 GB write took 8.5-9.3 s to the run folder's disk here,
         # 3.7-4.6 s to /dev/shm, at load 2-3). Removed by stop(), or by the watchdog when this process dies.
