@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/decode_floor.py                        # qwen-coder, batches 1 and 8, ~6 min on 2 cores
     .venv/bin/python benchmarks/decode_floor.py --batches 1 8 --context 1800 --tokens 96 --dtype asset
+    .venv/bin/python benchmarks/decode_floor.py --batches 8 --tokens 256 --stream-intervals 1 8   # chunking, side by side
 
 Leave ``OMP_NUM_THREADS`` unset (the rates part sets torch's threads itself, as benchmarks/limits.py does).
 
@@ -15,7 +16,10 @@ Leave ``OMP_NUM_THREADS`` unset (the rates part sets torch's threads itself, as 
    stamped; the decode step is measured in the window where every sequence is decoding (after the last one's first
    token, before the first one's last): the tokens the streams received there / the window's length, per stream
    (vLLM emits one token per sequence per step, so steps/s = tokens/s of one stream). ``--reps`` windows per batch,
-   the best kept (the cores are shared with the client and the engine's own front end).
+   the best kept (the cores are shared with the client and the engine's own front end). ``--stream-intervals 1 8``
+   measures each of vLLM's ``--stream-interval`` settings on its own engine, one after the other in one run: at 1
+   the engine's API server, the client (in a rollout: the proxy and the harness) handle a chunk per token per
+   sequence, on the same cores as the decode.
 3. **The floor** (`limits._decode_step`, the same roofline benchmarks/limits.py uses for the step's table): the weights
    at the engine's dtype read once per step (all but the embedding table) + each sequence's KV cache, over the best
    bandwidth measured; FLOPs over the matmul rate where that is larger. Reported: measured step, floor step, floor /
@@ -46,9 +50,12 @@ import limits  # noqa: E402
 from run_file import host, new_run_file  # noqa: E402
 
 
-async def _stream(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], tokens: int) -> list[float]:
-    """One streamed completion; the arrival time of each chunk that carries text."""
-    stamps: list[float] = []
+async def _stream(
+    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], tokens: int
+) -> list[tuple[float, int]]:
+    """One streamed completion; each chunk's arrival time and the tokens it carries (``return_token_ids``: more than
+    one when the engine streams every `--stream-interval` tokens)."""
+    stamps: list[tuple[float, int]] = []
     body = {
         "model": model,
         "prompt": prompt,
@@ -57,22 +64,28 @@ async def _stream(client: httpx.AsyncClient, url: str, model: str, prompt: list[
         "ignore_eos": True,
         "temperature": 1.0,
         "stream": True,
+        "return_token_ids": True,
     }
     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 choices = json.loads(line[6:]).get("choices") or []
-                if choices:
-                    stamps.append(time.perf_counter())
+                if choices and choices[0].get("token_ids"):
+                    stamps.append((time.perf_counter(), len(choices[0]["token_ids"])))
     return stamps
 
 
-def window(streams: list[list[float]]) -> dict[str, Any]:
-    """The decode window of one batch: every stream decoding. Steps/s from the tokens each stream got inside it."""
-    start = max(s[0] for s in streams)  # the last sequence's first token: all are decoding from here
-    end = min(s[-1] for s in streams)  # the first sequence's last token
-    counts = [sum(1 for t in s if start < t <= end) for s in streams]
+def window(streams: list[list[tuple[float, int]]]) -> dict[str, Any]:
+    """The decode window of one batch: every stream decoding. Steps/s from the tokens each stream got inside it.
+
+    A chunk of ``k`` tokens holds the ``k`` steps before its arrival: the window starts at the last stream's first
+    chunk (one token: vLLM sends the first at once) and ends at the first stream's last chunk, so each stream's
+    chunks inside it hold exactly the steps decoded inside it, give or take the chunk that straddles its start
+    (at most ``k - 1`` steps early, ~3% of 256 tokens at ``k = 8``)."""
+    start = max(s[0][0] for s in streams)  # the last sequence's first token: all are decoding from here
+    end = min(s[-1][0] for s in streams)  # the first sequence's last chunk
+    counts = [sum(n for t, n in s if start < t <= end) for s in streams]
     steps = statistics.median(counts)
     if end <= start or steps < 4:
         raise RuntimeError(f"no decode window: the streams barely overlapped ({counts} tokens inside it)")
@@ -89,8 +102,9 @@ async def measure_batch(
         t0 = time.perf_counter()
         streams = await asyncio.gather(*(_stream(client, url, model, p, tokens) for p in prompts))
         wall = time.perf_counter() - t0
-    if any(len(s) < tokens // 2 for s in streams):
-        raise RuntimeError(f"a stream came back short: {[len(s) for s in streams]} chunks of {tokens}")
+    received = [sum(n for _, n in s) for s in streams]
+    if any(n < tokens for n in received):
+        raise RuntimeError(f"a stream came back short: {received} tokens of {tokens}")
     return {**window(streams), "wall_s": wall, "chunks": [len(s) for s in streams]}
 
 
@@ -102,6 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=1800, help="prompt tokens per sequence (opencode's ~1.8k prefix)")
     ap.add_argument("--tokens", type=int, default=96, help="sampled tokens per sequence")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument(
+        "--stream-intervals",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="vLLM's --stream-interval, one engine each, measured one after the other in this run (1: a chunk a token)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
 
@@ -139,40 +160,47 @@ def main(argv: list[str] | None = None) -> int:
     print(f"host {this_host['host']}: bandwidth {rates.bandwidth_gbs:.1f} GB/s, engine matmul "
           f"{rates.engine_gflops:.0f} GFLOP/s ({dtype}, {threads} threads)", flush=True)  # fmt: skip
 
-    engine = Engine(EngineConfig(model=a.model, lora=False, dtype=dtype, threads=0)).start()
-    try:
-        vocab = int(json.loads((engine.asset.path / "config.json").read_text())["vocab_size"])  # type: ignore[union-attr]
-        asyncio.run(measure_batch(engine.url, engine.headers, engine.served_name, vocab, 1, 64, 8, seed=0))  # warm-up
-        rows = []
-        for batch in a.batches:
-            reps = [
-                asyncio.run(
-                    measure_batch(
-                        engine.url, engine.headers, engine.served_name, vocab, batch, a.context, a.tokens, seed
+    rows = []
+    for interval in a.stream_intervals:
+        config = EngineConfig(
+            model=a.model, lora=False, dtype=dtype, threads=0, extra_args=["--stream-interval", str(interval)]
+        )
+        engine = Engine(config).start()
+        try:
+            vocab = int(json.loads((engine.asset.path / "config.json").read_text())["vocab_size"])  # type: ignore[union-attr]
+            asyncio.run(
+                measure_batch(engine.url, engine.headers, engine.served_name, vocab, 1, 64, 8, seed=0)
+            )  # warm-up
+            for batch in a.batches:
+                reps = [
+                    asyncio.run(
+                        measure_batch(
+                            engine.url, engine.headers, engine.served_name, vocab, batch, a.context, a.tokens, seed
+                        )
                     )
-                )
-                for seed in range(1 + batch * 100, 1 + batch * 100 + a.reps)
-            ]
-            best = min(reps, key=lambda r: r["s_per_step"])
-            floor = limits._decode_step(shape, batch, a.context + a.tokens / 2, rates, engine_bytes)
-            row = {
-                "batch": batch,
-                "measured_s_per_step": best["s_per_step"],
-                "floor_s_per_step": floor["s"],
-                "floor_bound": floor.get("bound"),
-                "floor": floor,
-                "pct_of_floor": 100 * floor["s"] / best["s_per_step"],
-                "tokens_per_s": batch / best["s_per_step"],
-                "reps": reps,
-            }
-            rows.append(row)
-            result["batches"] = rows
-            save()
-            print(f"batch {batch}: {1000 * best['s_per_step']:.1f} ms/step measured, floor "
-                  f"{1000 * floor['s']:.1f} ms -> {row['pct_of_floor']:.0f}% of the limit "
-                  f"({row['tokens_per_s']:.1f} tokens/s)", flush=True)  # fmt: skip
-    finally:
-        engine.stop()
+                    for seed in range(1 + batch * 100, 1 + batch * 100 + a.reps)
+                ]
+                best = min(reps, key=lambda r: r["s_per_step"])
+                floor = limits._decode_step(shape, batch, a.context + a.tokens / 2, rates, engine_bytes)
+                row = {
+                    "stream_interval": interval,
+                    "batch": batch,
+                    "measured_s_per_step": best["s_per_step"],
+                    "floor_s_per_step": floor["s"],
+                    "floor_bound": floor.get("bound"),
+                    "floor": floor,
+                    "pct_of_floor": 100 * floor["s"] / best["s_per_step"],
+                    "tokens_per_s": batch / best["s_per_step"],
+                    "reps": reps,
+                }
+                rows.append(row)
+                result["batches"] = rows
+                save()
+                print(f"stream interval {interval}, batch {batch}: {1000 * best['s_per_step']:.1f} ms/step measured, "
+                      f"floor {1000 * floor['s']:.1f} ms -> {row['pct_of_floor']:.0f}% of the limit "
+                      f"({row['tokens_per_s']:.1f} tokens/s)", flush=True)  # fmt: skip
+        finally:
+            engine.stop()
     result["loadavg_end"] = os.getloadavg()
     save()
     print(f"wrote {path.relative_to(ROOT)}")

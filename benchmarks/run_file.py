@@ -40,6 +40,17 @@ def _cpuinfo() -> tuple[str, list[str]]:
     return (model.group(1).strip() if model else "unknown"), [f for f in _FLAGS if f in have]
 
 
+def _family_model() -> str | None:
+    """``family 25 model 17`` (AMD Zen 4) from /proc/cpuinfo: hosts that all call themselves "AMD EPYC" differ here."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    family = re.search(r"^cpu family\s*:\s*(\d+)$", text, re.M)
+    model = re.search(r"^model\s*:\s*(\d+)$", text, re.M)
+    return f"family {family.group(1)} model {model.group(1)}" if family and model else None
+
+
 def host_slug() -> str:
     """A file-name-safe name of this host: the kernel build without its version (``fc-v1045``; the host name when
     the release has no build tag) and the CPU model (``amd-epyc``), lower case."""
@@ -57,6 +68,7 @@ def host() -> dict[str, object]:
         "node": platform.node(),
         "platform": platform.platform(),
         "cpu": model,
+        "cpu_family_model": _family_model(),
         "cpu_flags": flags,
         "cpus": os.cpu_count(),
     }
