@@ -97,10 +97,10 @@ def test_openenvs_pool_keeps_engines_where_a_replicas_checked_client_is_entered(
     pool = UpstreamPool(default_client=default, default_level="tokens")
     assert getattr(pool, _compat.OPENENV_POOL_ENGINES) == {}
     replicas = _Replicas(pool, [Upstream("http://127.0.0.1:9"), Upstream("http://127.0.0.1:10")], "m")
-    session = SimpleNamespace(session_id="s1", upstream=None, capture_level=None, findings=[])  # OpenEnv's fields
+    session = SimpleNamespace(session_id="s1", upstream=None, capture_level=None, findings=[], metadata={})  # OpenEnv's
     replicas.pin(session)  # type: ignore[arg-type]
     pinned = session.upstream
-    assert isinstance(pinned, SessionEngine) and session.capture_level == "tokens"
+    assert isinstance(pinned, SessionEngine) and session.capture_level == "tokens" and session.metadata["engine"] == 0
     # the pool answers a pinned session from the entry, without probing (nothing listens on those ports)
     client, level = asyncio.run(pool.resolve(pinned))
     assert client is replicas.client_of("s1") and level == "tokens" and isinstance(client, _CheckedClient)

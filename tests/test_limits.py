@@ -105,11 +105,25 @@ def test_decode_window_counts_only_steps_where_every_sequence_decodes():
 
     # a's tokens come at 0, 1, ..., 10; b's (its prefill queued behind a's) at 2, 3, ..., 12: both decode in (2, 10],
     # where each got the tokens stamped 3..10 (8 steps in 8 s)
-    a = [float(t) for t in range(0, 11)]
-    b = [float(t) for t in range(2, 13)]
+    a = [(float(t), 1) for t in range(0, 11)]
+    b = [(float(t), 1) for t in range(2, 13)]
     w = window([a, b])
     assert w["window_s"] == 8.0
     assert w["tokens_in_window"] == [8, 8]
+    assert w["s_per_step"] == 1.0
+
+
+def test_decode_window_counts_the_tokens_of_chunks_that_carry_several():
+    from decode_floor import window
+
+    # --stream-interval 4: the first token at once, then a chunk of 4 every 4 steps (1 s a step). a: 0, 4, 8, 12;
+    # b, two steps behind: 2, 6, 10, 14. The window (2, 12] holds a's chunks at 4, 8, 12 and b's at 6, 10: 12 and 8
+    # tokens, median 10 steps in 10 s (b's chunk at 14 is past the window; a's at 4 straddles its start, up to 3 steps)
+    a = [(0.0, 1), (4.0, 4), (8.0, 4), (12.0, 4)]
+    b = [(2.0, 1), (6.0, 4), (10.0, 4), (14.0, 4)]
+    w = window([a, b])
+    assert w["window_s"] == 10.0
+    assert w["tokens_in_window"] == [12, 8]
     assert w["s_per_step"] == 1.0
 
 
@@ -117,4 +131,4 @@ def test_decode_window_refuses_streams_that_barely_overlap():
     from decode_floor import window
 
     with pytest.raises(RuntimeError, match="barely overlapped"):
-        window([[0.0, 1.0, 2.0], [1.5, 2.5, 3.5]])
+        window([[(0.0, 1), (1.0, 1), (2.0, 1)], [(1.5, 1), (2.5, 1), (3.5, 1)]])
