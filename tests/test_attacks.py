@@ -217,15 +217,43 @@ def test_writes_are_bounded(base, mode):
     """/tmp is a small tmpfs (host memory); the sandbox's folders are measured against disk_mb."""
     limits = SandboxLimits(disk_mb=8, file_size_mb=4)
     with Sandbox.create({}, isolation=mode, base_dir=base, limits=limits) as sb:
+        uid = sb.uid
         _, out = _run(
             sb,
             "dd if=/dev/zero of=/tmp/fill bs=1M count=16 2>&1 | tail -1; "
+            "mkdir /tmp/wb-left; head -c 1000 /dev/zero > /tmp/wb-left/f; chmod 000 /tmp/wb-left; "
             "for i in 1 2 3 4; do head -c 3000000 /dev/zero > ws_$i; done; echo done",
         )
         over = sb.over_quota()
+        if mode == "none":  # the host's /tmp: it wrote there as its own uid
+            assert {p.name for p in Path("/tmp").iterdir() if p.lstat().st_uid == uid} == {"fill", "wb-left"}
     assert "done" in out and over is not None and "8 MiB" in over
     if mode == "bwrap":
         assert "16 MB" not in out and "16777216" not in out  # the tmpfs stopped it at 4 MiB
+    # closed: nothing of its uid is left in the folders every user may write to (plain mode shares the host's)
+    assert not [p for d in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(d).iterdir() if p.lstat().st_uid == uid]
+
+
+def test_removing_what_a_uid_left_touches_nothing_else_and_follows_no_link(tmp_path):
+    from workbench.sandbox.cleanup import remove_owned
+
+    theirs, ours = 1_234_567, os.geteuid()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "tree" / "deep").mkdir(parents=True)
+    (tmp_path / "tree" / "deep" / "f").write_text("x")
+    target = tmp_path / "kept"
+    target.mkdir()
+    (target / "precious").write_text("x")
+    (tmp_path / "link").symlink_to(target)
+    for name in ("file", "tree", "tree/deep", "tree/deep/f"):
+        os.chown(tmp_path / name, theirs, theirs)
+    os.lchown(tmp_path / "link", theirs, theirs)
+    (tmp_path / "tree").chmod(0)
+    (tmp_path / "mine").write_text("x")
+    removed = remove_owned(theirs, (tmp_path,))
+    assert sorted(Path(p).name for p in removed) == ["file", "link", "tree"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "mine"]
+    assert (target / "precious").read_text() == "x" and (tmp_path / "mine").stat().st_uid == ours
 
 
 def test_sparse_and_deep_workspaces_cannot_sink_the_copy(base):

@@ -51,7 +51,8 @@ def _train(rec: Path, out: Path, processes: int, tasks_per_step: int = 2) -> dic
     launch = [sys.executable]
     if processes > 1:  # torchrun's own rendezvous on a free port; gloo, as accelerate picks for the CPU
         launch += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # TMPDIR: torchrun's rendezvous folder (torchelastic_*) is left behind in /tmp otherwise, one a run
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(out.parent)}
     done = subprocess.run(launch + args, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     [metrics] = RunDir.open(out).read_metrics()

@@ -9,6 +9,7 @@ environment (what a process that left its group still carries).
     remove_stale(base)                            # folders whose creator is gone
     kill_all(popens, root=root, uid=uid)          # groups, the uid, marked strays; True when all are gone
     force_remove(root)                            # even after the agent chmodded its tree to 000
+    remove_owned(uid)                             # plain mode: what its uid left in /tmp, /var/tmp, /dev/shm
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from workbench.procs import environ, group_alive, kill_group, kill_matching, proc_stat, processes
 from workbench.sandbox.spec import MARKER_ENV
 
-__all__ = ["process_key", "new_folder", "remove_stale", "force_remove", "strays", "kill_all"]
+__all__ = ["process_key", "new_folder", "remove_stale", "force_remove", "remove_owned", "strays", "kill_all"]
 
 _PREFIX = "wb-sbx-"
 
@@ -99,6 +100,35 @@ def force_remove(path: Path, *, owner: int | None = None) -> None:
         _empty_and_remove(parent_fd, name, top)
     finally:
         os.close(parent_fd)
+
+
+# The folders every user may write to: a plain-mode sandbox shares them with the host (bwrap gives it its own /tmp)
+SHARED_TMP = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
+
+
+def remove_owned(uid: int, folders: tuple[Path, ...] = SHARED_TMP) -> list[str]:
+    """Remove what `uid` owns directly in each of `folders`: a plain-mode sandbox runs as its own fresh uid in the
+    host's /tmp, and what it wrote there (``dd of=/tmp/fill`` in the attacks' tests: 4 MiB left per run) outlived
+    it. Only entries of that uid, checked on the entry itself (a link is removed, never followed); folders through
+    `force_remove` with the same owner check. Returns the names removed; what cannot be removed is left."""
+    removed = []
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    force_remove(Path(entry.path), owner=uid)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                continue
+            removed.append(entry.path)
+    return removed
 
 
 def _empty_and_remove(parent_fd: int, name: str, fd: int) -> None:

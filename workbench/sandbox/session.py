@@ -56,7 +56,7 @@ from pathlib import Path
 
 from workbench.sandbox.binds import check_bind_source
 from workbench.sandbox.bounded_copy import CopyLimits, copy_tree, read_bounded
-from workbench.sandbox.cleanup import force_remove, kill_all, new_folder, remove_stale, strays
+from workbench.sandbox.cleanup import force_remove, kill_all, new_folder, remove_owned, remove_stale, strays
 from workbench.sandbox.command import wrap
 from workbench.sandbox.files import check_task_files, materialise, over_quota, write_home
 from workbench.sandbox.net import Relay, open_relay
@@ -356,6 +356,8 @@ class Sandbox:
         if self._extra_dir is not None:
             force_remove(self._extra_dir)
         force_remove(self.root)
+        if self.isolation == "none" and self.uid is not None:  # its fresh uid wrote in the host's /tmp: nobody else's
+            remove_owned(self.uid)
 
     def close(self) -> None:
         """Kill everything started here and remove the folder. Safe to call twice."""
