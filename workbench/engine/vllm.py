@@ -65,8 +65,7 @@ class Engine:
     """A running (or external) OpenAI-compatible vLLM server."""
 
     def __init__(self, config: EngineConfig | None = None, *, api_key: str | None = None) -> None:
-        """`api_key`: the key the started engine requires (None: a fresh random one). Replicas behind one capture
-        proxy share one key: ``Engine(config, api_key=first.api_key)``."""
+        """`api_key`: the key it will require (None: a fresh one); replicas behind one proxy share one."""
         self.config = config or EngineConfig()
         self._key = api_key
         self.asset: ModelAsset | None = None
