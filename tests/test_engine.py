@@ -140,6 +140,20 @@ def test_the_shared_memory_sweep_keeps_what_a_live_process_maps(tmp_path):
         held.unlink()
 
 
+def test_engine_kernels_follow_vllms_rule_cpu_vendor_avx512_and_zentorch_in_the_venv(tmp_path):
+    """zentorch only on an AMD CPU with AVX-512 whose engine venv has it installed; oneDNN otherwise."""
+    from workbench.engine import engine_kernels
+
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    amd = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    assert engine_kernels(amd, python) == "onednn"  # not installed
+    (tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "zentorch-2.13.0.2.dist-info").mkdir(parents=True)
+    assert engine_kernels(amd, python) == "zentorch"
+    assert engine_kernels(amd.replace(" avx512f avx512_bf16", ""), python) == "onednn"  # AVX2-only Zen
+    assert engine_kernels(amd.replace("AuthenticAMD", "GenuineIntel"), python) == "onednn"
+
+
 def test_failed_start_reports_the_server_log():
     eng = Engine(EngineConfig(model="tiny", extra_args=["--no-such-flag"], startup_timeout_s=120))
     with pytest.raises(EngineError, match="exited with code") as info:

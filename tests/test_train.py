@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.engine import build_asset
+from workbench.engine import build_asset, engine_kernels
 from workbench.capture import CaptureProxy
 from workbench.runs import RunDir
 from workbench.train.grpo import GRPORun, TrainConfig, rows_for_trl
@@ -204,6 +204,7 @@ def test_two_step_run_syncs_the_policy_to_the_engine(engine, tmp_path):
     assert base != tuned
     config_json = json.loads((run.dir.path / "config.json").read_text())
     assert config_json["train"]["temperature"] == 0.7 and config_json["git_commit"]
+    assert config_json["engine_kernels"] == engine_kernels()  # the local engine's kernels, beside the CPU flags
     # resuming picks up from the last checkpoint
     assert sorted(p.name for p in (run.dir.path / "checkpoints").iterdir())[-1] == "checkpoint-2"
 

@@ -40,3 +40,14 @@ def test_prompting_that_resolves_otherwise_or_a_new_field_off_its_default_is_ref
     with pytest.raises(ValueError, match=r"train\.tool_parser: None in config.json, 'hermes' now"):
         new = asdict(TrainConfig(model="qwen-coder", few_shot=False, agent_prompt="default", tool_parser="hermes"))
         record_config(run, {"train": new}, resume=True, checkpoint=tmp_path / "c")
+
+
+def test_a_run_made_before_the_engine_kernels_were_recorded_resumes_and_logs_them(tmp_path):
+    """`engine_kernels` is how the run uses this machine (zentorch in the venv or not): a resume may change it."""
+    run = RunDir.create("train", path=tmp_path / "run")
+    (run.path / "config.json").write_text(json.dumps({"train": asdict(TrainConfig()), "cpu_flags": ["avx2"]}))
+    new = {"train": asdict(TrainConfig()), "cpu_flags": ["avx2"], "engine_kernels": "zentorch"}
+    record_config(run, new, resume=True, checkpoint=tmp_path / "ckpt-3")
+    assert json.loads((run.path / "resumes.jsonl").read_text())["changed"] == {"engine_kernels": [None, "zentorch"]}
+    with pytest.raises(ValueError, match=r"cpu_flags"):  # the host's flags are not: another host is another run
+        record_config(run, {**new, "cpu_flags": ["avx2", "avx512f"]}, resume=True, checkpoint=tmp_path / "ckpt-3")

