@@ -6,7 +6,8 @@ Reads a run folder's recorded rollouts (``grpo/rollouts/step-*/GG-RR_task/{summa
 (``benchmarks/results/whole_loop/<date>_<host>.json``). Per rollout: agent calls, the tool calls the model asked for
 and the ones the harness executed, runs of its own code (a bash call whose command runs python or pytest), whether
 solution.py was written, the hidden-test reward, rows and forks (each fork's cause, diagnosed with the model's
-tokenizer: `workbench.turns.drift`), the harness's wall time. Per step: the fraction of groups whose rewards were all
+tokenizer: `workbench.turns.drift`), the harness's wall time, and why a written solution.py did not pass
+(`why_unsolved`, from the grader's verify.json). Per step: the fraction of groups whose rewards were all
 equal (no gradient). And the turn-policy comparison (``TrainConfig.train_turns``): for the rollouts whose
 advantage was negative (training reward below their group's mean), the sampled tokens that carry the loss under
 ``tool_calls`` and under ``all``, and how many such rollouts ``tool_calls`` leaves with nothing trained. It is
@@ -55,6 +56,31 @@ def own_code_runs(calls: list[dict[str, Any]]) -> int:
     return n
 
 
+# an exception's name in a grader's reason ("NameError: name 'List' is not defined" -> NameError)
+_EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Exit|Interrupt))\b")
+
+
+def why_unsolved(verify: dict[str, Any] | None) -> str | None:
+    """Why a graded solution.py did not pass every hidden test, in a few words; None when it did or there is none.
+
+    ``partial`` (some tests passed), ``timeout``, ``wrong`` (ran, answered wrongly: an assertion or a failed unittest),
+    ``crash: <the exception>`` or ``crash: <the grader's reason>`` (it did not run: a syntax error, a missing import, no
+    function of the expected name), from the grader's per-test outcomes (the commonest outcome of the failing tests)."""
+    if not verify or not verify.get("total") or verify.get("passed") == verify.get("total"):
+        return None
+    tests = [t for t in verify.get("tests") or () if t.get("outcome") != "passed"]
+    if not tests or any(t.get("outcome") == "missing_file" for t in tests):
+        return None
+    if verify.get("passed"):
+        return "partial"
+    outcome, _ = Counter(t.get("outcome") for t in tests).most_common(1)[0]
+    if outcome != "crash":
+        return str(outcome)
+    reason = next(str(t.get("reason") or "") for t in tests if t.get("outcome") == "crash")
+    name = _EXCEPTION.search(reason)
+    return f"crash: {name.group(1) if name else reason[:60]}"
+
+
 def rollout_record(folder: Path, tokenizer: Any) -> dict[str, Any]:
     """One rollout's line of the report (see the module docstring)."""
     summary = json.loads((folder / "summary.json").read_text())
@@ -62,6 +88,7 @@ def rollout_record(folder: Path, tokenizer: Any) -> dict[str, Any]:
     calls = load_trace(trace) if trace.is_file() else []
     by_policy = {name: analyse(calls, tokenizer, mask_policy(name)) for name in ("tool_calls", "all")}
     every = by_policy["all"]
+    verify = folder / "verify.json"
     return {
         "rollout": folder.name,
         "task_id": summary.get("task_id"),
@@ -73,6 +100,7 @@ def rollout_record(folder: Path, tokenizer: Any) -> dict[str, Any]:
         "own_code_runs": own_code_runs(calls),
         "solution_written": bool(summary.get("solution_written")),
         "test_reward": summary.get("reward"),
+        "why_unsolved": why_unsolved(json.loads(verify.read_text())) if verify.is_file() else None,
         "rows": len(every.rows),
         "forks": len(every.forks),
         "fork_causes": dict(Counter(f.cause for f in every.forks)),
@@ -147,6 +175,7 @@ def report(run: Path, tokenizer: Any) -> dict[str, Any]:
             "fork_causes": dict(causes),
             "solution_written": sum(r["solution_written"] for r in rollouts),
             "solved": sum((r["test_reward"] or 0) >= 1.0 for r in rollouts),
+            "why_written_unsolved": dict(Counter(r["why_unsolved"] for r in rollouts if r["why_unsolved"])),
             "zero_variance_groups_mean": round(statistics.fmean(s["zero_variance_groups"] for s in steps), 3)
             if steps
             else None,

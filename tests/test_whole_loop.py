@@ -54,3 +54,20 @@ def test_own_code_runs_count_bash_commands_that_run_python():
 
     calls = [call("python3 solution.py"), call("ls -la"), call("pytest -q"), call("cat x.py")]
     assert whole_loop.own_code_runs(calls) == 2
+
+
+def test_why_a_written_solution_did_not_pass_is_read_from_the_graders_outcomes():
+    def verify(*outcomes: tuple[str, str]) -> dict:
+        tests = [{"outcome": o, "reason": r} for o, r in outcomes]
+        return {"passed": sum(o == "passed" for o, _ in outcomes), "total": len(tests), "tests": tests}
+
+    why = whole_loop.why_unsolved
+    assert why(verify(("passed", ""), ("passed", ""))) is None  # solved
+    assert why(verify(("missing_file", "there is no solution.py in the workspace"))) is None  # nothing written
+    assert why(verify(("passed", ""), ("wrong", "reward 0"))) == "partial"
+    assert why(verify(("wrong", "FAILED (failures=1)"))) == "wrong"
+    assert why(verify(("timeout", "over 6 s"))) == "timeout"
+    crash = ("crash", "Traceback ...\nNameError: name 'List' is not defined")
+    assert why(verify(crash, crash, ("wrong", "x"))) == "crash: NameError"
+    assert why(verify(("crash", "solution.py defines no function 'f'"))) == "crash: solution.py defines no function 'f'"
+    assert why(None) is None
