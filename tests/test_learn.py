@@ -25,6 +25,7 @@ BASE = {"easy/0": [1, 1, 1, 1], "easy/1": [0, 0, 0, 0], "easy/2": [1, 0, 0, 0], 
 class _Calls:
     def __init__(self) -> None:
         self.evals: list[tuple[str, str, int, str | None]] = []
+        self.harnesses: dict[str, str] = {}
         self.trained_on: list[tuple[str, bool]] = []
         self.fail_training = False
 
@@ -36,6 +37,7 @@ def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> _Calls:
         where = Path(run_dir)  # a block of an interleaved pair is named by its pair and policy: eval-pool/base
         name = f"{where.parent.parent.name}/{where.parent.name}" if where.name.startswith("block") else where.name
         calls.evals.append((name, cfg.tasks, cfg.n, cfg.adapter))
+        calls.harnesses[name] = cfg.harness
         ids = [t.id for t in load_tasks(cfg.tasks)]
         records = []
         for tid in ids:
@@ -181,6 +183,25 @@ def test_a_given_probe_chooses_the_pool_and_a_mismatched_one_is_refused(monkeypa
         run_learning(
             _config(probe_file=str(tmp_path / "nope.json")), run_dir=tmp_path / "d", engine=object(), client=object()
         )  # type: ignore[arg-type]
+
+
+def test_a_direct_probe_pools_every_task_the_base_solves_asked_once_and_trains_it_through_the_harness(
+    monkeypatch, tmp_path
+):
+    """`probe_harness="direct"`: the probe asks once (the direct baseline), the pool keeps the always-solved task
+    too; training and every comparison go through opencode."""
+    calls = _stand_ins(monkeypatch)
+    ev = run_learning(_config(probe_harness="direct"), run_dir=tmp_path / "r", engine=object(), client=object())  # type: ignore[arg-type]
+    assert ev["pool"]["task_ids"] == ["easy/0", "easy/2", "easy/3"] and ev["pool"]["probe_harness"] == "direct"
+    assert ev["pool"]["rule"] == "solved at least once" and ev["pool"]["left_out"]["never_solved"] == ["easy/1"]
+    assert calls.trained_on == [("easy/0,easy/2,easy/3", False)]
+    assert calls.harnesses == {
+        "probe": "direct",
+        **{f"{p}/{s}": "opencode" for p in ("eval-pool", "eval-held-out") for s in ("base", "trained")},
+    }
+    with pytest.raises(ValueError, match="harness"):  # an opencode probe file is not a direct probe
+        probe = tmp_path / "r" / "probe" / "eval.json"
+        run_learning(_config(probe_file=str(probe)), run_dir=tmp_path / "d", engine=object(), client=object())  # type: ignore[arg-type]
 
 
 def test_pool_rules_and_bad_input():

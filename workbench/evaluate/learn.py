@@ -76,6 +76,9 @@ class LearnConfig:
         probe_file: an earlier probe's eval.json (a ``workbench eval`` of the base model on ``train_tasks``, ``probe_n``
             rollouts a task, this temperature) to choose the pool from instead of running the probe; its run's
             other settings (config.json beside it) are the reader's to compare.
+        probe_harness: ``opencode`` (the pool: tasks solved in some but not all of ``probe_n``) or ``direct`` (asked
+            once, `workbench.harnesses.direct`; the pool: tasks solved **at least once**, which the weights can do and
+            the run must carry through the harness, where through it the base solves almost nothing to choose by).
         pool_eval_n: rollouts per pool task and policy in the training-pool comparison.
         eval_tasks: the held-out tasks evaluated before and after (never probed or trained on).
         eval_n: rollouts per held-out task and policy.
@@ -104,6 +107,7 @@ class LearnConfig:
     train_tasks: str = "easy-train[:16]"
     probe_n: int = 8
     probe_file: str | None = None
+    probe_harness: Literal["opencode", "direct"] = "opencode"
     pool_eval_n: int = 4
     eval_tasks: str = "easy-eval[:12]"
     eval_n: int = 2
@@ -147,9 +151,13 @@ class LearnConfig:
             activation_checkpointing=self.activation_checkpointing,
         )
 
-    def eval_config(self, adapter: Path | None = None, *, tasks: str | None = None, n: int | None = None) -> EvalConfig:
-        """An evaluation of the base model (or `adapter`) on `tasks` (the held-out ones by default), `n` a task."""
+    def eval_config(
+        self, adapter: Path | None = None, *, tasks: str | None = None, n: int | None = None, harness: str = "opencode"
+    ) -> EvalConfig:
+        """An evaluation of the base model (or `adapter`) on `tasks` (the held-out ones by default), `n` a task,
+        through `harness`."""
         return EvalConfig(
+            harness=harness,
             model=self.model,
             tasks=tasks or self.eval_tasks,
             n=n or self.eval_n,
@@ -173,15 +181,16 @@ class LearnConfig:
 RESUMABLE_LEARN = ("activation_checkpointing", "steps")
 
 
-def choose_pool(probe: dict[str, Any]) -> dict[str, Any]:
-    """The training pool from a probe's eval.json: the tasks solved in some but not all of their scored rollouts.
-    Tasks with an unscored rollout (a crash, a timeout counts as scored 0) are left out rather than guessed at."""
-    chosen, always, never, partly_scored = [], [], [], []
+def choose_pool(probe: dict[str, Any], *, always: bool = False) -> dict[str, Any]:
+    """The training pool from a probe's eval.json: the tasks solved in some but not all of their scored rollouts
+    (`always`: in some or all of them: a direct probe's, `LearnConfig.probe_harness`). Tasks with an unscored rollout
+    (a crash, a timeout counts as scored 0) are left out rather than guessed at."""
+    chosen, solved_always, never, partly_scored = [], [], [], []
     for t in probe["per_task"]:
         if t["scored"] < probe["n"]:
             partly_scored.append(t["task_id"])
-        elif t["solved"] == t["scored"]:
-            always.append(t["task_id"])
+        elif t["solved"] == t["scored"] and not always:
+            solved_always.append(t["task_id"])
         elif t["solved"] == 0:
             never.append(t["task_id"])
         else:
@@ -192,7 +201,9 @@ def choose_pool(probe: dict[str, Any]) -> dict[str, Any]:
         "probe_tasks": probe["tasks"],
         "probe_n": probe["n"],
         "solved_of_n": {t["task_id"]: [t["solved"], t["scored"]] for t in probe["per_task"]},
-        "left_out": {"always_solved": always, "never_solved": never, "not_all_scored": partly_scored},
+        "rule": "solved at least once" if always else "solved in some but not all",
+        "probe_harness": probe.get("harness", "opencode"),
+        "left_out": {"always_solved": solved_always, "never_solved": never, "not_all_scored": partly_scored},
     }
 
 
@@ -265,8 +276,15 @@ def run_learning(
         run.write_json("timings.json", timings)
         return out
 
-    def evaluate(name: str, adapter: Path | None = None, *, tasks: str | None = None, n: int | None = None) -> Any:
-        cfg = config.eval_config(adapter, tasks=tasks, n=n)
+    def evaluate(
+        name: str,
+        adapter: Path | None = None,
+        *,
+        tasks: str | None = None,
+        n: int | None = None,
+        harness: str = "opencode",
+    ) -> Any:
+        cfg = config.eval_config(adapter, tasks=tasks, n=n, harness=harness)
 
         def work() -> Any:
             eng, cli = stack()
@@ -291,9 +309,15 @@ def run_learning(
         pool = None
         if config.probe_n:
             probe = (
-                _probe(config) if config.probe_file else evaluate("probe", tasks=config.train_tasks, n=config.probe_n)
+                _probe(config)
+                if config.probe_file
+                else evaluate("probe", tasks=config.train_tasks, n=config.probe_n, harness=config.probe_harness)
             )
-            pool = _read(run.path / "pool.json") or {**choose_pool(probe), "probe_file": config.probe_file}
+            direct = config.probe_harness == "direct"
+            pool = _read(run.path / "pool.json") or {
+                **choose_pool(probe, always=direct),
+                "probe_file": config.probe_file,
+            }
             run.write_json("pool.json", pool)
             if not pool["task_ids"]:
                 raise RuntimeError(f"no task of {config.train_tasks} is in the pool: {pool['left_out']}")
@@ -356,7 +380,13 @@ def _probe(config: LearnConfig) -> dict[str, Any]:
     probe = _read(Path(config.probe_file))
     if probe is None:
         raise FileNotFoundError(f"probe_file: no file at {config.probe_file}")
-    want = {"model": config.model, "tasks": config.train_tasks, "n": config.probe_n, "temperature": config.temperature}
+    want = {
+        "model": config.model,
+        "tasks": config.train_tasks,
+        "n": config.probe_n,
+        "temperature": config.temperature,
+        "harness": config.probe_harness,
+    }
     wrong = {k: (probe.get(k), v) for k, v in want.items() if probe.get(k) != v}
     if wrong or probe.get("adapter"):
         raise ValueError(f"probe_file {config.probe_file} is not a base probe of this run (file, config): {wrong}")
