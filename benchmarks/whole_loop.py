@@ -58,6 +58,7 @@ def own_code_runs(calls: list[dict[str, Any]]) -> int:
 
 # an exception's name in a grader's reason ("NameError: name 'List' is not defined" -> NameError)
 _EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Exit|Interrupt))\b")
+_QUOTED = re.compile(r"'[^']*'")  # a task's own names in a reason: "defines no function 'f'" counts once over tasks
 
 
 def why_unsolved(verify: dict[str, Any] | None) -> str | None:
@@ -78,7 +79,7 @@ def why_unsolved(verify: dict[str, Any] | None) -> str | None:
         return str(outcome)
     reason = next(str(t.get("reason") or "") for t in tests if t.get("outcome") == "crash")
     name = _EXCEPTION.search(reason)
-    return f"crash: {name.group(1) if name else reason[:60]}"
+    return f"crash: {name.group(1) if name else _QUOTED.sub('<name>', reason)[:60]}"
 
 
 def rollout_record(folder: Path, tokenizer: Any) -> dict[str, Any]:
