@@ -276,15 +276,9 @@ def run_learning(
         run.write_json("timings.json", timings)
         return out
 
-    def evaluate(
-        name: str,
-        adapter: Path | None = None,
-        *,
-        tasks: str | None = None,
-        n: int | None = None,
-        harness: str = "opencode",
-    ) -> Any:
-        cfg = config.eval_config(adapter, tasks=tasks, n=n, harness=harness)
+    def evaluate(name: str, *, tasks: str, n: int, harness: str) -> Any:
+        """The base model on `tasks` through `harness` (the probe)."""
+        cfg = config.eval_config(tasks=tasks, n=n, harness=harness)
 
         def work() -> Any:
             eng, cli = stack()
