@@ -179,6 +179,14 @@ def test_a_given_probe_chooses_the_pool_and_a_mismatched_one_is_refused(monkeypa
     for wrong in (dict(probe_n=8), dict(temperature=0.5), dict(train_tasks="easy-train[:3]")):
         with pytest.raises(ValueError, match="not a base probe"):
             run_learning(_config(probe_file=probe, **wrong), run_dir=tmp_path / "c", engine=object(), client=object())  # type: ignore[arg-type]
+    # an eval.json from before evaluations named their harness (the shipped run's probe) is an opencode probe
+    old = json.loads(Path(probe).read_text())
+    del old["harness"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    ev = run_learning(
+        _config(probe_file=str(tmp_path / "old.json")), run_dir=tmp_path / "e", engine=object(), client=object()
+    )  # type: ignore[arg-type]
+    assert ev["pool"]["task_ids"] == first["pool"]["task_ids"]
     with pytest.raises(FileNotFoundError):
         run_learning(
             _config(probe_file=str(tmp_path / "nope.json")), run_dir=tmp_path / "d", engine=object(), client=object()

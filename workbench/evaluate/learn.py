@@ -381,7 +381,9 @@ def _probe(config: LearnConfig) -> dict[str, Any]:
         "temperature": config.temperature,
         "harness": config.probe_harness,
     }
-    wrong = {k: (probe.get(k), v) for k, v in want.items() if probe.get(k) != v}
+    # an eval.json made before it named its harness went through opencode (as `choose_pool` reads it)
+    got = {**{k: probe.get(k) for k in want}, "harness": probe.get("harness", "opencode")}
+    wrong = {k: (got[k], v) for k, v in want.items() if got[k] != v}
     if wrong or probe.get("adapter"):
         raise ValueError(f"probe_file {config.probe_file} is not a base probe of this run (file, config): {wrong}")
     return probe
