@@ -86,11 +86,17 @@ def test_the_agents_own_model_calls_are_refused_and_counted(base, isolation, req
     # (the harness's later requests quote the command, MARK included, in the assistant's tool call)
     assert not any(_asked(r) for r in up.requests), said
     assert not any(_asked(c["request"]) for c in trace), said
-    # the harness's own calls went through: its title call and both agent steps, all recorded
-    assert summary["status"] == "ok" and summary["calls_by_purpose"] == {"title": 1, "agent": 2}, summary
+    # the harness's own calls went through: both agent steps recorded, and its title call when it made one
+    # (opencode sends the title in the background and may exit first: CI's loaded host once saw none; a title
+    # call refused by the guard would show as a third refusal below)
+    seen = (summary["status"], summary["calls_by_purpose"], summary["refused_model_connections"])
+    assert summary["status"] == "ok" and summary["calls_by_purpose"].get("agent") == 2, seen
+    assert (
+        set(summary["calls_by_purpose"]) <= {"agent", "title"} and summary["calls_by_purpose"].get("title", 0) <= 1
+    ), seen
     # both closed unanswered: no HTTP reply came back either way
     assert "tcp refused" in said and "unix answered" in said and "unix answered b'HTTP" not in said, said
-    assert summary["refused_model_connections"] == 2, summary
+    assert summary["refused_model_connections"] == 2, seen
 
 
 # ------------------------------------------------------------------------------------- the mechanism
