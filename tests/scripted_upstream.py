@@ -62,6 +62,19 @@ class ScriptedUpstream:
         self.thread.start()
         return self
 
+    def release_after_an_untooled_request(self, timeout_s: float = 60.0) -> None:
+        """Set `release` (in a thread) once a request without tools (opencode's title call) has come, or after
+        `timeout_s`. opencode sends its title call beside the agent's; on a loaded machine the agent can finish,
+        and opencode exit, before it leaves (seen in full test runs): a "wait" answer holds the agent for it."""
+
+        def wait() -> None:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and not any(not r.get("tools") for r in list(self.requests)):
+                time.sleep(0.05)
+            self.release.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+
     def stop(self) -> None:
         self.release.set()  # no "wait" request left holding a handler thread
         self.server.shutdown()

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 
@@ -147,20 +145,12 @@ def test_opencode_titled_session_makes_no_title_call(tmp_path):
     up.untooled = "text"
     purposes = {}
 
-    def release_after_the_title_call() -> None:
-        # opencode sends its title call beside the agent's; on a loaded machine the agent could finish (and
-        # opencode exit) before it left (seen once in a full test run): the last agent answer waits for it.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(not r.get("tools") for r in list(up.requests)):
-            time.sleep(0.05)
-        up.release.set()
-
     try:
         with CaptureProxy(up.url, "scripted") as proxy:
             for skip in (False, True):
                 up.script = ["tool", "text" if skip else "wait:90"]
                 if not skip:
-                    threading.Thread(target=release_after_the_title_call, daemon=True).start()
+                    up.release_after_an_untooled_request()
                 config = RolloutConfig(max_output_tokens=16, timeout_s=120, skip_title_call=skip)
                 result = run_rollout(load_task("easy/0"), proxy.client(), config, tmp_path / f"r{skip}")
                 assert result.status == "ok", result.reason
