@@ -28,7 +28,15 @@ CUDA = torch.cuda.is_available()
 def layout(n: int, lengths: list[int]) -> Pack:
     seg = torch.cat([torch.full((n,), -1)] + [torch.full((m,), k) for k, m in enumerate(lengths)])
     L = len(seg)
-    return Pack(list(range(len(lengths))), torch.zeros(L, dtype=torch.long), torch.arange(L), torch.zeros(L), seg, n)
+    return Pack(
+        list(range(len(lengths))),
+        torch.zeros(L, dtype=torch.long),
+        torch.arange(L),
+        torch.zeros(L),
+        seg,
+        n,
+        tuple(lengths),
+    )
 
 
 def assert_block_mask_is_the_tree_mask(pack: Pack, block: int) -> None:
@@ -55,6 +63,42 @@ def test_block_mask_applies_exactly_the_tree_mask_on_random_layouts(block):
         n = int(torch.randint(0, 3 * block, (), generator=g))
         lengths = torch.randint(1, 2 * block, (int(torch.randint(1, 6, (), generator=g)),), generator=g).tolist()
         assert_block_mask_is_the_tree_mask(layout(n, lengths), block)
+
+
+class _Attention(torch.nn.Module):  # what transformers' sdpa reads from an attention module (Qwen2's GQA)
+    num_key_value_groups = 2
+    is_causal = True
+
+
+def test_segment_wise_attention_is_the_tree_mask_forward_and_backward_on_random_layouts():
+    """`wb_segments` (each segment against the shared keys and its own) equals one SDPA with the dense tree mask,
+    outputs and the gradients of q, k, v, in float64; a layout with no shared token (n = 0) included."""
+    g = torch.Generator().manual_seed(7)
+    for n in (0, 1, 37, 200):
+        lengths = torch.randint(1, 90, (int(torch.randint(1, 6, (), generator=g)),), generator=g).tolist()
+        pack = layout(n, lengths)
+        L = len(pack.ids)
+        q, k, v = (torch.randn(1, h, L, 8, generator=g, dtype=torch.float64, requires_grad=True) for h in (4, 2, 2))
+        w = torch.randn(1, L, 4, 8, generator=g, dtype=torch.float64)  # a loss that weighs every output
+        mask = pack.mask()
+        got, _ = group_pack._group_attention(_Attention(), q, k, v, mask, wb_shared=n, wb_segments=pack.lengths)
+        grads = torch.autograd.grad((got * w).sum(), (q, k, v))
+        dense = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
+        ref = torch.autograd.grad((dense * w).sum(), (q, k, v))
+        torch.testing.assert_close(got, dense, atol=1e-12, rtol=0)
+        for a, b in zip(grads, ref):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+def test_segments_go_one_at_a_time_only_where_that_skips_enough_pairs():
+    multi = layout(2931, [62, 513, 513, 513, 151, 119, 243, 145, 217, 726, 333, 1038])  # the third run's step 8
+    dense, apart = multi.pairs
+    assert (dense, apart) == (4573 * 7504, sum(m * 2931 + m * (m + 1) // 2 for m in multi.lengths))
+    assert multi.segment_wise and apart / dense < 0.5
+    one_call = layout(2900, [40] * 8)  # a one-call group: the extra calls would cost more than the pairs saved
+    assert not one_call.segment_wise and one_call.pairs[1] / one_call.pairs[0] > group_pack.SEGMENT_WISE_PAIRS
+    ids, am, K = padded(BATCH)  # the shipped rows: short suffixes
+    assert not any(p.segment_wise for p in plan(ids, am, K).packs)
 
 
 def test_block_mask_of_the_shipped_rows():

@@ -36,10 +36,20 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-__all__ = ["ATTENTION", "FLEX_BLOCK", "Pack", "Plan", "attention_for", "flex_attention_on", "plan"]
+__all__ = [
+    "ATTENTION",
+    "FLEX_BLOCK",
+    "SEGMENT_WISE_PAIRS",
+    "Pack",
+    "Plan",
+    "attention_for",
+    "flex_attention_on",
+    "plan",
+]
 
 ATTENTION = "wb_group_sdpa"  # sdpa, plus the blockwise tree attention when the forward carries `wb_shared`
 FLEX_BLOCK = 128  # FlexAttention's default sparse block: a 128 x 128 tile is skipped, computed whole, or masked
+SEGMENT_WISE_PAIRS = 0.7  # `Pack.segment_wise`: at most this fraction of the pairs (measured break-even: section 16)
 
 
 @functools.cache
@@ -80,6 +90,30 @@ def _flex(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, ma
     return cast(Tensor, out).transpose(1, 2).contiguous()  # (1, L, heads, head_dim), as sdpa_attention_forward's
 
 
+def _segment_wise(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor,
+    n: int,
+    lengths: tuple[int, ...],
+    **kwargs: Any,
+) -> Tensor:
+    """The segments one at a time, each against the shared keys and its own: the pairs the tree mask allows and
+    few others. `torch.split`, not slicing: the backward of 2 x 12 slices wrote a zero tensor of the whole pack
+    per slice (fill_ and copy_ were 37% of the attention's time on the third run's step 8)."""
+    qs, ks, vs = (torch.split(t, [n, *lengths], dim=2) for t in (query, key, value))
+    out = [sdpa_attention_forward(module, qs[0], ks[0], vs[0], None, **kwargs)[0]] if n else []
+    at = n
+    for i, length in enumerate(lengths, 1):
+        seen = torch.cat([mask[:, :, at : at + length, :n], mask[:, :, at : at + length, at : at + length]], -1)
+        k, v = (torch.cat([t[0], t[i]], dim=2) if n else t[i] for t in (ks, vs))
+        out.append(sdpa_attention_forward(module, qs[i], k, v, seen, **kwargs)[0])
+        at += length
+    return torch.cat(out, dim=1)
+
+
 def _group_attention(
     module: torch.nn.Module,
     query: Tensor,
@@ -87,6 +121,7 @@ def _group_attention(
     value: Tensor,
     attention_mask: Tensor | None,
     wb_shared: int | None = None,
+    wb_segments: tuple[int, ...] | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:  # kwargs: transformers' own (dropout, scaling, ...)
     if isinstance(attention_mask, BlockMask):  # Pack.block_mask(): the whole pack in one FlexAttention call
@@ -95,6 +130,8 @@ def _group_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     n = wb_shared
     assert attention_mask is not None and query.shape[0] == 1
+    if wb_segments is not None:  # Pack.segment_wise: long segments
+        return _segment_wise(module, query, key, value, attention_mask, n, wb_segments, **kwargs), None
     tail, _ = sdpa_attention_forward(module, query[:, :, n:], key, value, attention_mask[:, :, n:], **kwargs)
     if n == 0:
         return tail, None
@@ -116,6 +153,22 @@ class Pack:
     labels: Tensor  # (L,) the token each position's hidden state predicts, -100 where nothing is scored
     segment: Tensor  # (L,) -1 on the shared tokens, else the segment's number
     n_shared: int
+    lengths: tuple[int, ...]  # each segment's length, in order
+
+    @property
+    def pairs(self) -> tuple[int, int]:
+        """Query-key pairs of the segments' attention: one masked SDPA over every key, and one segment at a time."""
+        n, tail = self.n_shared, len(self.ids) - self.n_shared
+        return tail * len(self.ids), sum(m * n + m * (m + 1) // 2 for m in self.lengths)
+
+    @property
+    def segment_wise(self) -> bool:
+        """Whether the blockwise attention runs the segments one at a time (`wb_segments`): where that computes at
+        most SEGMENT_WISE_PAIRS of one masked SDPA's pairs. Long segments (a multi-call rollout's calls: 62-1,038
+        tokens past a 2,931-token prefix, 0.49 of the pairs) gain; short ones (a one-call group's 8 x 40 tokens,
+        0.91) lose to the extra calls (benchmarks/README.md, section 16)."""
+        dense, apart = self.pairs
+        return apart <= SEGMENT_WISE_PAIRS * dense
 
     def mask(self) -> Tensor:
         """(1, 1, L, L) bool tree mask: causal, and a segment sees only the shared tokens and itself."""
@@ -236,7 +289,8 @@ def plan(input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int) -> Plan
             lab.append(target)
             seg.append(torch.full((m,), k))
             at += m
-        packs.append(Pack(list(run), torch.cat(ids), torch.cat(pos), torch.cat(lab), torch.cat(seg), n))
+        lengths = tuple(length[b] - n for b in run)
+        packs.append(Pack(list(run), torch.cat(ids), torch.cat(pos), torch.cat(lab), torch.cat(seg), n, lengths))
         for b in run:
             real = P - s + torch.arange(logits_to_keep)  # real index of each completion slot's token
             src = real - 1  # ... predicted from the previous position

@@ -200,7 +200,11 @@ class GroupStep:
         mlp = recomputing(model) if self._undo_mlp is not None else contextlib.nullcontext()
         with self.trainer.accelerator.autocast(), mlp:
             for pack in p.packs:
-                extra = {"wb_shared": pack.n_shared} if self.attention == "blockwise" else {}
+                extra: dict[str, Any] = {}
+                if self.attention == "blockwise":
+                    extra["wb_shared"] = pack.n_shared
+                    if pack.segment_wise:
+                        extra["wb_segments"] = pack.lengths
                 mask = pack.block_mask(dev) if self.attention == "flex" else pack.mask().to(dev)
                 out = model(
                     input_ids=pack.ids[None].to(dev),
@@ -220,6 +224,7 @@ class GroupStep:
             "packs": len(p.packs),
             "trl_padded_tokens": p.padded_tokens,
             "shared_tokens": sum(pk.n_shared for pk in p.packs),
+            "segment_wise_packs": sum(pk.segment_wise for pk in p.packs) if self.attention == "blockwise" else 0,
         }
         return torch.cat([*logps, zero])[p.index], torch.cat([*entropies, zero.detach()])[p.index]
 
