@@ -11,6 +11,7 @@ the per-row bf16 path's own error (the bf16 floor, measured in the same test), w
 from __future__ import annotations
 
 import copy
+import itertools
 import pytest
 import torch
 import torch.nn.functional as F
@@ -70,9 +71,10 @@ class _Attention(torch.nn.Module):  # what transformers' sdpa reads from an atte
     is_causal = True
 
 
-def test_segment_wise_attention_is_the_tree_mask_forward_and_backward_on_random_layouts():
-    """`wb_segments` (each segment against the shared keys and its own) equals one SDPA with the dense tree mask,
-    outputs and the gradients of q, k, v, in float64; a layout with no shared token (n = 0) included."""
+def test_grouped_attention_is_the_tree_mask_forward_and_backward_on_random_layouts():
+    """`wb_groups` (each group of segments against the shared keys and its own) equals one SDPA with the dense tree
+    mask, outputs and the gradients of q, k, v, in float64: every segment alone, and the segments in two groups; a
+    layout with no shared token (n = 0) included."""
     g = torch.Generator().manual_seed(7)
     for n in (0, 1, 37, 200):
         lengths = torch.randint(1, 90, (int(torch.randint(1, 6, (), generator=g)),), generator=g).tolist()
@@ -81,24 +83,32 @@ def test_segment_wise_attention_is_the_tree_mask_forward_and_backward_on_random_
         q, k, v = (torch.randn(1, h, L, 8, generator=g, dtype=torch.float64, requires_grad=True) for h in (4, 2, 2))
         w = torch.randn(1, L, 4, 8, generator=g, dtype=torch.float64)  # a loss that weighs every output
         mask = pack.mask()
-        got, _ = group_pack._group_attention(_Attention(), q, k, v, mask, wb_shared=n, wb_segments=pack.lengths)
-        grads = torch.autograd.grad((got * w).sum(), (q, k, v))
         dense = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
         ref = torch.autograd.grad((dense * w).sum(), (q, k, v))
-        torch.testing.assert_close(got, dense, atol=1e-12, rtol=0)
-        for a, b in zip(grads, ref):
-            torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+        half = len(lengths) // 2
+        two = (sum(lengths[:half]), sum(lengths[half:])) if half else (sum(lengths),)
+        for groups in (pack.lengths, two):
+            got, _ = group_pack._group_attention(_Attention(), q, k, v, mask, wb_shared=n, wb_groups=groups)
+            grads = torch.autograd.grad((got * w).sum(), (q, k, v))
+            torch.testing.assert_close(got, dense, atol=1e-12, rtol=0)
+            for a, b in zip(grads, ref):
+                torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
 
-def test_segments_go_one_at_a_time_only_where_that_skips_enough_pairs():
+def test_groups_cut_long_segments_apart_and_keep_short_ones_whole(monkeypatch):
     multi = layout(2931, [62, 513, 513, 513, 151, 119, 243, 145, 217, 726, 333, 1038])  # the third run's step 8
-    dense, apart = multi.pairs
-    assert (dense, apart) == (4573 * 7504, sum(m * 2931 + m * (m + 1) // 2 for m in multi.lengths))
-    assert multi.segment_wise and apart / dense < 0.5
-    one_call = layout(2900, [40] * 8)  # a one-call group: the extra calls would cost more than the pairs saved
-    assert not one_call.segment_wise and one_call.pairs[1] / one_call.pairs[0] > group_pack.SEGMENT_WISE_PAIRS
+    assert len(multi.groups) > 1 and sum(multi.groups) == sum(multi.lengths)
+    # each group is whole segments, in order
+    ends = set(itertools.accumulate(multi.lengths))
+    assert set(itertools.accumulate(multi.groups)) <= ends
+    one_call = layout(2900, [40] * 8)  # a one-call group: a call per segment would cost more than the pairs saved
+    assert one_call.groups == (320,)
     ids, am, K = padded(BATCH)  # the shipped rows: short suffixes
-    assert not any(p.segment_wise for p in plan(ids, am, K).packs)
+    assert all(len(p.groups) == 1 for p in plan(ids, am, K).packs)
+    monkeypatch.setattr(group_pack, "ATTENTION_COST", (1.0, 0.0, 0.0))  # pairs alone: every segment its own call
+    assert layout(2900, [40] * 8).groups == (40,) * 8
+    monkeypatch.setattr(group_pack, "ATTENTION_COST", (1.0, 1e9, 0.0))  # keys alone: one call
+    assert layout(2931, multi.lengths).groups == (sum(multi.lengths),)
 
 
 def test_block_mask_of_the_shipped_rows():

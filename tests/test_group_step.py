@@ -204,8 +204,8 @@ def test_plan_packs_each_group_once_and_every_row_reads_its_own_tokens():
 @pytest.mark.parametrize("attention", ["blockwise", "segment-wise", "dense"])
 def test_logprobs_and_entropies_equal_trls_per_row(tiny, attention, monkeypatch):
     ids, am, K = padded(BATCH)
-    if attention == "segment-wise":  # every pack one segment at a time (its pairs are always <= the dense ones)
-        monkeypatch.setattr(group_pack, "SEGMENT_WISE_PAIRS", 1.0)
+    if attention == "segment-wise":  # a cost of pairs alone: every segment its own SDPA
+        monkeypatch.setattr(group_pack, "ATTENTION_COST", (1.0, 0.0, 0.0))
     with torch.no_grad():
         ref = type(tiny)._get_per_token_logps_and_entropies(tiny, tiny.model, ids, am, K, compute_entropy=True)
         step = group_step.install(tiny, attention=attention.replace("segment-wise", "blockwise"))
@@ -214,7 +214,8 @@ def test_logprobs_and_entropies_equal_trls_per_row(tiny, attention, monkeypatch)
         finally:
             step.remove()
     assert step.last["packs"] == 3 and step.last["forwarded_tokens"] < step.last["row_tokens"] * 0.65
-    assert step.last["segment_wise_packs"] == (3 if attention == "segment-wise" else 0)  # short segments: not here
+    # the two packs of two rows split; the pack of one row has one segment (short segments: none split by default)
+    assert step.last["split_packs"] == (2 if attention == "segment-wise" else 0)
     scored = am[:, -K:].bool()
     assert (ref[0][scored] != 0).all() and (ref[0][~scored] == 0).all()
     torch.testing.assert_close(got[0], ref[0], atol=TOL, rtol=0)
@@ -229,7 +230,7 @@ def test_loss_and_lora_gradients_equal_trls_step(tiny, mode, checkpointing, segm
     """Shared prefix + IS ratio from the loss pass vs TRL's stock step (no-grad IS forward, per-row forward);
     `segment_wise`: every pack's segments attended one at a time, through the checkpoint replay too."""
     if segment_wise:
-        monkeypatch.setattr(group_pack, "SEGMENT_WISE_PAIRS", 1.0)
+        monkeypatch.setattr(group_pack, "ATTENTION_COST", (1.0, 0.0, 0.0))
     tiny.vllm_importance_sampling_mode = mode
     tiny.vllm_importance_sampling_clip_min = 0.5
     if checkpointing:
@@ -253,7 +254,7 @@ def test_loss_and_lora_gradients_equal_trls_step(tiny, mode, checkpointing, segm
         step.remove()
         tiny.model.gradient_checkpointing_enable()
     assert calls == [True] and step.last["packs"] == 3, "one forward (the loss pass, packed), no no-grad IS pass"
-    assert step.last["segment_wise_packs"] == (3 if segment_wise else 0)
+    assert step.last["split_packs"] == (2 if segment_wise else 0)
     assert "old_per_token_logps" not in got[0] and "importance_sampling_ratio" in got[0]  # filled by the loss pass
     torch.testing.assert_close(got[0]["importance_sampling_ratio"], ratio, atol=TOL, rtol=0)
     assert_same_step(ref, got)

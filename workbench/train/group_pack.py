@@ -25,6 +25,8 @@ FlexAttention backward, so the CPU trainer keeps the blockwise SDPA).
 from __future__ import annotations
 
 import functools
+import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -36,20 +38,16 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-__all__ = [
-    "ATTENTION",
-    "FLEX_BLOCK",
-    "SEGMENT_WISE_PAIRS",
-    "Pack",
-    "Plan",
-    "attention_for",
-    "flex_attention_on",
-    "plan",
-]
+__all__ = ["ATTENTION", "ATTENTION_COST", "FLEX_BLOCK", "Pack", "Plan", "attention_for", "flex_attention_on", "plan"]
 
 ATTENTION = "wb_group_sdpa"  # sdpa, plus the blockwise tree attention when the forward carries `wb_shared`
 FLEX_BLOCK = 128  # FlexAttention's default sparse block: a 128 x 128 tile is skipped, computed whole, or masked
-SEGMENT_WISE_PAIRS = 0.7  # `Pack.segment_wise`: at most this fraction of the pairs (measured break-even: section 16)
+# `Pack.groups`' cost model of one masked SDPA forward + backward at qwen-coder's attention shape, bf16, 2 threads:
+# seconds per query-key pair, per key, per call. Fitted on the AMD EPYC Zen 4 host (AVX512-BF16) to 11 shapes
+# (benchmarks/segment_attention.py, "fit" in its results): every key costs a call ~110 pairs' worth, so a short
+# segment does not pay for its own call; the per-call term fitted slightly negative (-4.5 ms), taken as 0. On
+# another host the cut may be less than the best one; the attention is exact whatever the cut.
+ATTENTION_COST = (7.5e-8, 8.0e-6, 0.0)
 
 
 @functools.cache
@@ -90,7 +88,7 @@ def _flex(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, ma
     return cast(Tensor, out).transpose(1, 2).contiguous()  # (1, L, heads, head_dim), as sdpa_attention_forward's
 
 
-def _segment_wise(
+def _grouped(
     module: torch.nn.Module,
     query: Tensor,
     key: Tensor,
@@ -100,9 +98,9 @@ def _segment_wise(
     lengths: tuple[int, ...],
     **kwargs: Any,
 ) -> Tensor:
-    """The segments one at a time, each against the shared keys and its own: the pairs the tree mask allows and
-    few others. `torch.split`, not slicing: the backward of 2 x 12 slices wrote a zero tensor of the whole pack
-    per slice (fill_ and copy_ were 37% of the attention's time on the third run's step 8)."""
+    """The segments group by group (`Pack.groups`), each against the shared keys and its own: the pairs the tree
+    mask allows and few others. `torch.split`, not slicing: the backward of 2 x 12 slices wrote a zero tensor of
+    the whole pack per slice (fill_ and copy_ were 37% of the attention's time on the third run's step 8)."""
     qs, ks, vs = (torch.split(t, [n, *lengths], dim=2) for t in (query, key, value))
     out = [sdpa_attention_forward(module, qs[0], ks[0], vs[0], None, **kwargs)[0]] if n else []
     at = n
@@ -121,7 +119,7 @@ def _group_attention(
     value: Tensor,
     attention_mask: Tensor | None,
     wb_shared: int | None = None,
-    wb_segments: tuple[int, ...] | None = None,
+    wb_groups: tuple[int, ...] | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:  # kwargs: transformers' own (dropout, scaling, ...)
     if isinstance(attention_mask, BlockMask):  # Pack.block_mask(): the whole pack in one FlexAttention call
@@ -130,8 +128,8 @@ def _group_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     n = wb_shared
     assert attention_mask is not None and query.shape[0] == 1
-    if wb_segments is not None:  # Pack.segment_wise: long segments
-        return _segment_wise(module, query, key, value, attention_mask, n, wb_segments, **kwargs), None
+    if wb_groups is not None:  # Pack.groups: long segments
+        return _grouped(module, query, key, value, attention_mask, n, wb_groups, **kwargs), None
     tail, _ = sdpa_attention_forward(module, query[:, :, n:], key, value, attention_mask[:, :, n:], **kwargs)
     if n == 0:
         return tail, None
@@ -155,20 +153,27 @@ class Pack:
     n_shared: int
     lengths: tuple[int, ...]  # each segment's length, in order
 
-    @property
-    def pairs(self) -> tuple[int, int]:
-        """Query-key pairs of the segments' attention: one masked SDPA over every key, and one segment at a time."""
-        n, tail = self.n_shared, len(self.ids) - self.n_shared
-        return tail * len(self.ids), sum(m * n + m * (m + 1) // 2 for m in self.lengths)
-
-    @property
-    def segment_wise(self) -> bool:
-        """Whether the blockwise attention runs the segments one at a time (`wb_segments`): where that computes at
-        most SEGMENT_WISE_PAIRS of one masked SDPA's pairs. Long segments (a multi-call rollout's calls: 62-1,038
-        tokens past a 2,931-token prefix, 0.49 of the pairs) gain; short ones (a one-call group's 8 x 40 tokens,
-        0.91) lose to the extra calls (benchmarks/README.md, section 16)."""
-        dense, apart = self.pairs
-        return apart <= SEGMENT_WISE_PAIRS * dense
+    @functools.cached_property
+    def groups(self) -> tuple[int, ...]:
+        """The segments cut into contiguous groups, in tokens: each group is one masked SDPA of its queries against
+        the shared keys and its own (`wb_groups`). One group is the whole tail (every key); one group a segment
+        computes only the pairs the tree mask allows, but each call pays for its keys again. The cut minimises
+        `ATTENTION_COST` by a small dynamic program: a one-call group (8 x 40 tokens past 2,931) stays whole, a
+        multi-call one (62-1,038 tokens past 2,931: 0.49 of the pairs apart) is cut (benchmarks/README.md, 16)."""
+        pair_s, key_s, call_s = ATTENTION_COST
+        n, ends = self.n_shared, [0, *itertools.accumulate(self.lengths)]
+        best, cut = [0.0] + [math.inf] * len(self.lengths), [0] * (len(self.lengths) + 1)
+        for j in range(1, len(ends)):
+            for i in range(j):
+                q = ends[j] - ends[i]
+                cost = best[i] + pair_s * q * (n + q) + key_s * (n + q) + call_s
+                if cost < best[j]:
+                    best[j], cut[j] = cost, i
+        groups, j = [], len(self.lengths)
+        while j:
+            groups.append(ends[j] - ends[cut[j]])
+            j = cut[j]
+        return tuple(reversed(groups))
 
     def mask(self) -> Tensor:
         """(1, 1, L, L) bool tree mask: causal, and a segment sees only the shared tokens and itself."""

@@ -203,8 +203,8 @@ class GroupStep:
                 extra: dict[str, Any] = {}
                 if self.attention == "blockwise":
                     extra["wb_shared"] = pack.n_shared
-                    if pack.segment_wise:
-                        extra["wb_segments"] = pack.lengths
+                    if len(pack.groups) > 1:
+                        extra["wb_groups"] = pack.groups
                 mask = pack.block_mask(dev) if self.attention == "flex" else pack.mask().to(dev)
                 out = model(
                     input_ids=pack.ids[None].to(dev),
@@ -224,7 +224,8 @@ class GroupStep:
             "packs": len(p.packs),
             "trl_padded_tokens": p.padded_tokens,
             "shared_tokens": sum(pk.n_shared for pk in p.packs),
-            "segment_wise_packs": sum(pk.segment_wise for pk in p.packs) if self.attention == "blockwise" else 0,
+            # packs whose segments' attention ran as more than one SDPA (`Pack.groups`)
+            "split_packs": sum(len(pk.groups) > 1 for pk in p.packs) if self.attention == "blockwise" else 0,
         }
         return torch.cat([*logps, zero])[p.index], torch.cat([*entropies, zero.detach()])[p.index]
 
