@@ -155,7 +155,8 @@ def attention_part(layouts: list[dict], rounds: int) -> list[dict]:
     rows = []
     for lay in layouts:
         pack = pack_of(lay["n"], lay["lengths"])
-        ways: dict[str, tuple[int, ...] | None] = {"one_sdpa": None, "cut": pack.groups, "every_segment": pack.lengths}
+        cut = pack.blockwise_kwargs().get("wb_groups")  # None where the cut is one group: the path before
+        ways: dict[str, tuple[int, ...] | None] = {"one_sdpa": None, "cut": cut, "every_segment": pack.lengths}
         t = {name: float("inf") for name in ways}
         for _ in range(rounds):  # interleaved: host noise falls on every way alike
             for name, groups in ways.items():
@@ -198,15 +199,11 @@ def model_part(layouts: list[dict], reps: int) -> list[dict]:
         t: dict[bool, list[float]] = {False: [], True: []}
         for warm in [True] + [False] * reps:
             for wise in (False, True):
-                extra = {"wb_groups": pack.groups} if wise else {}
+                extra = pack.blockwise_kwargs() if wise else {"wb_shared": pack.n_shared}
                 start = time.perf_counter()
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     hidden = backbone(
-                        input_ids=pack.ids[None],
-                        attention_mask=pack.mask(),
-                        position_ids=pack.positions[None],
-                        wb_shared=pack.n_shared,
-                        **extra,
+                        input_ids=pack.ids[None], attention_mask=pack.mask(), position_ids=pack.positions[None], **extra
                     ).last_hidden_state
                 (hidden[0].float() * w).sum().backward()
                 if not warm:  # the first round pays for first-touch allocations and is not timed

@@ -7,7 +7,9 @@ state predicts exactly one next token), with TRL's position ids (padded indices)
 nothing is scored). A segment attends to the shared tokens and causally to itself (`Pack.mask`).
 Importing this module registers `ATTENTION` with transformers: plain sdpa for every other forward, and,
 when the forward carries ``wb_shared=n``, causal SDPA over the n shared positions plus masked SDPA of
-the segments against all keys (half the cost of one SDPA with the dense 4D mask here). Given `Pack.block_mask()`
+the segments against all keys (half the cost of one SDPA with the dense 4D mask here); with ``wb_groups`` too
+(`Pack.groups`, long segments: a multi-call rollout's calls), one masked SDPA per group of segments against the
+shared keys and the group's own, skipping most of the pairs the mask would drop. Given `Pack.block_mask()`
 as its attention mask instead, the whole pack is one FlexAttention call that skips the masked-out 128 x 128
 blocks: compiled (dynamic shapes, once per process) on CUDA, where the dense boolean mask sent SDPA to its math
 kernel (0.22x TRL's step, benchmarks/README.md section 8); eager on the CPU (forward only: torch has no CPU
@@ -17,7 +19,7 @@ FlexAttention backward, so the CPU trainer keeps the blockwise SDPA).
     p = plan(input_ids, attention_mask, logits_to_keep)      # TRL's (B, P+K) batch
     for pack in p.packs:                                      # model.config._attn_implementation = ATTENTION
         out = model(input_ids=pack.ids[None], attention_mask=pack.mask(), position_ids=pack.positions[None],
-                    shift_labels=pack.labels[None], fused_lm_head=True, wb_shared=pack.n_shared)
+                    shift_labels=pack.labels[None], fused_lm_head=True, **pack.blockwise_kwargs())
     # torch.cat([*per-pack log_probs, zero])[p.index] is TRL's (B, K) per-token logprobs
     # CUDA: attention_mask=pack.block_mask(device) (and no wb_shared) takes the FlexAttention path
 """
@@ -44,10 +46,10 @@ ATTENTION = "wb_group_sdpa"  # sdpa, plus the blockwise tree attention when the 
 FLEX_BLOCK = 128  # FlexAttention's default sparse block: a 128 x 128 tile is skipped, computed whole, or masked
 # `Pack.groups`' cost model of one masked SDPA forward + backward at qwen-coder's attention shape, bf16, 2 threads:
 # seconds per query-key pair, per key, per call. Fitted on the AMD EPYC Zen 4 host (AVX512-BF16) to 11 shapes
-# (benchmarks/segment_attention.py, "fit" in its results): every key costs a call ~110 pairs' worth, so a short
-# segment does not pay for its own call; the per-call term fitted slightly negative (-4.5 ms), taken as 0. On
+# (benchmarks/segment_attention.py, "fit" in its results): every key costs a call ~90 pairs' worth, so a short
+# segment does not pay for its own call; the per-call term fitted slightly negative (-3.3 ms), taken as 0. On
 # another host the cut may be less than the best one; the attention is exact whatever the cut.
-ATTENTION_COST = (7.5e-8, 8.0e-6, 0.0)
+ATTENTION_COST = (7.0e-8, 6.4e-6, 0.0)
 
 
 @functools.cache
@@ -174,6 +176,10 @@ class Pack:
             groups.append(ends[j] - ends[cut[j]])
             j = cut[j]
         return tuple(reversed(groups))
+
+    def blockwise_kwargs(self) -> dict[str, Any]:
+        """The forward's kwargs for the blockwise attention of this pack: ``wb_shared``, and ``wb_groups`` if cut."""
+        return {"wb_shared": self.n_shared, **({"wb_groups": self.groups} if len(self.groups) > 1 else {})}
 
     def mask(self) -> Tensor:
         """(1, 1, L, L) bool tree mask: causal, and a segment sees only the shared tokens and itself."""

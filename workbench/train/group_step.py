@@ -13,9 +13,11 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    predicts exactly one next token: the first completion token of every row is predicted from its own copy
    of the last prefix position. A segment attends to the shared tokens and causally to itself (a "tree"
    mask), computed blockwise on the CPU: causal SDPA over the shared block, masked SDPA of the segments against
-   all keys; on CUDA as one compiled FlexAttention call with a BlockMask (`attention="auto"`: 4.19x TRL's step at
-   0.23x its memory on 8 opencode-shaped rows, benchmarks/README.md section 8b). The gradient is exact: a shared position's logprob is one tensor element gathered into every
-   row that scores it, so autograd sums every row's advantage-weighted gradient into the shared activations.
+   all keys (long segments: one per group of segments, `Pack.groups`); on CUDA as one compiled FlexAttention
+   call with a BlockMask (`attention="auto"`: 4.19x TRL's step at 0.23x its memory on 8 opencode-shaped rows,
+   benchmarks/README.md section 8b). The gradient is exact: a shared position's logprob is one tensor element
+   gathered into every row that scores it, so autograd sums every row's advantage-weighted gradient into the
+   shared activations.
    Works with TRL's fused LM head (`shift_labels`) and with activation checkpointing (the layout travels as
    a forward kwarg, so the checkpoint replay sees it). The layout and the attention: `workbench.train.group_pack`.
    Without checkpointing, each gated MLP of the packed forward keeps only gate(x) and up(x) for the backward,
@@ -50,8 +52,8 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
 Exactness (tests/test_group_step.py): on the tiny model in fp32, per-row logprobs and entropies equal TRL's own
 path to <= 1e-5 absolute, the loss to <= 1e-5 relative (|Δ| / max(1, |loss|)), and each LoRA gradient tensor to
 <= 1e-5 of its own largest entry (max |Δ| / max |g|); on SmolLM2 and the shipped real rows, float64 to <= 5e-6, and in
-float32 the loss to <= 1e-5 and the gradients no further from the float64 step than 2x TRL's own fp32 error. Requires sdpa attention and TRL's compact fused LM head on
-CPU (workbench.train.grpo applies it; `install` checks).
+float32 the loss to <= 1e-5 and the gradients no further from the float64 step than 2x TRL's own fp32 error.
+Requires sdpa attention and TRL's compact fused LM head on CPU (workbench.train.grpo applies it; `install` checks).
 """
 
 from __future__ import annotations
@@ -83,11 +85,7 @@ __all__ = ["OWNER_FIELD", "GroupStep", "install", "every_row_fields"]
 
 
 _IS_FLAG = "vllm_importance_sampling_correction"  # public attribute, read by both methods above; siblings read only
-_IS_MODE, _IS_MIN, _IS_MAX = (
-    "vllm_importance_sampling_mode",
-    "vllm_importance_sampling_clip_min",
-    "vllm_importance_sampling_clip_max",
-)
+_IS_MODE, _IS_MIN, _IS_MAX = (f"vllm_importance_sampling_{k}" for k in ("mode", "clip_min", "clip_max"))
 # Also: `model(..., shift_labels=, fused_lm_head=True)` (trl.trainer.utils.add_fused_lm_head's patched forward,
 # returning .log_probs/.entropy).
 
@@ -200,11 +198,7 @@ class GroupStep:
         mlp = recomputing(model) if self._undo_mlp is not None else contextlib.nullcontext()
         with self.trainer.accelerator.autocast(), mlp:
             for pack in p.packs:
-                extra: dict[str, Any] = {}
-                if self.attention == "blockwise":
-                    extra["wb_shared"] = pack.n_shared
-                    if len(pack.groups) > 1:
-                        extra["wb_groups"] = pack.groups
+                extra = pack.blockwise_kwargs() if self.attention == "blockwise" else {}
                 mask = pack.block_mask(dev) if self.attention == "flex" else pack.mask().to(dev)
                 out = model(
                     input_ids=pack.ids[None].to(dev),
@@ -224,7 +218,6 @@ class GroupStep:
             "packs": len(p.packs),
             "trl_padded_tokens": p.padded_tokens,
             "shared_tokens": sum(pk.n_shared for pk in p.packs),
-            # packs whose segments' attention ran as more than one SDPA (`Pack.groups`)
             "split_packs": sum(len(pk.groups) > 1 for pk in p.packs) if self.attention == "blockwise" else 0,
         }
         return torch.cat([*logps, zero])[p.index], torch.cat([*entropies, zero.detach()])[p.index]
