@@ -93,9 +93,20 @@ def extract_layouts(rollouts: Path, out: Path) -> None:
             ids[b, P - len(p) : P + len(c)] = torch.tensor(p + c)
             am[b, P - len(p) : P + len(c)] = 1
         plan = group_pack.plan(ids, am, K)
+        rows = sorted(p + c for p, c in zip(f["prompt_ids"], f["completion_ids"]))
+        # a tree of every row's tokens (each distinct prefix once): what a pack could forward at the least
+        tree = sum(len(b) - _lcp(a, b) for a, b in zip([[], *rows], rows))
         for i, pk in enumerate(plan.packs):
             if sum(pk.lengths) > 16:  # not a pack of pad rows (one token each)
-                steps.append({"name": f"{step.name} pack {i}", "n": pk.n_shared, "lengths": list(pk.lengths)})
+                steps.append(
+                    {
+                        "name": f"{step.name} pack {i}",
+                        "n": pk.n_shared,
+                        "lengths": list(pk.lengths),
+                        "step_forwarded_tokens": plan.forwarded_tokens,
+                        "step_tree_tokens": tree,
+                    }
+                )
     out.write_text(
         json.dumps(
             {"rollouts": "/".join(rollouts.resolve().parts[-4:]), "task_model": cfg.model, "packs": steps}, indent=1
@@ -139,6 +150,10 @@ def fit_cost(reps: int) -> dict[str, object]:
     }
     print(json.dumps(fit), flush=True)
     return fit
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def attention_time(pack: group_pack.Pack, groups: tuple[int, ...] | None) -> float:
