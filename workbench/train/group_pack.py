@@ -46,9 +46,9 @@ ATTENTION = "wb_group_sdpa"  # sdpa, plus the blockwise tree attention when the 
 FLEX_BLOCK = 128  # FlexAttention's default sparse block: a 128 x 128 tile is skipped, computed whole, or masked
 # `Pack.groups`' cost model of one masked SDPA forward + backward at qwen-coder's attention shape, bf16, 2 threads:
 # seconds per query-key pair, per key, per call. Fitted on the AMD EPYC Zen 4 host (AVX512-BF16) to 11 shapes
-# (benchmarks/segment_attention.py, "fit" in its results): every key costs a call ~90 pairs' worth, so a short
-# segment does not pay for its own call; the per-call term fitted slightly negative (-3.3 ms), taken as 0. On
-# another host the cut may be less than the best one; the attention is exact whatever the cut.
+# (benchmarks/segment_attention.py's fit: results/segment_attention/2026-12-07T031029_*.fit.json): every key costs a
+# call ~90 pairs' worth, so a short segment does not pay for its own call; the per-call term fitted slightly negative
+# (-3.3 ms), taken as 0. On another host the cut may be less than the best one; the attention is exact whatever the cut.
 ATTENTION_COST = (7.0e-8, 6.4e-6, 0.0)
 
 
