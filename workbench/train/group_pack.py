@@ -101,8 +101,8 @@ def _grouped(
     **kwargs: Any,
 ) -> Tensor:
     """The segments group by group (`Pack.groups`), each against the shared keys and its own: the pairs the tree
-    mask allows and few others. `torch.split`, not slicing: the backward of 2 x 12 slices wrote a zero tensor of
-    the whole pack per slice (fill_ and copy_ were 37% of the attention's time on the third run's step 8)."""
+    mask allows and few others. `torch.split`, not slicing: the backward of 3 x 12 slices wrote a zero tensor of
+    the whole pack per slice (in a profile of step 8's pack, fill_, copy_, cat and add_ took 37% of the time)."""
     qs, ks, vs = (torch.split(t, [n, *lengths], dim=2) for t in (query, key, value))
     out = [sdpa_attention_forward(module, qs[0], ks[0], vs[0], None, **kwargs)[0]] if n else []
     at = n
@@ -161,7 +161,7 @@ class Pack:
         the shared keys and its own (`wb_groups`). One group is the whole tail (every key); one group a segment
         computes only the pairs the tree mask allows, but each call pays for its keys again. The cut minimises
         `ATTENTION_COST` by a small dynamic program: a one-call group (8 x 40 tokens past 2,931) stays whole, a
-        multi-call one (62-1,038 tokens past 2,931: 0.49 of the pairs apart) is cut (benchmarks/README.md, 16)."""
+        multi-call one (62-1,038 tokens past 2,931: 0.43 of the pairs apart) is cut (benchmarks/README.md, 16)."""
         pair_s, key_s, call_s = ATTENTION_COST
         n, ends = self.n_shared, [0, *itertools.accumulate(self.lengths)]
         best, cut = [0.0] + [math.inf] * len(self.lengths), [0] * (len(self.lengths) + 1)
