@@ -63,7 +63,10 @@ def pack_of(n: int, lengths: list[int]) -> group_pack.Pack:
 
 
 def extract_layouts(rollouts: Path, out: Path) -> None:
-    """Each recorded step's packs, through the training path: the run's config, its rows, TRL's padding, `plan`."""
+    """Each recorded step's packs, through the training path: the run's config, its rows, TRL's padding, `plan`.
+    `out` must be a new file: the committed layouts are what the results files were measured on."""
+    if out.exists():
+        raise FileExistsError(f"{out} exists: give --layouts-out a new file")
     from transformers import AutoTokenizer
 
     from workbench.engine import load_asset
@@ -242,13 +245,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layouts", type=Path, default=LAYOUTS, help="recorded pack layouts (JSON)")
     parser.add_argument("--layouts-from", type=Path, help="a run's rollouts/ folder: write its layouts and stop")
-    parser.add_argument("--layouts-out", type=Path, default=LAYOUTS)
+    parser.add_argument("--layouts-out", type=Path, help="with --layouts-from: the new file to write")
     parser.add_argument("--rounds", type=int, default=3, help="attention: the best of this many interleaved rounds")
     parser.add_argument("--model-packs", default="step-0006 pack 0,step-0008 pack 0", help="'' to skip the model")
     parser.add_argument("--model-reps", type=int, default=1)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.layouts_from:
+        if args.layouts_out is None:
+            parser.error("--layouts-from needs --layouts-out (a new file)")
         extract_layouts(args.layouts_from, args.layouts_out)
         return
     torch.set_num_threads(2)
