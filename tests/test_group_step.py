@@ -201,21 +201,21 @@ def test_plan_packs_each_group_once_and_every_row_reads_its_own_tokens():
 # -- exactness against TRL ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("attention", ["blockwise", "segment-wise", "dense"])
+@pytest.mark.parametrize("attention", ["blockwise", "every-segment", "dense"])
 def test_logprobs_and_entropies_equal_trls_per_row(tiny, attention, monkeypatch):
     ids, am, K = padded(BATCH)
-    if attention == "segment-wise":  # a cost of pairs alone: every segment its own SDPA
+    if attention == "every-segment":  # a cost of pairs alone: `Pack.groups` gives every segment its own SDPA
         monkeypatch.setattr(group_pack, "ATTENTION_COST", (1.0, 0.0, 0.0))
     with torch.no_grad():
         ref = type(tiny)._get_per_token_logps_and_entropies(tiny, tiny.model, ids, am, K, compute_entropy=True)
-        step = group_step.install(tiny, attention=attention.replace("segment-wise", "blockwise"))
+        step = group_step.install(tiny, attention=attention.replace("every-segment", "blockwise"))
         try:
             got = tiny._get_per_token_logps_and_entropies(tiny.model, ids, am, K, compute_entropy=True)
         finally:
             step.remove()
     assert step.last["packs"] == 3 and step.last["forwarded_tokens"] < step.last["row_tokens"] * 0.65
     # the two packs of two rows split; the pack of one row has one segment (short segments: none split by default)
-    assert step.last["split_packs"] == (2 if attention == "segment-wise" else 0)
+    assert step.last["split_packs"] == (2 if attention == "every-segment" else 0)
     scored = am[:, -K:].bool()
     assert (ref[0][scored] != 0).all() and (ref[0][~scored] == 0).all()
     torch.testing.assert_close(got[0], ref[0], atol=TOL, rtol=0)
@@ -223,13 +223,13 @@ def test_logprobs_and_entropies_equal_trls_per_row(tiny, attention, monkeypatch)
 
 
 @pytest.mark.parametrize(
-    "mode,checkpointing,segment_wise",
+    "mode,checkpointing,every_segment",
     [("sequence_mask", True, False), ("token_truncate", False, False), ("token_truncate", True, True)],
 )
-def test_loss_and_lora_gradients_equal_trls_step(tiny, mode, checkpointing, segment_wise, monkeypatch):
+def test_loss_and_lora_gradients_equal_trls_step(tiny, mode, checkpointing, every_segment, monkeypatch):
     """Shared prefix + IS ratio from the loss pass vs TRL's stock step (no-grad IS forward, per-row forward);
-    `segment_wise`: every pack's segments attended one at a time, through the checkpoint replay too."""
-    if segment_wise:
+    `every_segment`: every pack's segments attended one at a time (`Pack.groups`), through the checkpoint replay too."""
+    if every_segment:
         monkeypatch.setattr(group_pack, "ATTENTION_COST", (1.0, 0.0, 0.0))
     tiny.vllm_importance_sampling_mode = mode
     tiny.vllm_importance_sampling_clip_min = 0.5
@@ -254,7 +254,7 @@ def test_loss_and_lora_gradients_equal_trls_step(tiny, mode, checkpointing, segm
         step.remove()
         tiny.model.gradient_checkpointing_enable()
     assert calls == [True] and step.last["packs"] == 3, "one forward (the loss pass, packed), no no-grad IS pass"
-    assert step.last["split_packs"] == (2 if segment_wise else 0)
+    assert step.last["split_packs"] == (2 if every_segment else 0)
     assert "old_per_token_logps" not in got[0] and "importance_sampling_ratio" in got[0]  # filled by the loss pass
     torch.testing.assert_close(got[0]["importance_sampling_ratio"], ratio, atol=TOL, rtol=0)
     assert_same_step(ref, got)
