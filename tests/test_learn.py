@@ -5,8 +5,9 @@ silently spoil."""
 
 from __future__ import annotations
 
+import argparse
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -115,8 +116,8 @@ def test_the_pool_is_the_tasks_solved_sometimes_and_training_uses_only_it(monkey
     assert ev["pool"]["left_out"] == {"always_solved": ["easy/0"], "never_solved": ["easy/1"], "not_all_scored": []}
     assert calls.trained_on == [("easy/2,easy/3", False)]
     names = [e[0] for e in calls.evals]
-    # after training, base and trained interleaved on one engine (one block each here), pool then held out
-    assert names == ["probe", "eval-pool/base", "eval-pool/trained", "eval-held-out/base", "eval-held-out/trained"]
+    # after training, base and trained interleaved on one engine (one block each here), held out then the pool
+    assert names == ["probe", "eval-held-out/base", "eval-held-out/trained", "eval-pool/base", "eval-pool/trained"]
     # the pool's comparison uses fresh base rollouts, not the probe's: base 1/4 and 2/4 -> trained 4/4 each
     d = ev["train_pool_solve_delta"]
     assert d["mean"] == pytest.approx(((1 - 0.25) + (1 - 0.5)) / 2) and d["ci95"][0] > 0
@@ -149,7 +150,7 @@ def test_a_stopped_run_resumes_where_it_stopped_and_refuses_another_config(monke
     resumed = _config(activation_checkpointing=True, steps=LearnConfig().steps + 5)
     ev = run_learning(resumed, run_dir=tmp_path / "r", resume=True, engine=object(), client=object())  # type: ignore[arg-type]
     names = [e[0] for e in calls.evals]  # finished stages are not re-run
-    assert names == ["eval-pool/base", "eval-pool/trained", "eval-held-out/base", "eval-held-out/trained"]
+    assert names == ["eval-held-out/base", "eval-held-out/trained", "eval-pool/base", "eval-pool/trained"]
     assert calls.trained_on[-1] == ("easy/2,easy/3", True)  # GRPO continues from its checkpoint
     assert all((e[3] or "").endswith("adapters/final") == e[0].endswith("/trained") for e in calls.evals)
     assert set(ev["timings_s"]) >= {"probe_s", "train_s", "eval-pool_s", "eval-held-out_s"}
@@ -264,3 +265,62 @@ def test_an_adapter_and_its_base_are_evaluated_interleaved_block_by_block(monkey
     assert json.loads((tmp_path / "p" / "paired.json").read_text())["delta"] == out["delta"]
     with pytest.raises(ValueError, match="give an adapter"):
         EvalConfig(model="tiny", with_base=True)
+
+
+def test_a_stopped_interleaved_pair_resumes_from_its_last_whole_block_and_refuses_another_plan(monkeypatch, tmp_path):
+    """`run_paired(resume=True)`: blocks whose two policies both finished are kept (not run again), a block stopped
+    between its two policies is run again whole, both policies back to back; a folder planned with other settings
+    is refused before anything runs, naming the field; the CLI says the same and needs --with-base and --out."""
+    from workbench.evaluate import EvalConfig, run_paired
+    from workbench.cli.evaluate import add_eval_arguments, run_from_args
+
+    calls = _stand_ins(monkeypatch)
+    config = EvalConfig(model="tiny", adapter="runs/x/adapters/final", tasks="easy-train[:5]", n=2, parallel=4)
+    stand_in = paired.run_eval
+    seen = []
+
+    def stops_at_the_fourth(cfg, **kw):  # the stop comes between block 1's two policies
+        seen.append(cfg.tasks)
+        if len(seen) == 4:
+            raise KeyboardInterrupt
+        return stand_in(cfg, **kw)
+
+    monkeypatch.setattr(paired, "run_eval", stops_at_the_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        run_paired(config, run_dir=tmp_path / "p", engine=object(), client=object())  # type: ignore[arg-type]
+    assert (tmp_path / "p" / "trained" / "block001" / "eval.json").is_file()  # block 1's first policy finished
+    monkeypatch.setattr(paired, "run_eval", stand_in)
+    calls.evals = []
+    out = run_paired(config, run_dir=tmp_path / "p", engine=object(), client=object(), resume=True)  # type: ignore[arg-type]
+    assert [(e[1], e[3] is not None) for e in calls.evals] == [  # block 0 kept; block 1 again whole, in its order
+        ("easy/2,easy/3", True),
+        ("easy/2,easy/3", False),
+        ("easy/4", False),
+        ("easy/4", True),
+    ]
+    base = json.loads((tmp_path / "p" / "base" / "eval.json").read_text())
+    assert base["rollouts"] == 10 and base["interleaved"]["blocks_resumed"] == 1
+    assert out["delta"]["mean"] == pytest.approx((0 + 0 + 0.5 + 0 + 1) / 5)  # as the uninterrupted pair's
+    record = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert record["resumes"][0]["blocks_kept"] == 1 and record["interleaved"]["block_tasks"] == 2
+
+    calls.evals = []
+    for other, field in (
+        (replace(config, temperature=0.5), "eval.temperature"),
+        (replace(config, parallel=2), "interleaved.block_tasks"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            run_paired(other, run_dir=tmp_path / "p", engine=object(), client=object(), resume=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no interleaved evaluation"):
+        run_paired(config, run_dir=tmp_path / "none", engine=object(), client=object(), resume=True)  # type: ignore[arg-type]
+    assert calls.evals == [] and not (tmp_path / "none").exists()
+
+    parser = add_eval_arguments(argparse.ArgumentParser())
+    args = ["--model", "tiny", "--adapter", "runs/x/adapters/final", "--tasks", "easy-train[:5]", "--n", "2"]
+    monkeypatch.setattr("workbench.cli.evaluate.check_names", lambda config: None)
+    with pytest.raises(SystemExit, match="--with-base and --out"):
+        run_from_args(parser.parse_args([*args, "--resume"]))
+    with pytest.raises(SystemExit, match="eval.temperature"):
+        more = ["--with-base", "--parallel", "4", "--temperature", "0.5", "--out", str(tmp_path / "p"), "--resume"]
+        run_from_args(parser.parse_args([*args, *more]))
+    assert calls.evals == []

@@ -44,10 +44,15 @@ HEAD = (
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """One flag per `EvalConfig` field (from its type and docstring), plus --json, --out, --baseline."""
+    """One flag per `EvalConfig` field (from its type and docstring), plus --json, --out, --resume, --baseline."""
     add_config_arguments(parser, EvalConfig)
     parser.add_argument("--json", action="store_true", help="print eval.json's headline numbers as one JSON object")
     parser.add_argument("--out", default=None, help="run folder (default runs/<timestamp>__eval)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --with-base: continue the interleaved evaluation in --out where it stopped (finished blocks kept)",
+    )
     parser.add_argument(
         "--baseline",
         default=None,
@@ -93,6 +98,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     # read before the evaluation runs: a missing or broken file is said at once (a mismatch only once both exist;
     # the evaluation is in its run folder either way)
     earlier = json.loads(Path(args.baseline).read_text()) if args.baseline else None
+    if args.resume and not (config.with_base and args.out):
+        raise SystemExit("workbench eval: --resume continues an interleaved evaluation: give --with-base and --out")
     if config.with_base:
         if earlier is not None:
             raise SystemExit(
@@ -100,7 +107,14 @@ def run_from_args(args: argparse.Namespace) -> int:
             )
         from workbench.evaluate import run_paired
 
-        both = run_paired(config, run_dir=Path(args.out) if args.out else None)
+        from workbench.evaluate import check_resume
+
+        if args.resume:
+            try:
+                check_resume(config, Path(args.out))
+            except ValueError as e:  # a folder planned otherwise, or none to resume: said, nothing in it touched
+                raise SystemExit(f"workbench eval: {e}") from None
+        both = run_paired(config, run_dir=Path(args.out) if args.out else None, resume=args.resume)
         paired = {k: both[k] for k in ("model", "tasks", "n", "base", "trained", "delta", "interleaved", "run_dir")}
         print(
             json.dumps(paired)

@@ -29,6 +29,6 @@ if TYPE_CHECKING:
     from workbench.evaluate.certification import CertifyConfig, certify, render_certificate
     from workbench.evaluate.matrix import exact_prompt_ids, harness_table, markdown_table, MatrixConfig, run_matrix
     from workbench.evaluate.report import compare, harness_tax
-    from workbench.evaluate.paired import run_paired
+    from workbench.evaluate.paired import check_resume, run_paired
     from workbench.evaluate.rescoring import delta_widget, rescore
     from workbench.evaluate.run import EvalConfig, run_eval

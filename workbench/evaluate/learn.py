@@ -9,10 +9,11 @@ checkpoint, through `GRPORun.train(resume=True)`):
    (the DeepCoder recipe's offline difficulty filter: a task always or never solved gives GRPO a group of equal
    rewards, nothing to learn from).
 3. ``grpo/``: `workbench.train.grpo.GRPORun` on the pool, one task per step, a group of ``group_size``.
-4. ``eval-pool/`` and ``eval-held-out/``: the base model and the final adapter, interleaved block by block on one
-   engine (`workbench.evaluate.paired.run_paired`: host load falls on both alike), on the pool (``pool_eval_n``
-   fresh rollouts a task: the probe's own rollouts chose the pool, so they would overstate its failures) and on the
-   held-out ``eval_tasks``; each writes ``base/eval.json``, ``trained/eval.json`` and ``paired.json``.
+4. ``eval-held-out/`` and ``eval-pool/``: the base model and the final adapter, interleaved block by block on one
+   engine (`workbench.evaluate.paired.run_paired`: host load falls on both alike), on the held-out ``eval_tasks``
+   and on the pool (``pool_eval_n`` fresh rollouts a task: the probe's own rollouts chose the pool, so they would
+   overstate its failures); each writes ``base/eval.json``, ``trained/eval.json`` and ``paired.json``; a stopped
+   one resumes from its last finished block.
 
 Each comparison is paired by task (`workbench.evaluate.run.compare`: 95% paired-bootstrap interval over tasks,
 sign-flip p): ``delta``/``solve_delta`` on the held-out split, ``train_pool_delta``/``train_pool_solve_delta`` on
@@ -30,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -291,11 +291,11 @@ def run_learning(
         cfg = replace(config.eval_config(adapter, tasks=tasks, n=n), with_base=True)
         folder = run.path / name
         if not (folder / "paired.json").is_file():
-            shutil.rmtree(folder, ignore_errors=True)  # an attempt stopped half-way: its blocks are not kept
             t = time.monotonic()
             eng, cli = stack()
-            run_paired(cfg, run_dir=folder, engine=eng, client=cli)
-            timings[f"{name}_s"] = round(time.monotonic() - t, 1)
+            # an attempt stopped half-way keeps the blocks it finished (`run_paired`'s resume)
+            run_paired(cfg, run_dir=folder, engine=eng, client=cli, resume=(folder / "config.json").is_file())
+            timings[f"{name}_s"] = round(timings.get(f"{name}_s", 0.0) + time.monotonic() - t, 1)
             run.write_json("timings.json", timings)
         return tuple(json.loads((folder / side / "eval.json").read_text()) for side in ("base", "trained"))
 
@@ -325,10 +325,11 @@ def run_learning(
             GRPORun(train, run_dir=grpo_dir, engine=eng, client=cli).train(resume=again)
             timings["train_s"] = round(timings.get("train_s", 0.0) + time.monotonic() - t, 1)
             run.write_json("timings.json", timings)
-        # base and trained interleaved on one engine, after training: host load falls on both alike
+        # base and trained interleaved on one engine, after training: host load falls on both alike; the held-out
+        # pair (the experiment's question) first, so a run stopped during the evaluations has it soonest
+        base, trained = paired("eval-held-out", adapter)
         if pool:
             base_pool, trained_pool = paired("eval-pool", adapter, tasks=pool["spec"], n=config.pool_eval_n)
-        base, trained = paired("eval-held-out", adapter)
     metrics = RunDir.open(grpo_dir).read_metrics()
     evidence = {
         **compare(base, trained),
