@@ -14,7 +14,7 @@ ordinary `run_eval` on the shared engine (its folder under ``base/`` or ``traine
 blocks' rollout records are then aggregated into one eval.json per policy (``base/eval.json``,
 ``trained/eval.json``, as `run_eval` writes them, ``interleaved`` saying how) and compared (``paired.json``).
 
-A held-out pair of 64 tasks x 2 rollouts takes about 1.5 h on 2 cores, so a stopped one resumes
+A held-out pair of 64 tasks x 2 rollouts took 3,517 s on 2 cores (docs/training.md), so a stopped one resumes
 (``resume=True``, ``workbench eval --with-base --out DIR --resume``): the blocks both of whose policies finished are
 kept, a block stopped half-way is run again whole (both policies, one right after the other, as planned), and a
 folder planned with other settings or other blocks is refused, naming what differs.
