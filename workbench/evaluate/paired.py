@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.evaluate.report import aggregate, compare
 from workbench.evaluate.run import EvalConfig, eval_stack, run_eval
-from workbench.runs import RunDir
+from workbench.runs import RunDir, git_commit
 
 if TYPE_CHECKING:
     from workbench.capture import ProxyClient
@@ -65,7 +65,9 @@ def run_paired(
         run = RunDir.open(check_resume(config, run_dir))
         kept = [i for i in range(len(blocks)) if all(_block(run.path, s, i).is_file() for s in ("base", "trained"))]
         record = json.loads((run.path / "config.json").read_text())
-        record.setdefault("resumes", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "blocks_kept": len(kept)})
+        record.setdefault("resumes", []).append(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "git_commit": git_commit(), "blocks_kept": len(kept)}
+        )
         run.write_json("config.json", record)
     else:
         run, kept = RunDir.create("eval", path=run_dir), []
