@@ -14,6 +14,7 @@ import pytest
 
 import workbench.evaluate.learn as learn
 import workbench.evaluate.paired as paired
+from workbench.cpu import machine
 from workbench.evaluate.report import SETTINGS, aggregate
 from workbench.evaluate.learn import LearnConfig, choose_pool, run_learning
 from workbench.runs import RunDir
@@ -303,6 +304,7 @@ def test_a_stopped_interleaved_pair_resumes_from_its_last_whole_block_and_refuse
     assert out["delta"]["mean"] == pytest.approx((0 + 0 + 0.5 + 0 + 1) / 5)  # as the uninterrupted pair's
     record = json.loads((tmp_path / "p" / "config.json").read_text())
     assert record["resumes"][0]["blocks_kept"] == 1 and record["interleaved"]["block_tasks"] == 2
+    assert record["resumes"][0]["machine"]["cpu"] == machine()["cpu"]
 
     calls.evals = []
     for other, field in (

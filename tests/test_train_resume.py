@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import platform
 from dataclasses import asdict
 
 import pytest
 
+from workbench.cpu import machine
 from workbench.runs import RunDir
 from workbench.train import TrainConfig
 from workbench.train.resume import record_config
@@ -27,7 +29,15 @@ def test_a_field_added_since_the_run_at_its_default_and_the_same_prompting_resum
     before = (run.path / "config.json").read_bytes()
     record_config(run, {"train": asdict(TrainConfig(model="smollm2"))}, resume=True, checkpoint=tmp_path / "ckpt-1")
     assert (run.path / "config.json").read_bytes() == before
-    assert json.loads((run.path / "resumes.jsonl").read_text())["checkpoint"] == "ckpt-1"
+    entry = json.loads((run.path / "resumes.jsonl").read_text())
+    assert entry["checkpoint"] == "ckpt-1" and entry["machine"] == machine()  # a run may resume on another machine
+
+
+def test_the_machine_names_the_cpu_by_family_and_model_and_the_kernel():
+    cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+    got = machine(cpuinfo)
+    assert got["cpu"] == "AMD EPYC family 26 model 2" and got["kernel"] == platform.release()
+    assert machine("")["cpu"] == "? family ? model ?"  # nothing to read: said, not guessed
 
 
 def test_prompting_that_resolves_otherwise_or_a_new_field_off_its_default_is_refused(tmp_path):

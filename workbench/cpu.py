@@ -8,15 +8,17 @@ section 7). `TrainConfig`'s ``precision`` and ``engine_dtype`` resolve ``auto`` 
     from workbench.cpu import bf16_native, cpu_flags
     bf16_native()        # True on AVX512-BF16 / AMX-BF16 hosts
     cpu_flags()          # ("avx2", "avx512_bf16", ...): the flags of `FLAGS` this host has
+    machine()            # {"cpu": "AMD EPYC family 26 model 2", "kernel": "...", "flags": [...]}: what a resume records
 """
 
 from __future__ import annotations
 
 import functools
+import platform
 import re
 from pathlib import Path
 
-__all__ = ["FLAGS", "BF16_FLAGS", "cpu_flags", "bf16_native"]
+__all__ = ["FLAGS", "BF16_FLAGS", "cpu_flags", "bf16_native", "machine"]
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # the ones this project's numbers depend on
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -37,3 +39,25 @@ def cpu_flags() -> tuple[str, ...]:
 def bf16_native() -> bool:
     """Whether the cores compute bfloat16 natively (AVX512-BF16 or AMX-BF16)."""
     return any(f in cpu_flags() for f in BF16_FLAGS)
+
+
+def machine(cpuinfo: str | None = None) -> dict[str, object]:
+    """The machine a run's stage ran on, for its resume records: a VM's host name says nothing (``vm`` on every one
+    here), and a run resumed on another machine (a 2-core Zen 4 one day, a Zen 5 the next) runs its later steps at
+    another speed. The CPU's model name with its family and model, the kernel release (its build tag names the VM
+    image) and `cpu_flags`. `cpuinfo` stands in for /proc/cpuinfo (tests)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+
+    def field(name: str) -> str:
+        found = re.search(rf"^{name}\s*:\s*(.*)$", cpuinfo, re.M)
+        return found.group(1).strip() if found else "?"
+
+    return {
+        "cpu": f"{field('model name')} family {field('cpu family')} model {field('model')}",
+        "kernel": platform.release(),
+        "flags": list(cpu_flags()),
+    }

@@ -31,6 +31,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.cpu import machine
 from workbench.evaluate.report import aggregate, compare
 from workbench.evaluate.run import EvalConfig, eval_stack, run_eval
 from workbench.runs import RunDir, git_commit
@@ -66,7 +67,12 @@ def run_paired(
         kept = [i for i in range(len(blocks)) if all(_block(run.path, s, i).is_file() for s in ("base", "trained"))]
         record = json.loads((run.path / "config.json").read_text())
         record.setdefault("resumes", []).append(
-            {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "git_commit": git_commit(), "blocks_kept": len(kept)}
+            {
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "git_commit": git_commit(),
+                "machine": machine(),
+                "blocks_kept": len(kept),
+            }
         )
         run.write_json("config.json", record)
     else:

@@ -17,6 +17,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.cpu import machine
 from workbench.train.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ def record_config(run_dir: "RunDir", record: dict[str, Any], *, resume: bool, ch
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "checkpoint": checkpoint.name,
         "git_commit": git_commit(),
+        "machine": machine(),
         "changed": {k: list(v) for k, v in changed.items()},
     }
     with open(run_dir.path / "resumes.jsonl", "a") as f:
