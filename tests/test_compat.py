@@ -38,6 +38,7 @@ def test_grpo_trainer_has_the_methods_group_step_replaces_with_their_signatures(
     assert params[_compat.GRPO_COMPUTE_LOSS][:3] == ["self", "model", "inputs"]
     init = inspect.getsource(GRPOTrainer.__init__)
     assert f"self.{_compat.GRPO_METRICS} = " in init and f"self.{_compat.GRPO_LAST_LOADED_STEP} = " in init
+    assert f"self.{_compat.GRPO_ENTROPY_BONUS} = self.entropy_coef != 0.0 or " in init
 
 
 def test_trl_use_triton_and_its_patch():

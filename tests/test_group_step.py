@@ -264,6 +264,32 @@ def test_loss_and_lora_gradients_equal_trls_step(tiny, mode, checkpointing, ever
     )
 
 
+def test_a_group_with_one_reward_skips_the_pass_and_gets_trls_exact_zero_gradients(tiny):
+    """Lever 6: one reward for the whole group gives advantages of 0, and TRL's own pass a loss of 0 and gradients
+    of exactly 0. Installed, that batch runs no forward and every trainable tensor still gets its (zero) gradient:
+    None would make AdamW skip the tensor (no moment decay, no weight decay), unlike TRL's step. A batch with a
+    signal right after still runs the pass."""
+    tiny.vllm_importance_sampling_mode = "token_truncate"
+    tiny.rollout_func = scripted(BATCH, [1.0] * len(BATCH))
+    ref = one_step(tiny)
+    assert not ref[0]["advantages"].any() and ref[1].item() == 0.0
+    assert any("lora_A" in k for k in ref[2]) and not any(g.any() for g in ref[2].values())
+    step = group_step.install(tiny)
+    calls = []
+    get_logps = tiny._get_per_token_logps_and_entropies
+    tiny._get_per_token_logps_and_entropies = lambda *a, **k: calls.append(1) or get_logps(*a, **k)
+    try:
+        got = one_step(tiny)
+        assert calls == [] and step.last["forwarded_tokens"] == 0, "no forward for a batch without a signal"
+        tiny.rollout_func = scripted(BATCH, [1.0, 0.0, 0.0, 1.0, 0.5])
+        signal = one_step(tiny)
+    finally:
+        step.remove()
+    assert got[1].item() == 0.0 and got[2].keys() == ref[2].keys() and not any(g.any() for g in got[2].values())
+    assert calls == [1] and all(g.abs().max() > 0 for g in signal[2].values()), "a batch with a signal is trained"
+    assert getattr(tiny, _compat.GRPO_METRICS)["train"]["group/loss_pass_skipped"][-2:] == [1.0, 0.0]
+
+
 def test_smollm2_loss_and_gradients_equal_trls_step(tmp_path):
     """SmolLM2-135M on the real rows without their first ~2,900 tokens: the last 142 few-shot tokens are common to
     all three, then the task messages differ (two rows of one forked rollout, one of another task).

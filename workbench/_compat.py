@@ -35,6 +35,7 @@ __all__ = [
     "GRPO_GENERATE",
     "GRPO_COMPUTE_LOSS",
     "GRPO_METRICS",
+    "GRPO_ENTROPY_BONUS",
     "GRPO_LAST_LOADED_STEP",
     "ASYNC_RUN_SESSION",
     "trl_lossless_rows",
@@ -60,6 +61,7 @@ GRPO_GET_LOGPS = "_get_per_token_logps_and_entropies"  # (model, input_ids, atte
 GRPO_GENERATE = "_generate_and_score_completions"  # (inputs) -> the batch dict; reads the IS flag
 GRPO_COMPUTE_LOSS = "_compute_loss"  # (model, inputs) -> loss; reads inputs["importance_sampling_ratio"]
 GRPO_METRICS = "_metrics"  # {"train"|"eval": {name: [values]}}, averaged by GRPOTrainer.log
+GRPO_ENTROPY_BONUS = "_entropy_bonus_enabled"  # bool: the loss has an entropy term (entropy_coef != 0 or adaptive)
 GRPO_LAST_LOADED_STEP = (
     "_last_loaded_step"  # set by GRPOTrainer's vLLM init, which we skip (workbench.train.trl_trainer)
 )

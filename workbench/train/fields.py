@@ -118,7 +118,7 @@ def _every_row_fields(
 ) -> tuple[dict[str, list[Any]], int]:
     """`workbench.train.group_step.every_row_fields` over the step's groups of `g` rollouts (it types its columns as
     ``list[object]``; they are the same TRL columns as `longest_row_fields`')."""
-    from workbench.train.group_step import every_row_fields
+    from workbench.train._row_slots import every_row_fields
 
     return every_row_fields(
         [per_rollout[i : i + g] for i in range(0, len(per_rollout), g)],

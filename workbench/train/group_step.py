@@ -1,4 +1,4 @@
-"""A faster, exact GRPO optimizer step for TRL 1.16's `GRPOTrainer` on CPU (the speed levers 1, 2, 3 and 5 of `TrainConfig`).
+"""A faster, exact GRPO optimizer step for TRL 1.16's `GRPOTrainer` on CPU (levers 1-3, 5, 6 of `TrainConfig`).
 
 The rows of a GRPO group share a long common prefix (system prompt, tools, few-shot turns, task message:
 ~3.05k of ~3.1k tokens per SmolLM2 row). TRL forwards every row in full, twice (a no-grad pass for the
@@ -43,6 +43,8 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    other rows (`OWNER_FIELD`) before the loss. Not with "grpo"/"sapo"/"luspo"/"dr_grpo": they average per
    row, so a rollout's weight would grow with its row count and the padding slots would dilute the mean.
    The sequence-level IS modes then weigh each row separately, not each rollout.
+6. **No pass without a signal**: advantages all 0 (one reward for the group): zero loss, exact zero gradients, no
+   forward or backward (`workbench.train._no_signal`).
 
     from workbench.train.group_step import install
     trainer = GRPOTrainer(...)                # as workbench/train/grpo.py builds it
@@ -60,7 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -78,8 +80,9 @@ from workbench._compat import (
     trl_use_triton,
 )
 from workbench.train._mlp_recompute import recompute_mlp_products, recomputing
+from workbench.train._no_signal import nothing_to_learn, zero_loss
+from workbench.train._row_slots import OWNER_FIELD, every_row_fields
 from workbench.train.group_pack import ATTENTION, attention_for, plan  # importing it registers ATTENTION
-from workbench.turns import Row
 
 __all__ = ["OWNER_FIELD", "GroupStep", "install", "every_row_fields"]
 
@@ -88,8 +91,6 @@ _IS_FLAG = "vllm_importance_sampling_correction"  # public attribute, read by bo
 _IS_MODE, _IS_MIN, _IS_MAX = (f"vllm_importance_sampling_{k}" for k in ("mode", "clip_min", "clip_max"))
 # Also: `model(..., shift_labels=, fused_lm_head=True)` (trl.trainer.utils.add_fused_lm_head's patched forward,
 # returning .log_probs/.entropy).
-
-OWNER_FIELD = "wb_owner"  # rollout_func field: per row, the batch index of its rollout's lead row (-1: padding)
 
 # GRPOTrainer.rollout_func as TRL 1.16 types it: (prompts, trainer) -> extra fields by name.
 RolloutFunc = Callable[[list[str], GRPOTrainer], dict[str, Any]]
@@ -275,12 +276,17 @@ class GroupStep:
         return out
 
     def compute_loss(self, model: PreTrainedModel, inputs: dict[str, Any]) -> Tensor:
+        metrics = getattr(self.trainer, _METRICS)["train" if _model(self.trainer).training else "eval"]
+        skip = nothing_to_learn(self.trainer, inputs)  # lever 6: every advantage 0, so every gradient exactly 0
+        metrics["group/loss_pass_skipped"].append(float(skip))
+        if skip:
+            self.last = {"rows": len(inputs["advantages"]), "forwarded_tokens": 0, "packs": 0}
+            return zero_loss(model)
         self._loss_inputs = inputs if self._reusing() and "importance_sampling_ratio" not in inputs else None
         try:
             loss: Tensor = self._original(_COMPUTE_LOSS)(model, inputs)
         finally:
             self._loss_inputs = None
-        metrics = getattr(self.trainer, _METRICS)["train" if _model(self.trainer).training else "eval"]
         for k in ("row_tokens", "forwarded_tokens"):  # of the loss pass: what lever 1 saves
             metrics[f"group/{k}"].append(float(self.last.get(k, 0)))
         return loss
@@ -340,60 +346,3 @@ def install(
         trainer.rollout_func = rollout_func
     vars(trainer)["group_step"] = step  # ours on TRL's object (GRPOTrainer declares no such field); remove() pops it
     return step
-
-
-def every_row_fields(
-    groups: Sequence[Sequence[Sequence[Row]]], rewards: Sequence[Sequence[float | None]], slots: int, pad_id: int
-) -> tuple[dict[str, list[object]], int]:
-    """rollout_func fields (lever 5) for groups of rollouts, each rollout given as all its rows.
-
-    `groups[g][r]` holds rollout r's rows (workbench.turns.derive.analyse(...).rows, budget-filtered), `rewards[g][r]`
-    its reward. Each group fills exactly `slots` rows (GRPOConfig.num_generations = slots): first every rollout's
-    lead row (most trained tokens: it carries the reward), then the other rows by trained tokens, then padding
-    rows (one pad token, nothing trained, reward None). A rollout with no row (no call answered before the
-    timeout, a harness dead before calling, every row over the token budget) still gets a lead row: a pad row
-    carrying its reward, so that it counts in TRL's group mean and std like any scored rollout (one
-    solve among seven such rollouts otherwise had a baseline of 1, std NaN, advantage 0). Rows past `slots` are
-    dropped; returns (fields, rows dropped). Every row of a group is split into prompt/completion at the same
-    index (the shortest first-output start), so the group's rows get the same left padding in TRL and can
-    share their prefix.
-    """
-    out: dict[str, list[object]] = {
-        "prompt_ids": [],
-        "completion_ids": [],
-        "logprobs": [],
-        "env_mask": [],
-        "wb_reward": [],
-        OWNER_FIELD: [],
-    }
-    pad: dict[str, list[Any]] = {"prompt_ids": [pad_id], "completion_ids": [pad_id], "logprobs": [0.0], "env_mask": [0]}
-    dropped = 0
-    for rollouts, group_rewards in zip(groups, rewards, strict=True):
-        if len(rollouts) > slots:  # every rollout needs its lead slot, or it leaves the group's baseline
-            raise ValueError(f"{len(rollouts)} rollouts in a group of {slots} slots: slots must be >= group size")
-        base = len(out["prompt_ids"])
-        ranked = [sorted(rows, key=lambda r: (r.n_trained, len(r.input_ids)), reverse=True) for rows in rollouts]
-        leads: list[tuple[int, Row | None]] = [(i, rows[0] if rows else None) for i, rows in enumerate(ranked)]
-        rest = sorted(((i, r) for i, rows in enumerate(ranked) for r in rows[1:]), key=lambda x: -x[1].n_trained)
-        chosen = leads + rest[: slots - len(leads)]
-        dropped += len(rest) - (len(chosen) - len(leads))
-        lead_slot = {i: base + k for k, (i, _) in enumerate(leads)}
-        split = min((r.spans[0][1] for _, r in chosen if r is not None), default=1)
-        for k, (i, row) in enumerate(chosen):
-            if row is None:  # a rollout with no row: a pad row, nothing trained, its reward in the baseline
-                for key, value in pad.items():
-                    out[key].append(list(value))
-            else:
-                out["prompt_ids"].append(row.input_ids[:split])
-                out["completion_ids"].append(row.input_ids[split:])
-                out["logprobs"].append(row.logprobs[split:])
-                out["env_mask"].append(row.mask[split:])
-            is_lead = k < len(leads)
-            out["wb_reward"].append(group_rewards[i] if is_lead else None)
-            out[OWNER_FIELD].append(base + k if is_lead else lead_slot[i])
-        for _ in range(slots - len(chosen)):  # padding slots: reward None (NaN in TRL: outside the mean and std)
-            for key, value in pad.items():
-                out[key].append(list(value))
-            out["wb_reward"].append(None)
-            out[OWNER_FIELD].append(-1)
-    return out, dropped
