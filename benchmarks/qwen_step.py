@@ -4,6 +4,7 @@ the cores compute it natively, `workbench.cpu.bf16_native`), one run, side by si
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/qwen_step.py --steps 4           # ~30 min on 2 cores
     .venv/bin/python benchmarks/qwen_step.py --variants auto --steps 2
+    .venv/bin/python benchmarks/qwen_step.py --variants auto-every-pass,auto --steps 4   # the zero-advantage skip
 
 Each variant is `workbench.evaluate.LearnConfig().train_config(tasks=POOL)` (the shipped run's `TrainConfig`:
 LoRA r 16, lr 1e-4, T = 1.0, few-shot + short agent prompt, one call, 256 output tokens, 8 rollouts at once, merged
@@ -44,6 +45,8 @@ POOL = "easy/0,easy/1,easy/3,easy/4,easy/5,easy/6,easy/7,easy/8,easy/10,easy/11,
 VARIANTS = {
     "fp32": {"precision": "fp32", "engine_dtype": "float32"},
     "auto": {"precision": "auto", "engine_dtype": "auto"},
+    # the same with the model's pass run on a group with one reward too (TrainConfig.skip_zero_advantage off)
+    "auto-every-pass": {"precision": "auto", "engine_dtype": "auto", "skip_zero_advantage": False},
 }
 PHASES = ("step_s", "rollout_s", "grade_tail_s", "train_s", "sync_s", "sync_write_s", "sync_reload_s", "sync_probe_s")
 
@@ -102,7 +105,8 @@ def main() -> None:
                 "wall_s": round(time.monotonic() - t, 1),
                 "load_1min_before": load,
                 "resolved": {
-                    k: record.get(k) for k in ("precision", "engine_dtype", "importance_sampling", "cpu_flags")
+                    k: record.get(k)
+                    for k in ("precision", "engine_dtype", "importance_sampling", "skip_zero_advantage", "cpu_flags")
                 },
                 "steps": metrics,
             }
@@ -127,19 +131,32 @@ def main() -> None:
 def _summarise(runs: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     print(
-        f"\n{'variant':>8} {'step':>4} " + " ".join(f"{p.removesuffix('_s'):>11}" for p in PHASES) + "  cache hit  gap"
+        f"\n{'variant':>15} {'step':>4} "
+        + " ".join(f"{p.removesuffix('_s'):>11}" for p in PHASES)
+        + "  cache hit  one reward  pass  gap"
     )
     for name, run in runs.items():
         for m in run["steps"]:
+            gap = m.get("sampling/sampling_logp_difference/mean")  # none where the pass was skipped
             print(
-                f"{name:>8} {m['step']:>4} "
+                f"{name:>15} {m['step']:>4} "
                 + " ".join(f"{m.get(p, float('nan')) or 0:>11.2f}" for p in PHASES)
-                + f"  {m.get('prefix_cache_hit_rate') or 0:>9.3f}  {m.get('sampling/sampling_logp_difference/mean', 0):.1e}"
+                + f"  {m.get('prefix_cache_hit_rate') or 0:>9.3f}  {'yes' if m.get('frac_reward_zero_std') else 'no':>10}"
+                + f"  {'skip' if m.get('group/loss_pass_skipped') else 'ran':>4}  {'-' if gap is None else f'{gap:.1e}'}"
             )
         summary[name] = {p: _median(run["steps"], p) for p in PHASES}
         summary[name]["prefix_cache_hit_rate"] = _median(run["steps"], "prefix_cache_hit_rate")
         summary[name]["logp_gap_mean"] = _median(run["steps"], "sampling/sampling_logp_difference/mean")
-        print(f"{name:>8} median " + " ".join(f"{summary[name][p] or 0:>11.2f}" for p in PHASES))
+        for label, one_reward in (("signal", False), ("one_reward", True)):  # a group with one reward: no gradient
+            chosen = [m for m in run["steps"] if bool(m.get("frac_reward_zero_std")) == one_reward]
+            summary[name][f"step_s_{label}"] = _median(chosen, "step_s")
+            summary[name][f"train_s_{label}"] = _median(chosen, "train_s")
+        print(f"{name:>15} median " + " ".join(f"{summary[name][p] or 0:>11.2f}" for p in PHASES))
+        print(
+            f"{name:>15} steps with a signal: step {summary[name]['step_s_signal']} s, train "
+            f"{summary[name]['train_s_signal']} s; one reward: step {summary[name]['step_s_one_reward']} s, "
+            f"train {summary[name]['train_s_one_reward']} s"
+        )
     return summary
 
 

@@ -288,6 +288,16 @@ def test_a_group_with_one_reward_skips_the_pass_and_gets_trls_exact_zero_gradien
     assert got[1].item() == 0.0 and got[2].keys() == ref[2].keys() and not any(g.any() for g in got[2].values())
     assert calls == [1] and all(g.abs().max() > 0 for g in signal[2].values()), "a batch with a signal is trained"
     assert getattr(tiny, _compat.GRPO_METRICS)["train"]["group/loss_pass_skipped"][-2:] == [1.0, 0.0]
+    tiny.rollout_func = scripted(BATCH, [1.0] * len(BATCH))
+    step = group_step.install(tiny, skip_zero_advantage=False)  # the lever off (TrainConfig.baseline): TRL's pass
+    get_logps = tiny._get_per_token_logps_and_entropies  # remove() took the wrapper above away with the step's
+    tiny._get_per_token_logps_and_entropies = lambda *a, **k: calls.append(1) or get_logps(*a, **k)
+    try:
+        again = one_step(tiny)
+    finally:
+        step.remove()
+    assert calls == [1, 1] and again[1].item() == 0.0 and not any(g.any() for g in again[2].values())
+    assert TrainConfig().skip_zero_advantage and not TrainConfig.baseline().skip_zero_advantage
 
 
 def test_smollm2_loss_and_gradients_equal_trls_step(tmp_path):

@@ -43,8 +43,8 @@ importance-sampling ratio, then the loss pass), and replays the forward again fo
    other rows (`OWNER_FIELD`) before the loss. Not with "grpo"/"sapo"/"luspo"/"dr_grpo": they average per
    row, so a rollout's weight would grow with its row count and the padding slots would dilute the mean.
    The sequence-level IS modes then weigh each row separately, not each rollout.
-6. **No pass without a signal**: advantages all 0 (one reward for the group): zero loss, exact zero gradients, no
-   forward or backward (`workbench.train._no_signal`).
+6. **No pass without a signal** (`skip_zero_advantage`): advantages all 0 (one reward for the group): zero loss,
+   exact zero gradients, no forward or backward (`workbench.train._no_signal`).
 
     from workbench.train.group_step import install
     trainer = GRPOTrainer(...)                # as workbench/train/grpo.py builds it
@@ -120,6 +120,7 @@ class GroupStep:
     bf16: bool = False
     attention: str = "blockwise"  # "dense": SDPA with the 4D tree mask (2x the FLOPs); "flex": Pack.block_mask()
     recompute_mlp: bool = True
+    skip_zero_advantage: bool = True
     last: dict[str, int] = field(default_factory=dict)
     _undo_mlp: Callable[[], None] | None = None
     _loss_inputs: dict[str, Any] | None = None
@@ -277,7 +278,7 @@ class GroupStep:
 
     def compute_loss(self, model: PreTrainedModel, inputs: dict[str, Any]) -> Tensor:
         metrics = getattr(self.trainer, _METRICS)["train" if _model(self.trainer).training else "eval"]
-        skip = nothing_to_learn(self.trainer, inputs)  # lever 6: every advantage 0, so every gradient exactly 0
+        skip = self.skip_zero_advantage and nothing_to_learn(self.trainer, inputs)  # lever 6: gradients all 0
         metrics["group/loss_pass_skipped"].append(float(skip))
         if skip:
             self.last = {"rows": len(inputs["advantages"]), "forwarded_tokens": 0, "packs": 0}
@@ -313,6 +314,7 @@ def install(
     bf16: bool = False,
     attention: str = "auto",
     recompute_mlp: bool = True,
+    skip_zero_advantage: bool = True,
 ) -> GroupStep:
     """Install the levers on `trainer` (a built GRPOTrainer with a fused LM head, sdpa attention).
     `recompute_mlp`: with `shared_prefix`, the packed forward keeps less of each MLP (module docstring, 1)."""
@@ -325,7 +327,7 @@ def install(
     attention = attention_for(attention, device)  # "auto": "flex" on CUDA with Triton, else "blockwise"
     if getattr(trainer, "group_step", None) is not None:
         raise RuntimeError("group_step is already installed on this trainer (workbench.train.grpo installs it)")
-    step = GroupStep(trainer, shared_prefix, reuse_logps, bf16, attention, recompute_mlp)
+    step = GroupStep(trainer, shared_prefix, reuse_logps, bf16, attention, recompute_mlp, skip_zero_advantage)
     base = _base_model(trainer)
     if shared_prefix:
         if base.config._attn_implementation not in ("sdpa", ATTENTION):

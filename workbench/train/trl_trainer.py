@@ -152,12 +152,16 @@ def build_trainer(
     # TrainConfig.shared_prefix says why: CPU blockwise SDPA 14.2x; CUDA FlexAttention 4.2x at G = 8 (benchmarks §8b)
     shared = cfg.shared_prefix == "on" or (cfg.shared_prefix == "auto" and (cpu or flex_attention_on(device)))
     cpu_bf16 = cpu and resolve_precision(cfg, device) == "bf16"  # `auto`: bf16 where the cores have it
-    if shared or cfg.reuse_logps or cpu_bf16 or cfg.every_row:
+    if shared or cfg.reuse_logps or cpu_bf16 or cfg.every_row or cfg.skip_zero_advantage:
         from workbench.train.group_step import install
 
-        install(
-            trainer, shared_prefix=shared, reuse_logps=cfg.reuse_logps, bf16=cpu_bf16
-        )  # on CUDA, TRL's own bf16 autocast
+        install(  # on CUDA, TRL's own bf16 autocast
+            trainer,
+            shared_prefix=shared,
+            reuse_logps=cfg.reuse_logps,
+            bf16=cpu_bf16,
+            skip_zero_advantage=cfg.skip_zero_advantage,
+        )
 
     world = processes()[0]  # several (torchrun): each process's counters merged, rank 0 writes the record
     facts = {"isolation": isolation, "device": device} | ({"processes": world} if world > 1 else {})
