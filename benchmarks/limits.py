@@ -569,6 +569,8 @@ PHASES: list[tuple[str, Callable[[dict[str, Any]], float], str | None]] = [
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The steps with a trainer pass to floor. A step whose group had one reward skips the pass (its gradient is 0:
+    `TrainConfig.skip_zero_advantage`), has no forwarded tokens and no floor to be held to, and is left out."""
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in records if "train_s" in r and "group/forwarded_tokens" in r and "sampled_tokens" in r]
 
@@ -724,8 +726,11 @@ def main(argv: list[str] | None = None) -> int:
     result["metrics"] = {"path": str(knobs.metrics), "host": knobs.metrics_host, "steps": len(records)}
     result["comparison"] = cmp
     save()
+    lines = [json.loads(x) for x in knobs.metrics.read_text().splitlines() if x.strip()]
+    skipped = sum(bool(r.get("group/loss_pass_skipped")) for r in lines)
+    result["metrics"]["steps_without_a_pass"] = skipped
     print(f"\nfloors on THIS host ({this_host['host']}) vs measured on {knobs.metrics_host}")
-    print(f"({len(records)} steps of {knobs.metrics}; engine {8 * knobs.engine_bytes}-bit weights, trainer "
+    print(f"({len(records)} steps of {knobs.metrics}, {skipped} more without a pass (one reward); engine {8 * knobs.engine_bytes}-bit weights, trainer "
           f"{knobs.trainer_dtype} at {knobs.threads} threads; medians over steps; % of the limit = median of per-step "
           f"floor / measured; engine on 1 thread = engine_cores='half', on {knobs.threads} = 'all')")  # fmt: skip
     head = " | ".join(f"floor, engine {t} thr | % of limit" for t in threads)

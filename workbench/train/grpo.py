@@ -371,10 +371,14 @@ class GRPORun:
             "final_adapter": str(final),
             "resumed_from": checkpoint.name if checkpoint else None,
             "policy": self.trainer.vllm_generation.current,
-            "first_step_logp_diff": metrics[0].get("sampling/sampling_logp_difference/mean") if metrics else None,
+            # the first step that ran the trainer's pass (a group with one reward skips it: skip_zero_advantage)
+            "first_step_logp_diff": next((m[_GAP] for m in metrics if _GAP in m), None),
         }
         self.dir.write_json("summary.json", summary)
         return summary
+
+
+_GAP = "sampling/sampling_logp_difference/mean"  # TRL's mean |trainer - engine| logprob over trained tokens
 
 
 def _local(engine: Engine | None) -> bool:
