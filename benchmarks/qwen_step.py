@@ -105,8 +105,9 @@ def main() -> None:
                 "wall_s": round(time.monotonic() - t, 1),
                 "load_1min_before": load,
                 "resolved": {
-                    k: record.get(k)
-                    for k in ("precision", "engine_dtype", "importance_sampling", "skip_zero_advantage", "cpu_flags")
+                    **{k: record.get(k) for k in ("precision", "engine_dtype", "importance_sampling", "cpu_flags")},
+                    "engine_kernels": record.get("engine_kernels"),
+                    "skip_zero_advantage": record["train"].get("skip_zero_advantage"),
                 },
                 "steps": metrics,
             }
