@@ -7,7 +7,7 @@ When every reward of a group is the same, GRPO's advantages are all 0 and TRL 1.
 multiplied by an advantage (every ``loss_type``; the IS ratio, clipping and entropy mask multiply it again): the
 loss is 0 and every gradient exactly 0, so the model's forward and backward compute nothing the update uses. On
 saturated tasks that is most steps: 16 of the shipped qwen-coder run's 20 had one reward for the whole group, and
-each spent 67-101 s (of a 147-254 s step) on that pass (workbench/data/learning_demo/metrics.jsonl).
+each spent 68-95 s (of a 147-195 s step) on that pass (workbench/data/learning_demo/metrics.jsonl).
 
 Exact, not approximate: the optimizer still steps with zero gradients (not with none: AdamW skips a tensor whose
 ``.grad`` is None, while TRL's step would decay its moments and apply weight decay), the scheduler and logging run as

@@ -88,7 +88,7 @@ class TrainConfig:
             no-grad forward (the weights are the same in both with one iteration per generation).
         skip_zero_advantage: a batch whose advantages are all 0 (one reward for the whole group) gets a zero
             loss and exact zero gradients without the model's pass (`workbench.train._no_signal`; with beta 0,
-            no entropy bonus, one process): 16 of the shipped run's 20 steps, 65-101 s of train phase each.
+            no entropy bonus, one process): 16 of the shipped run's 20 steps, 68-95 s of train phase each.
         activation_checkpointing: recomputes every layer in the backward (TRL's default, kept by the
             baseline). Off by default: one forward less, affordable once the prefix is shared (8 SmolLM2
             rows of ~3.1k tokens: 4.6 GB peak; per row without sharing, 4 rows were OOM-killed at 24 GB).
