@@ -535,12 +535,16 @@ def test_from_rollouts_runs_a_step_and_logs_loss_and_is_ratios(async_rollouts, t
                 "4",
                 "--device",
                 "cpu",
+                # every recorded group has one reward (advantages 0): the pass would be skipped, and with it the IS
+                # ratios this test reads
+                "--no-skip-zero-advantage",
                 "--out",
                 str(tmp_path / "run"),
             ]
         )
     assert exit_.value.code == 0, capsys.readouterr().err[-2000:]
     [m] = RunDir.open(tmp_path / "run").read_metrics()
+    assert m["group/loss_pass_skipped"] == 0.0 and m["loss"] == 0.0
     assert m["off_policy"] is True and m["behaviour_models"] == ["scripted", "smollm2"]
     assert m["rollouts"] == 8 and m["rollouts_not_recorded"] == 3 and m["device"] == "cpu"
     for k in (
