@@ -568,11 +568,15 @@ PHASES: list[tuple[str, Callable[[dict[str, Any]], float], str | None]] = [
 ]
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The steps with a trainer pass to floor. A step whose group had one reward skips the pass (its gradient is 0:
-    `TrainConfig.skip_zero_advantage`), has no forwarded tokens and no floor to be held to, and is left out."""
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """(the steps with a trainer pass to floor, how many steps skipped it). A step whose group had one reward skips
+    the pass (its gradient is 0: `TrainConfig.skip_zero_advantage`), has no forwarded tokens and no floor to be held
+    to, and is left out. ValueError when no step is left: a comparison over nothing would say nothing."""
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in records if "train_s" in r and "group/forwarded_tokens" in r and "sampled_tokens" in r]
+    kept = [r for r in records if "train_s" in r and "group/forwarded_tokens" in r and "sampled_tokens" in r]
+    if not kept:
+        raise ValueError(f"{path}: no step with a trainer pass (train_s, group/forwarded_tokens, sampled_tokens)")
+    return kept, sum(bool(r.get("group/loss_pass_skipped")) for r in records)
 
 
 def compare(records: list[dict[str, Any]], shape: ModelShape, rates: dict[str, Rates], knobs: Knobs) -> dict:
@@ -671,6 +675,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} is set; torch's threads are set here anyway")
     import torch
 
+    try:  # before the ~8 minutes of rates: a metrics file with nothing to compare is refused at once
+        records, skipped = read_metrics(knobs.metrics)
+    except (OSError, ValueError) as e:
+        ap.error(str(e))
     torch.set_num_threads(knobs.threads)
     path = new_run_file("limits", knobs.out)
     this_host = host()
@@ -721,13 +729,10 @@ def main(argv: list[str] | None = None) -> int:
     for key, v in mm.items():
         print(f"  {key}: " + ", ".join(f"{n} {s['gflops']:.1f}" for n, s in v["shapes"].items()))
 
-    records = read_metrics(knobs.metrics)
     cmp = compare(records, shape, rates, knobs)
     result["metrics"] = {"path": str(knobs.metrics), "host": knobs.metrics_host, "steps": len(records)}
     result["comparison"] = cmp
     save()
-    lines = [json.loads(x) for x in knobs.metrics.read_text().splitlines() if x.strip()]
-    skipped = sum(bool(r.get("group/loss_pass_skipped")) for r in lines)
     result["metrics"]["steps_without_a_pass"] = skipped
     print(f"\nfloors on THIS host ({this_host['host']}) vs measured on {knobs.metrics_host}")
     print(f"({len(records)} steps of {knobs.metrics}, {skipped} more without a pass (one reward); engine {8 * knobs.engine_bytes}-bit weights, trainer "

@@ -9,6 +9,7 @@ Rates of 1e-9 GB/s and GFLOP/s make the seconds equal the bytes and FLOPs (train
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from limits import ModelShape, Rates, StepTokens, causal_pairs, phase_floors  # noqa: E402
+from limits import ModelShape, Rates, StepTokens, causal_pairs, phase_floors, read_metrics  # noqa: E402
 
 TINY = ModelShape(hidden=4, intermediate=8, layers=1, heads=2, kv_heads=1, head_dim=2, vocab=10, tied=False)
 RATES = Rates(bandwidth_gbs=1e-9, copy_gbs=2e-9, engine_gflops=1e-9, trainer_gflops=2e-9)
@@ -87,6 +88,17 @@ def test_compute_bound_decode_and_bf16_engine():
     assert f["decode_batch"]["bound"] == "compute" and f["decode_batch"]["s"] == pytest.approx(2 * 1088)
     assert f["decode_batch"]["bytes"] == 204 * 2 + 2 * 11 * 8  # bf16 weights and KV cache
     assert f["sync"]["bytes"] == 2 * 244 * 2
+
+
+def test_steps_without_a_trainer_pass_are_counted_and_left_out_and_none_left_is_refused(tmp_path):
+    passed = {"step": 1, "train_s": 80.0, "group/forwarded_tokens": 3000, "sampled_tokens": 280}
+    skipped = {"step": 2, "train_s": 0.1, "sampled_tokens": 290, "group/loss_pass_skipped": 1.0}
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(f"{json.dumps(passed)}\n{json.dumps(skipped)}\n\n")
+    assert read_metrics(metrics) == ([passed], 1)
+    metrics.write_text(json.dumps(skipped) + "\n")
+    with pytest.raises(ValueError, match="no step with a trainer pass"):
+        read_metrics(metrics)
 
 
 def test_step_tokens_from_metrics():
