@@ -264,6 +264,12 @@ def test_loss_and_lora_gradients_equal_trls_step(tiny, mode, checkpointing, ever
     )
 
 
+def count_forwards(trainer, calls: list[int]) -> None:
+    """Append 1 to `calls` at every logprob pass of `trainer` (wraps the method `install` put on it)."""
+    get_logps = trainer._get_per_token_logps_and_entropies
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: calls.append(1) or get_logps(*a, **k)
+
+
 def test_a_group_with_one_reward_skips_the_pass_and_gets_trls_exact_zero_gradients(tiny):
     """Lever 6: one reward for the whole group gives advantages of 0, and TRL's own pass a loss of 0 and gradients
     of exactly 0. Installed, that batch runs no forward and every trainable tensor still gets its (zero) gradient:
@@ -274,10 +280,9 @@ def test_a_group_with_one_reward_skips_the_pass_and_gets_trls_exact_zero_gradien
     ref = one_step(tiny)
     assert not ref[0]["advantages"].any() and ref[1].item() == 0.0
     assert any("lora_A" in k for k in ref[2]) and not any(g.any() for g in ref[2].values())
+    calls: list[int] = []
     step = group_step.install(tiny)
-    calls = []
-    get_logps = tiny._get_per_token_logps_and_entropies
-    tiny._get_per_token_logps_and_entropies = lambda *a, **k: calls.append(1) or get_logps(*a, **k)
+    count_forwards(tiny, calls)
     try:
         got = one_step(tiny)
         assert calls == [] and step.last["forwarded_tokens"] == 0, "no forward for a batch without a signal"
@@ -290,8 +295,7 @@ def test_a_group_with_one_reward_skips_the_pass_and_gets_trls_exact_zero_gradien
     assert getattr(tiny, _compat.GRPO_METRICS)["train"]["group/loss_pass_skipped"][-2:] == [1.0, 0.0]
     tiny.rollout_func = scripted(BATCH, [1.0] * len(BATCH))
     step = group_step.install(tiny, skip_zero_advantage=False)  # the lever off (TrainConfig.baseline): TRL's pass
-    get_logps = tiny._get_per_token_logps_and_entropies  # remove() took the wrapper above away with the step's
-    tiny._get_per_token_logps_and_entropies = lambda *a, **k: calls.append(1) or get_logps(*a, **k)
+    count_forwards(tiny, calls)  # remove() took the first counter away with the step's own method
     try:
         again = one_step(tiny)
     finally:
