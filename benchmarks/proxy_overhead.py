@@ -230,8 +230,8 @@ STAGES = (
     ("sent", "headers", "engine's response headers back (engine's own share included)"),
     ("first_in", "first_out", "first chunk (prompt ids) parsed, folded, rewritten, relayed"),
     ("done_in", "done_out", "last chunks + [DONE] relayed"),
-    ("done_out", "ingested", "turn ingested (deferred: once the next call is forwarded, or 5 ms after [DONE])"),
-    ("ingested", "finished", "call settled (with the turn)"),
+    ("done_out", "ingested", "turn ingested (after [DONE]: the client's next request waits behind it)"),
+    ("ingested", "finished", "call settled (fidelity of the raw request)"),
 )
 
 

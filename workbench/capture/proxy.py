@@ -197,8 +197,6 @@ class CaptureProxy:
             return await self.inner(scope, receive, send) if scope["type"] == "lifespan" else None
         where = route(scope["method"], scope["path"])
         kind = where.kind
-        if kind != "model_call" and self._streaming is not None:  # a reader finds every turn whose reply is out
-            self._streaming.settling.flush()
         key = offered_key(scope["headers"])
         if key == DUPLICATE:
             return await _answer(send, 400, "send one credential (Authorization or x-api-key), not several")
@@ -264,15 +262,10 @@ class CaptureProxy:
             streaming = self._streaming
             prepared = streaming.prepare(scope, session, body, fast=fast) if streaming is not None else None
             if streaming is not None and prepared is not None:
+                # It records the turn right after the last byte, with no await before serving() settles.
                 recorder.finish_on_last_byte = False
-                try:
-                    await streaming.serve(prepared, session, recorder.receive, recorder.send)
-                finally:
-                    if prepared.record is not None:  # [DONE] is out: the turn is recorded, the call settled, later
-                        recorder.settle_later(streaming.settling, prepared.record)
+                await streaming.serve(prepared, session, recorder.receive, recorder.send)
             else:
-                if streaming is not None:  # the session's turns so far, before OpenEnv's records another
-                    streaming.settling.flush(session.session_id)
                 await self.inner(scope, recorder.receive, recorder.send)
 
     def _new_call(self, session: Session, scope: Scope, **fields: Any) -> CallRecord | None:
@@ -325,8 +318,6 @@ class CaptureProxy:
     # -- reading back ----------------------------------------------------------------------------
 
     def trace(self, session_id: str) -> list[dict[str, Any]]:
-        if self._streaming is not None:  # turns whose reply is out, recorded on the serving loop first
-            self._streaming.settling.flush(session_id)
         return self.log.trace(session_id)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -394,8 +385,6 @@ class CaptureProxy:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self._streaming is not None:  # the loop has stopped: what it had not recorded yet, recorded here
-            self._streaming.settling.flush()
         self._server = self._thread = None
 
     def __enter__(self) -> "CaptureProxy":

@@ -40,7 +40,6 @@ from starlette.types import Message, Receive, Send
 
 from workbench.capture import fastjson
 from workbench.capture.fidelity import fidelity
-from workbench.capture.settle import Settling
 from workbench.harnesses import CallInfo, Classifier, Dialect, Purpose
 
 __all__ = ["CallRecord", "CallLog", "CallRecorder", "current_call", "ENGINE_KEY"]
@@ -76,9 +75,6 @@ class CallRecord:
     # every block of the raw request found in what was forwarded (`workbench.capture.fidelity`), for answered calls
     fidelity: dict[str, Any] | None = None
     engine: int | None = None  # which of several engines the call went to (None: the proxy has one)
-    # A turn recorded after its reply went out (`workbench.capture.settle`) is tagged as it would have been then:
-    # among the session's calls, only the first `tag_horizon` (those that had arrived) count as prior.
-    tag_horizon: int | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """The trace.json record: the seed's per-call fields plus purpose/status."""
@@ -245,7 +241,7 @@ class CallLog:
         with self.lock:
             prior = [
                 CallInfo(c.purpose, c.harness_session, c.system_digest)
-                for c in self.by_session.get(call.session_id, [])[: call.tag_horizon]
+                for c in self.by_session.get(call.session_id, [])
                 if c.classified and c is not call
             ]
         call.system_digest = hashlib.sha256(system.encode()).hexdigest()[:16]
@@ -297,8 +293,8 @@ class CallRecorder:
     With `finish_on_last_byte` (OpenEnv's path) the outcome is settled as the reply's last body message
     goes out: OpenEnv has ingested (or refused) before it replies, and Starlette awaits after its last
     send, so a harness (or test) reading the trace at once could otherwise find the call pending. The
-    streamed relay hands its turn to `settle_later` once [DONE] is out: the turn is recorded and the outcome
-    settled together, while the engine works on the session's next call (`workbench.capture.settle`).
+    streamed relay records its turn right after its last byte with no await in between, so there the
+    outcome is settled when serving returns.
     """
 
     def __init__(self, log: CallLog, call: CallRecord, session: Session, receive: Receive, send: Send) -> None:
@@ -311,7 +307,6 @@ class CallRecorder:
         self.disconnected = False  # the client went away before the reply was delivered
         self.body_done = False  # the reply's last body message went out
         self.finished = False  # the outcome is settled
-        self.later: float | None = None  # when the reply was complete, if the turn is recorded later
 
     async def receive(self) -> Message:
         message = await self._receive()
@@ -348,31 +343,14 @@ class CallRecorder:
             raise
         finally:
             current_call.reset(token)
-            if self.later is None:
-                self.finish()
-
-    def settle_later(self, settling: Settling, record_turn: Callable[[], None]) -> None:
-        """The reply is complete: record its turn (`record_turn`, which must not raise) and settle the outcome
-        later, with `settling`, as of now (its end time, the calls that count as prior to it); in `serving()`."""
-        call = self.call
-        self.later = time.time()
-        with self.log.lock:
-            call.tag_horizon = len(self.log.by_session.get(call.session_id, ()))
-
-        def work() -> None:
-            try:
-                record_turn()
-            finally:
-                self.finish()
-
-        settling.defer(call.session_id, work)
+            self.finish()
 
     def finish(self) -> None:
         """Settle the call's status from what was seen (once; later calls do nothing)."""
         if self.finished:
             return
         call, session = self.call, self.session
-        call.t_end = self.later or time.time()
+        call.t_end = time.time()
         if self.disconnected:
             # A node may still exist: the engine sampled it, but the harness never received it,
             # so it is not part of the conversation the agent continued.

@@ -27,9 +27,10 @@ Equivalence with OpenEnv's path, piece by piece:
   loop with OpenEnv's budget-stop answer. Idle streams get OpenEnv's keep-alive comment every 10 s.
 - **capture**: the accumulated response goes through `normalize_response` (the id/logprob pairing
   check), `check_turn`, and `RolloutGraph.add_turn` with the same node fields, findings, counters and
-  ``last_turn_at``, once ``[DONE]`` is out, by `workbench.capture.settle` (`Prepared.record`): while the engine
-  works on the session's next call, before any other request, or 5 ms later. No reader misses the turn and a
-  harness that answers at once does not wait behind it. A harness that leaves mid-stream cancels the engine request.
+  ``last_turn_at``. That happens right after ``[DONE]`` is handed to the harness, with no await in
+  between: what the harness receives never depends on the ingest, and no other request (a trace read,
+  the harness's next call) is served before the turn is recorded. A harness that goes away mid-stream
+  cancels the engine request; nothing is ingested for it.
 
 Everything else (other dialects, unstreamed calls, a session over its call budget, a per-session
 engine, eval sessions, constrained decoding, anything OpenEnv would refuse) takes OpenEnv's path:
@@ -49,11 +50,9 @@ turn folded from the chunks), `workbench.capture.ingest` (the copy of OpenEnv's 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +82,6 @@ from workbench.capture import fastjson
 from workbench.capture.ingest import ingest
 from workbench.capture.record import current_call
 from workbench.capture.relay import Reply, StreamedTurn
-from workbench.capture.settle import Settling
 from workbench.capture.sse import SSEDecoder
 from workbench.capture.upstream import UPSTREAM_ERRORS, StreamingUpstream, transport_error
 from workbench.capture.waiting import while_sampling
@@ -119,8 +117,6 @@ class Prepared:
     original: dict[str, Any]  # the harness's request (its model name is echoed in every chunk)
     client: InferenceClient
     fast: bool = False  # orjson read the harness's request: `body` may be written with orjson (fastjson)
-    # Once [DONE] is out: the turn's recording (it never raises), for the caller to run now or later (`Settling`).
-    record: Callable[[], None] | None = None
 
 
 def _context_exhausted(exc: UpstreamError) -> bool:
@@ -143,7 +139,6 @@ class StreamingPath:
     def __init__(self, app_state: Any) -> None:
         self.state = app_state
         self._upstream = StreamingUpstream()
-        self.settling = Settling()  # turns recorded after [DONE], off the next call's path
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Close the engine connections; from another thread, while the serving loop still runs."""
@@ -260,9 +255,7 @@ class StreamingPath:
         try:
             response = await self._upstream.open(prepared.client, prepared.body, fast=prepared.fast)
         except UpstreamError as exc:
-            self.settling.flush(session.session_id)
             return await self._failed(exc, prepared, session, reply)
-        self.settling.flush(session.session_id)  # the engine has the call (20 ms and more): the last turn now
         handed_off = False
         try:
             effective = {
@@ -364,19 +357,15 @@ class StreamingPath:
         turn: StreamedTurn, prepared: Prepared, session: Session, reply: Reply, tail: bytes, prompt_valid: bool | None
     ) -> None:
         """The stream is complete: the chunks read with [DONE] (`tail`: the last token's, the usage chunk)
-        and [DONE] to the harness; then the turn's recording is handed over (`Prepared.record`), with no await
-        in between. Nothing the harness receives depends on the ingest (OpenEnv replays whatever it ingested).
-        One write, not two: each write to the harness's socket wakes it, and on 2 cores the woken harness took
-        the proxy's core for 0.2-0.4 ms before [DONE] could follow (benchmarks/README.md, proxy overhead).
-        `prompt_valid`: the prompt ids' check made while the engine sampled (`workbench.capture.waiting`)."""
+        and [DONE] to the harness, then the turn is ingested. Nothing the harness receives depends on the
+        ingest (OpenEnv replays whatever it ingested), and nothing else runs on the proxy's loop in between
+        (no await), so every reader of the proxy finds the turn recorded as soon as the call is; the harness
+        just gets its last byte ~1 ms sooner. One write, not two: each write to the harness's socket wakes
+        it, and on 2 cores the woken harness took the proxy's core for 0.2-0.4 ms before [DONE] could
+        follow (benchmarks/README.md, proxy overhead). `prompt_valid`: the prompt ids' check made while the
+        engine sampled (`workbench.capture.waiting`), dropped if the ids are not that list any more."""
         await reply.body(tail + b"data: [DONE]\n\n", more=False)
-        prepared.record = functools.partial(StreamingPath._record, turn, prepared, session, prompt_valid)
-
-    @staticmethod
-    def _record(turn: StreamedTurn, prepared: Prepared, session: Session, prompt_valid: bool | None) -> None:
-        """The turn as OpenEnv would have received it, ingested (never raises); `prompt_valid` is dropped if the
-        ids are not the list checked any more."""
-        response = normalize_response(turn.response())  # the id/logprob pairing, as OpenEnv's client
+        response = normalize_response(turn.response())  # the id/logprob pairing check, as OpenEnv's client
         normalise_response(response)
         if response.get("prompt_token_ids") is not turn.prompt_ids:  # checked ids only (normalising keeps the list)
             prompt_valid = None

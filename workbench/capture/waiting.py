@@ -3,8 +3,7 @@
 Once a call's first chunk (with its prompt ids) is relayed, the engine spends a token's time or more (20 ms and up
 here) before the next chunk: the proxy's loop is free. Work done there is off every path; after ``[DONE]`` it is not,
 since a harness that sends its next call at once waits behind it (benchmarks/README.md, proxy overhead: the next
-request sat behind the last call's ingest and settling, ~0.9 ms of the added latency; what is left of that work now
-waits for the next call's forward, `workbench.capture.settle`). So the relay calls
+request sat behind the last call's ingest and settling, ~0.9 ms of the added latency). So the relay calls
 `while_sampling` there, once per call:
 
     checked = while_sampling(turn.prompt_ids, chat_request["messages"])   # (ids, valid) for `ingest(prompt_valid=)`
