@@ -83,13 +83,12 @@ def main() -> None:
     for row in rows:
         print(f"trained mean {row['trained']:.2f}  n = {row['n']}  power {row['power']:.2f}")
     path = new_run_file("eval_power")
-    knobs = {k: v for k, v in vars(args).items()}
     path.write_text(
         json.dumps(
             {
                 "benchmark": "eval_power",
                 "machine": host(),
-                "knobs": knobs,
+                "knobs": vars(args),
                 "rows": rows,
                 "wall_s": time.time() - started,
             },
